@@ -1,0 +1,258 @@
+//! Command-line surface. Every init option can also come from a QUIESCE_* variable.
+
+use clap::{ArgAction, Args, Parser};
+use std::path::PathBuf;
+
+pub const SUBCOMMANDS: &[&str] = &["ps", "exec", "freeze", "verify", "keygen"];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce",
+    version,
+    about = "A container init that proves the sandbox user's processes are gone before the verifier runs",
+    after_help = "Subcommands (run beside the init, e.g. with docker exec):\n  \
+        quiesce ps       show every process and why it counts as a sandbox process\n  \
+        quiesce exec     run a command as a sandbox user, tagged for tracking\n  \
+        quiesce freeze   ask the init to freeze and wait for the result\n  \
+        quiesce verify   check the signed marker, then run the verifier\n  \
+        quiesce keygen   write an Ed25519 signing key pair\n\
+        Run 'quiesce SUBCOMMAND --help' for each. A command named like a subcommand goes after --."
+)]
+pub struct InitArgs {
+    /// More log output (-v info, -vv debug, -vvv trace); QUIESCE_LOG takes a level name
+    #[arg(short, long, action = ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Forward signals to the command's process group instead of the command alone
+    #[arg(short = 'g', long, env = "QUIESCE_PGROUP")]
+    pub pgroup: bool,
+
+    /// Register as a child subreaper (automatic when not PID 1)
+    #[arg(short = 's', long, env = "QUIESCE_SUBREAPER")]
+    pub subreaper: bool,
+
+    /// Treat this exit code of the command as 0 (repeatable)
+    #[arg(
+        short = 'e',
+        long = "remap-exit",
+        value_name = "CODE",
+        env = "QUIESCE_REMAP_EXIT",
+        value_delimiter = ','
+    )]
+    pub remap_exit: Vec<u8>,
+
+    /// Seconds between SIGTERM and SIGKILL for processes left when the command exits
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 3.0,
+        env = "QUIESCE_GRACE"
+    )]
+    pub grace: f64,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    /// Run the command as this user (name or UID), tagged as a sandbox launch
+    #[arg(long, value_name = "USER", env = "QUIESCE_RUN_AS")]
+    pub run_as: Option<String>,
+
+    /// Let setuid binaries raise the privilege of --run-as commands (no_new_privs off)
+    #[arg(long, env = "QUIESCE_ALLOW_SETUID")]
+    pub allow_setuid: bool,
+
+    /// Do not tag sandbox launches with an audit session (tracking falls back to history)
+    #[arg(long, env = "QUIESCE_NO_LINEAGE")]
+    pub no_lineage: bool,
+
+    /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        env = "QUIESCE_TRACK_INTERVAL"
+    )]
+    pub track_interval: f64,
+
+    /// Signal that requests a freeze when a sandbox user is configured
+    #[arg(
+        long,
+        value_name = "SIGNAL",
+        default_value = "USR1",
+        env = "QUIESCE_FREEZE_SIGNAL"
+    )]
+    pub freeze_signal: String,
+
+    /// Budget in seconds for one freeze, after which it fails
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        env = "QUIESCE_FREEZE_TIMEOUT"
+    )]
+    pub freeze_timeout: f64,
+
+    /// After a freeze: stay up until SIGTERM (for the verifier) or exit once the command is gone
+    #[arg(long, value_name = "WHAT", default_value = "stay", value_parser = ["stay", "exit"], env = "QUIESCE_AFTER_FREEZE")]
+    pub after_freeze: String,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+
+    /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
+    #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+
+    /// The command and its arguments
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SandboxArgs {
+    /// Sandbox user, by name or UID (repeatable; comma-separated in the variable)
+    #[arg(
+        long = "sandbox-user",
+        value_name = "USER",
+        env = "QUIESCE_SANDBOX_USER",
+        value_delimiter = ','
+    )]
+    pub users: Vec<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StateArgs {
+    /// State directory (status, marker, public key, requests)
+    #[arg(long, value_name = "DIR", default_value = crate::state::DEFAULT_DIR, env = "QUIESCE_STATE_DIR")]
+    pub state_dir: PathBuf,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce ps",
+    about = "Show the process tree and what a freeze would end right now"
+)]
+pub struct PsArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// JSON for machines
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce exec",
+    about = "Run a command in place as a sandbox user, tagged as a sandbox launch"
+)]
+pub struct ExecArgs {
+    /// The user (name or UID)
+    #[arg(short, long, value_name = "USER")]
+    pub user: String,
+    /// Let setuid binaries raise privilege (no_new_privs off)
+    #[arg(long, env = "QUIESCE_ALLOW_SETUID")]
+    pub allow_setuid: bool,
+    /// Do not tag the launch with an audit session
+    #[arg(long, env = "QUIESCE_NO_LINEAGE")]
+    pub no_lineage: bool,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce freeze",
+    about = "Ask the init (PID 1) to freeze, and with --wait report the result"
+)]
+pub struct FreezeArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// A value the marker must carry (from the orchestrator)
+    #[arg(long)]
+    pub nonce: Option<String>,
+    /// Wait until the freeze is final; exit 0 only when quiescent
+    #[arg(long)]
+    pub wait: bool,
+    /// Seconds to wait with --wait
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Signal to send to PID 1
+    #[arg(
+        long,
+        value_name = "SIGNAL",
+        default_value = "USR1",
+        env = "QUIESCE_FREEZE_SIGNAL"
+    )]
+    pub freeze_signal: String,
+    /// Print the status as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce verify",
+    about = "Check the quiescence marker and a live probe, then run COMMAND"
+)]
+pub struct VerifyArgs {
+    /// Public key (SPKI PEM); default: the state dir's signing.pub
+    #[arg(long, value_name = "FILE")]
+    pub public_key: Option<PathBuf>,
+    /// Marker file; default: the state dir's quiescence.jws
+    #[arg(long, value_name = "FILE")]
+    pub marker: Option<PathBuf>,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// The nonce the marker must carry
+    #[arg(long)]
+    pub nonce: Option<String>,
+    /// Oldest acceptable marker, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub max_age: u64,
+    /// Skip the live probe for sandbox processes (not recommended)
+    #[arg(long)]
+    pub no_live_probe: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<String>,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce keygen",
+    about = "Write signing.key (0600) and signing.pub (SPKI PEM)"
+)]
+pub struct KeygenArgs {
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
+    if !v.is_finite() || v < 0.0 || v > 1e6 {
+        return Err(format!(
+            "{what} {v} is out of range: give seconds from 0 to 1000000"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}

@@ -1,0 +1,308 @@
+//! The small subcommands that run beside the init: ps, exec, freeze, keygen.
+
+use crate::cli::{ExecArgs, FreezeArgs, KeygenArgs, PsArgs};
+use crate::procs::{Detail, Reader, Snapshot};
+use crate::spawn::{self, Plan};
+use crate::state::{self, Request, StateDir};
+use crate::sys::{self, Pid};
+use crate::taint::{Policy, Tainted};
+use crate::users;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+pub const SANDBOX_FILE: &str = "sandbox.json";
+
+/// The sandbox UIDs the running init published, for subcommands given none.
+pub fn published_uids(state_dir: &Path) -> Vec<u32> {
+    StateDir::open(state_dir)
+        .ok()
+        .and_then(|d| state::read_nofollow(&d.file(SANDBOX_FILE)).ok())
+        .and_then(|b| serde_json::from_slice::<Vec<u32>>(&b).ok())
+        .unwrap_or_default()
+}
+
+pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
+    let pw = users::read_passwd();
+    let mut out = Vec::new();
+    for s in specs {
+        let u = users::resolve_sandbox(s, &pw)?.uid;
+        if !out.contains(&u) {
+            out.push(u);
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct PsRow<'a> {
+    pid: Pid,
+    ppid: Pid,
+    user: String,
+    uids: Vec<u32>,
+    state: char,
+    comm: &'a str,
+    cmdline: &'a [String],
+    depth: usize,
+    sandbox: bool,
+    reasons: Vec<&'static str>,
+}
+
+fn tree_order(snap: &Snapshot) -> Vec<(Pid, usize)> {
+    let mut kids: BTreeMap<Pid, Vec<Pid>> = BTreeMap::new();
+    let mut roots = Vec::new();
+    for p in snap.procs.values() {
+        if snap.procs.contains_key(&p.ppid) && p.ppid != p.pid {
+            kids.entry(p.ppid).or_default().push(p.pid);
+        } else {
+            roots.push(p.pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack: Vec<(Pid, usize)> = roots.into_iter().rev().map(|p| (p, 0)).collect();
+    while let Some((pid, d)) = stack.pop() {
+        if out.len() > snap.procs.len() {
+            break;
+        }
+        out.push((pid, d));
+        if let Some(k) = kids.get(&pid) {
+            stack.extend(k.iter().rev().map(|&c| (c, d + 1)));
+        }
+    }
+    out
+}
+
+pub fn ps(args: PsArgs) -> i32 {
+    let uids = match resolve_uids(&args.sandbox.users) {
+        Ok(u) if u.is_empty() => published_uids(&args.state.state_dir),
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("quiesce ps: {e}");
+            return 2;
+        }
+    };
+    let snap = match Reader::default().snapshot(Detail::Full) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("quiesce ps: {e}");
+            return 1;
+        }
+    };
+    let tainted: Tainted = Policy::new(uids.clone()).classify(&snap);
+    let pw = users::read_passwd();
+    let rows: Vec<PsRow> = tree_order(&snap)
+        .into_iter()
+        .filter_map(|(pid, depth)| snap.procs.get(&pid).map(|p| (p, depth)))
+        .map(|(p, depth)| {
+            let mut all: Vec<u32> = p.all_uids().collect();
+            all.sort();
+            all.dedup();
+            let reasons: Vec<&'static str> = tainted
+                .get(&p.pid)
+                .map(|r| r.iter().map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            PsRow {
+                pid: p.pid,
+                ppid: p.ppid,
+                user: users::resolve(&p.uid().to_string(), &pw)
+                    .map(|u| u.name)
+                    .unwrap_or_else(|_| p.uid().to_string()),
+                uids: all,
+                state: p.state,
+                comm: &p.comm,
+                cmdline: &p.cmdline,
+                depth,
+                sandbox: !reasons.is_empty(),
+                reasons,
+            }
+        })
+        .collect();
+    if args.json {
+        let doc = serde_json::json!({ "sandbox_uids": uids, "processes": rows });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return 0;
+    }
+    println!(
+        "{:>7} {:>7} {:<10} {:<2} {:<24} COMMAND",
+        "PID", "PPID", "USER", "S", "SANDBOX"
+    );
+    for r in &rows {
+        let cmd = if r.cmdline.is_empty() {
+            format!("[{}]", r.comm)
+        } else {
+            r.cmdline.join(" ")
+        };
+        let cmd: String = cmd
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        let reasons = if r.reasons.is_empty() {
+            "-".to_string()
+        } else {
+            r.reasons.join(",")
+        };
+        println!(
+            "{:>7} {:>7} {:<10} {:<2} {:<24} {}{}",
+            r.pid,
+            r.ppid,
+            r.user,
+            r.state,
+            reasons,
+            "  ".repeat(r.depth.min(20)),
+            cmd
+        );
+    }
+    0
+}
+
+pub fn exec(args: ExecArgs) -> i32 {
+    let pw = users::read_passwd();
+    let user = match users::resolve(&args.user, &pw) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            return 2;
+        }
+    };
+    let groups = users::groups_of(&user, &users::read_group());
+    if !args.no_lineage && !spawn::tag_lineage(user.uid) {
+        log::info!(
+            "audit lineage unavailable here; the init tracks this launch by history instead"
+        );
+    }
+    let drop = spawn::Drop {
+        user,
+        groups,
+        allow_setuid: args.allow_setuid,
+        tag: false,
+    };
+    match Plan::new(&args.command, Some(drop)) {
+        Ok(plan) => plan.exec_in_place(),
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            2
+        }
+    }
+}
+
+pub fn freeze(args: FreezeArgs) -> i32 {
+    let Some(sig) = sys::parse_signal(&args.freeze_signal) else {
+        eprintln!(
+            "quiesce freeze: unknown signal '{}': use a name like USR1 or a number",
+            args.freeze_signal
+        );
+        return 2;
+    };
+    let dir = match StateDir::open(&args.state.state_dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    let request_id = match state::new_id() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    let req = Request {
+        nonce: args.nonce.clone(),
+        request_id: request_id.clone(),
+    };
+    let body = serde_json::to_vec(&req).unwrap_or_default();
+    if let Err(e) = dir.write_atomic(state::REQUEST, &body, 0o644) {
+        eprintln!(
+            "quiesce freeze: cannot write the request in {}: {e}",
+            dir.path.display()
+        );
+        return 2;
+    }
+    if let Err(e) = sys::kill(1, sig) {
+        eprintln!(
+            "quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)"
+        );
+        return 2;
+    }
+    if !args.wait {
+        if !args.json {
+            eprintln!("quiesce freeze: requested ({request_id})");
+        }
+        return 0;
+    }
+    let limit = match crate::cli::seconds("--timeout", args.timeout) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if let Ok(Some(st)) = dir.read_status() {
+            if st.request_id.as_deref() == Some(request_id.as_str()) && st.state != "freezing" {
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
+                } else {
+                    println!(
+                        "{} {} (freeze {}, {} killed, {} ms){}",
+                        st.state,
+                        st.nonce.as_deref().unwrap_or("-"),
+                        st.id,
+                        st.killed,
+                        st.phases_ms.total,
+                        st.reason
+                            .as_ref()
+                            .map(|r| format!(": {r}"))
+                            .unwrap_or_default()
+                    );
+                }
+                return if st.state == "quiescent" { 0 } else { 1 };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "quiesce freeze: no final status within {:?}: is quiesce PID 1 with a --sandbox-user?",
+        limit
+    );
+    2
+}
+
+pub fn keygen(args: KeygenArgs) -> i32 {
+    let run = || -> Result<(), String> {
+        if !args.out.exists() {
+            std::fs::create_dir_all(&args.out)
+                .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+            std::fs::set_permissions(&args.out, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
+        }
+        let key = crate::marker::generate().map_err(|e| e.to_string())?;
+        let dir = StateDir {
+            path: args.out.clone(),
+        };
+        let priv_pem = crate::marker::private_pem(&key).map_err(|e| e.to_string())?;
+        let pub_pem = crate::marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
+        dir.write_atomic("signing.key", priv_pem.as_bytes(), 0o600)
+            .map_err(|e| format!("signing.key: {e}"))?;
+        dir.write_atomic("signing.pub", pub_pem.as_bytes(), 0o644)
+            .map_err(|e| format!("signing.pub: {e}"))?;
+        Ok(())
+    };
+    match run() {
+        Ok(()) => {
+            eprintln!(
+                "quiesce keygen: wrote {0}/signing.key and {0}/signing.pub",
+                args.out.display()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("quiesce keygen: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The init: start the command, reap everything, forward signals, freeze on request,
+//! shut down cleanly. Once the command runs, nothing here may end the init by error.
+
+use crate::freeze;
+use crate::marker::{self, Claims};
+use crate::procs::{self, Detail, Reader};
+use crate::spawn::Plan;
+use crate::state::{self, StateDir, Status};
+use crate::sys::{self, Pid, Reaped, SignalFd};
+use crate::taint::Policy;
+use ed25519_dalek::SigningKey;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub struct Sandbox {
+    pub policy: Policy,
+    pub state: StateDir,
+    pub key: SigningKey,
+    pub freeze_signal: i32,
+    pub freeze: freeze::Config,
+    pub after_freeze_exit: bool,
+    pub track_interval: Option<Duration>,
+}
+
+pub struct Config {
+    pub plan: Plan,
+    pub pgroup: bool,
+    pub remap_exit: Vec<u8>,
+    pub grace: Duration,
+    pub sandbox: Option<Sandbox>,
+}
+
+struct Reaper {
+    main: Pid,
+    status: Option<i32>,
+    /// waitpid said ECHILD: the init has no child at all.
+    childless: bool,
+}
+
+impl Reaper {
+    fn reap(&mut self) {
+        // Bounded by the number of children, which is finite at any instant; a child that exits
+        // while we loop is picked up on this or the next SIGCHLD.
+        loop {
+            match sys::reap_one() {
+                Ok(Some(r)) => {
+                    self.childless = false;
+                    let (pid, code) = match r {
+                        Reaped::Exited(p, c) => (p, c),
+                        Reaped::Signaled(p, s) => (p, 128 + s),
+                    };
+                    if pid == self.main && self.status.is_none() {
+                        log::debug!("command (pid {pid}) ended with status {code}");
+                        self.status = Some(code);
+                    }
+                }
+                Ok(None) => {
+                    self.childless = false;
+                    return;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+                    self.childless = true;
+                    return;
+                }
+                Err(e) => {
+                    log::error!("waitpid failed: {e}; retrying on the next signal");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+enum Shutdown {
+    None,
+    Terminating { kill_at: Instant },
+    Killing { give_up_at: Instant },
+}
+
+/// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
+fn signal_rest(sig: i32) -> usize {
+    if sys::getpid() == 1 {
+        return match sys::kill_all(sig) {
+            Ok(()) => 1,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => 0,
+            Err(e) => {
+                log::error!("kill(-1, {}) failed: {e}", sys::signal_name(sig));
+                0
+            }
+        };
+    }
+    let reader = Reader::default();
+    let snap = match reader.snapshot(Detail::Light) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("shutdown cannot list descendants: {e}");
+            return 0;
+        }
+    };
+    let me = sys::getpid();
+    let mut n = 0;
+    for p in snap.procs.values() {
+        let mut cur = p.ppid;
+        let mut hops = 0;
+        while cur > 1 && cur != me && hops < snap.procs.len() {
+            cur = snap.procs.get(&cur).map(|q| q.ppid).unwrap_or(0);
+            hops += 1;
+        }
+        if cur == me && p.pid != me && p.alive() {
+            match procs::signal(&reader, p, sig) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => log::error!("shutdown: {e}"),
+            }
+        }
+    }
+    n
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<state::Request>) {
+    let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
+    let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
+    let request_id = pending_request.map(|r| r.request_id);
+    let mut status = Status {
+        id: id.clone(),
+        request_id,
+        nonce: nonce.clone(),
+        state: "freezing".into(),
+        reason: None,
+        survivors: vec![],
+        killed: 0,
+        phases_ms: Default::default(),
+    };
+    // The old marker goes before any signal is sent: a failed freeze must not leave one behind.
+    if let Err(e) = sb.state.remove(state::MARKER) {
+        log::error!("freeze {id} failed: cannot remove the old marker: {e}");
+        status.state = "failed".into();
+        status.reason = Some(format!("cannot remove the old marker: {e}"));
+        let _ = sb.state.write_status(&status);
+        return;
+    }
+    if let Err(e) = sb.state.write_status(&status) {
+        log::error!("cannot write status: {e}");
+    }
+    log::info!("freeze {id}: starting");
+    let reader = Reader::default();
+    let out = freeze::run(&sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
+    status.phases_ms = out.phases.clone();
+    status.killed = out.evidence.len();
+    if !out.unstopped.is_empty() {
+        log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
+    }
+    if out.ok {
+        let signed = marker::this_container().and_then(|container| {
+            let claims = Claims {
+                iss: "quiesce".into(),
+                iat: now_unix(),
+                jti: id.clone(),
+                nonce,
+                sandbox_uids: sb.policy.uids.clone(),
+                result: "quiescent".into(),
+                survivors: 0,
+                container,
+                processes: out.evidence.clone(),
+                phases_ms: out.phases.clone(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            };
+            marker::sign(&sb.key, &claims)
+        });
+        match signed.and_then(|jws| sb.state.write_atomic(state::MARKER, jws.as_bytes(), 0o644)) {
+            Ok(()) => {
+                status.state = "quiescent".into();
+                log::info!(
+                    "freeze {id}: quiescent, {} process(es) killed in {} ms",
+                    out.evidence.len(),
+                    out.phases.total
+                );
+            }
+            Err(e) => {
+                status.state = "failed".into();
+                status.reason = Some(format!("cannot write the marker: {e}"));
+                log::error!("freeze {id} failed: cannot write the marker: {e}");
+            }
+        }
+    } else {
+        status.state = "failed".into();
+        status.reason = out.reason.clone();
+        status.survivors = out.survivors.clone();
+        let names: Vec<String> = out
+            .survivors
+            .iter()
+            .map(|s| format!("{} uid {} {} {}", s.pid, s.uid, s.state, s.comm))
+            .collect();
+        log::error!(
+            "freeze {id} failed: {}; survivors: [{}]",
+            out.reason.as_deref().unwrap_or("unknown"),
+            names.join(", ")
+        );
+    }
+    if let Err(e) = sb.state.write_status(&status) {
+        log::error!("cannot write status: {e}");
+    }
+}
+
+/// Refresh the history table: remember every sandbox process seen now.
+fn track(sb: &mut Sandbox) {
+    let reader = Reader::default();
+    match reader.snapshot(Detail::Light) {
+        Ok(snap) => {
+            let tainted = sb.policy.classify(&snap);
+            sb.policy.remember(&snap, &tainted);
+        }
+        Err(e) => log::warn!("tracking: {e}"),
+    }
+}
+
+/// Run the init; returns the exit code.
+pub fn run(mut cfg: Config) -> i32 {
+    let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("quiesce: cannot set up signal handling: {e}");
+            return 2;
+        }
+    };
+    let main = match cfg.plan.spawn() {
+        Ok(pid) => pid,
+        Err(e) => {
+            eprintln!("quiesce: cannot start the command: {e}");
+            return 2;
+        }
+    };
+    log::debug!("command started as pid {main}");
+    let mut reaper = Reaper {
+        main,
+        status: None,
+        childless: false,
+    };
+    let mut shutdown = Shutdown::None;
+    let mut frozen = false;
+    let mut term_after_freeze = false;
+    let mut next_track: Option<Instant> = None;
+    let mut last_track = Instant::now();
+    if let Some(sb) = cfg.sandbox.as_mut() {
+        track(sb);
+        next_track = sb.track_interval.map(|i| Instant::now() + i);
+    }
+
+    loop {
+        let now = Instant::now();
+        let deadline = match shutdown {
+            Shutdown::Terminating { kill_at } => Some(kill_at),
+            Shutdown::Killing { give_up_at } => {
+                Some(give_up_at.min(now + Duration::from_millis(50)))
+            }
+            Shutdown::None => next_track,
+        };
+        let timeout = deadline.map(|d| d.saturating_duration_since(now));
+        if let Err(e) = sfd.wait(timeout) {
+            log::error!("waiting for signals failed: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+
+        let mut got_chld = false;
+        let mut freeze_requested = false;
+        // Bounded: standard signals coalesce, so at most one of each plus queued RT signals.
+        for _ in 0..4096 {
+            let (sig, sender) = match sfd.read() {
+                Ok(Some(x)) => x,
+                Ok(None) => break,
+                Err(e) => {
+                    log::error!("reading signals failed: {e}");
+                    break;
+                }
+            };
+            if sig == libc::SIGCHLD {
+                got_chld = true;
+                continue;
+            }
+            if let Some(sb) = cfg.sandbox.as_ref() {
+                if sig == sb.freeze_signal {
+                    log::info!("freeze requested by pid {sender}");
+                    freeze_requested = true;
+                    continue;
+                }
+            }
+            if reaper.status.is_none() {
+                let target = if cfg.pgroup { -main } else { main };
+                log::debug!("forwarding {} to {target}", sys::signal_name(sig));
+                if let Err(e) = sys::kill(target, sig) {
+                    log::debug!("forwarding {} failed: {e}", sys::signal_name(sig));
+                }
+            } else if sig == libc::SIGTERM || sig == libc::SIGINT {
+                term_after_freeze = true;
+            }
+        }
+
+        reaper.reap();
+
+        if let Some(sb) = cfg.sandbox.as_mut() {
+            if freeze_requested {
+                let req = sb.state.read_request().unwrap_or_else(|e| {
+                    log::warn!("ignoring unreadable freeze request: {e}");
+                    None
+                });
+                if let Err(e) = sb.state.remove(state::REQUEST) {
+                    log::warn!("cannot remove the freeze request: {e}");
+                }
+                do_freeze(sb, &mut reaper, req);
+                frozen = true;
+                reaper.reap();
+            }
+            let now = Instant::now();
+            let periodic = next_track.is_some_and(|t| now >= t);
+            // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
+            let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
+            if matches!(shutdown, Shutdown::None) && (periodic || on_child) {
+                track(sb);
+                last_track = now;
+                next_track = sb.track_interval.map(|i| now + i);
+            }
+        }
+
+        let Some(code) = reaper.status else { continue };
+        let stay = frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.after_freeze_exit);
+        if stay && !term_after_freeze {
+            continue;
+        }
+        let now = Instant::now();
+        match shutdown {
+            Shutdown::None => {
+                if reaper.childless && sys::getpid() != 1 {
+                    return remap(code, &cfg.remap_exit);
+                }
+                if signal_rest(libc::SIGTERM) == 0 && reaper.childless {
+                    return remap(code, &cfg.remap_exit);
+                }
+                log::debug!(
+                    "command ended; terminating the rest with a {:?} grace",
+                    cfg.grace
+                );
+                shutdown = Shutdown::Terminating {
+                    kill_at: now + cfg.grace,
+                };
+            }
+            Shutdown::Terminating { kill_at } if now >= kill_at => {
+                log::info!("grace over; killing what is left");
+                signal_rest(libc::SIGKILL);
+                shutdown = Shutdown::Killing {
+                    give_up_at: now + Duration::from_secs(5),
+                };
+            }
+            Shutdown::Killing { give_up_at } if now >= give_up_at => {
+                log::error!(
+                    "processes survived SIGKILL for 5 s (uninterruptible?); exiting anyway"
+                );
+                return remap(code, &cfg.remap_exit);
+            }
+            Shutdown::Killing { .. } => {
+                signal_rest(libc::SIGKILL);
+            }
+            _ => {}
+        }
+        if reaper.childless {
+            return remap(code, &cfg.remap_exit);
+        }
+    }
+}
+
+fn remap(code: i32, map: &[u8]) -> i32 {
+    if map.iter().any(|&c| c as i32 == code) {
+        0
+    } else {
+        code
+    }
+}

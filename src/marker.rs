@@ -1,0 +1,256 @@
+//! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use base64::Engine;
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Container {
+    pub boot_id: String,
+    pub pid_ns: u64,
+    pub hostname: String,
+    pub init_start: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Evidence {
+    pub pid: i32,
+    pub ppid: i32,
+    pub uids: Vec<u32>,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: Option<String>,
+    pub start_time: u64,
+    pub reason: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Claims {
+    pub iss: String,
+    pub iat: u64,
+    pub jti: String,
+    pub nonce: Option<String>,
+    pub sandbox_uids: Vec<u32>,
+    pub result: String,
+    pub survivors: u64,
+    pub container: Container,
+    pub processes: Vec<Evidence>,
+    pub phases_ms: crate::state::Phases,
+    pub version: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    alg: String,
+    typ: Option<String>,
+    kid: Option<String>,
+}
+
+/// The container this process runs in, as a marker names it.
+pub fn this_container() -> io::Result<Container> {
+    let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_string();
+    let pid_ns = crate::sys::ns_inode("/proc/self/ns/pid")?;
+    let hostname = fs::read_to_string("/proc/sys/kernel/hostname")?
+        .trim()
+        .to_string();
+    let init_start = crate::procs::Reader::default()
+        .start_time(1)?
+        .ok_or_else(|| io::Error::other("/proc/1 is missing: mount proc for this PID namespace"))?;
+    Ok(Container {
+        boot_id,
+        pid_ns,
+        hostname,
+        init_start,
+    })
+}
+
+/// RFC 7638 thumbprint of the public key as a JWK: the `kid`.
+pub fn kid(key: &VerifyingKey) -> String {
+    let jwk = format!(
+        r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#,
+        B64.encode(key.as_bytes())
+    );
+    B64.encode(Sha256::digest(jwk.as_bytes()))
+}
+
+pub fn generate() -> io::Result<SigningKey> {
+    let mut seed = [0u8; 32];
+    crate::sys::getrandom(&mut seed)?;
+    Ok(SigningKey::from_bytes(&seed))
+}
+
+pub fn private_pem(key: &SigningKey) -> io::Result<String> {
+    Ok(key
+        .to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| io::Error::other(e.to_string()))?
+        .to_string())
+}
+
+pub fn public_pem(key: &VerifyingKey) -> io::Result<String> {
+    key.to_public_key_pem(LineEnding::LF)
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// Load a private key, refusing one that anyone but root could read or replace.
+pub fn load_private(path: &Path) -> Result<SigningKey, String> {
+    let md = fs::metadata(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
+    if md.uid() != 0 {
+        return Err(format!(
+            "signing key {} is owned by uid {}: chown root it",
+            path.display(),
+            md.uid()
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        return Err(format!(
+            "signing key {} is accessible by group or others (mode {:o}): chmod 600 it",
+            path.display(),
+            md.mode() & 0o777
+        ));
+    }
+    let text =
+        fs::read_to_string(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
+    SigningKey::from_pkcs8_pem(&text).map_err(|e| {
+        format!(
+            "signing key {} is not an Ed25519 PKCS#8 PEM key: {e}",
+            path.display()
+        )
+    })
+}
+
+pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
+    let text =
+        fs::read_to_string(path).map_err(|e| format!("public key {}: {e}", path.display()))?;
+    VerifyingKey::from_public_key_pem(&text).map_err(|e| {
+        format!(
+            "public key {} is not an Ed25519 SPKI PEM key: {e}",
+            path.display()
+        )
+    })
+}
+
+pub fn sign(key: &SigningKey, claims: &Claims) -> io::Result<String> {
+    let header = Header {
+        alg: "EdDSA".into(),
+        typ: Some("JWT".into()),
+        kid: Some(kid(&key.verifying_key())),
+    };
+    let h = B64.encode(serde_json::to_vec(&header).map_err(io::Error::other)?);
+    let p = B64.encode(serde_json::to_vec(claims).map_err(io::Error::other)?);
+    let input = format!("{h}.{p}");
+    let sig = key.sign(input.as_bytes());
+    Ok(format!("{input}.{}", B64.encode(sig.to_bytes())))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Bad {
+    /// Not three base64url parts of JSON.
+    Malformed(String),
+    /// alg other than EdDSA.
+    Algorithm(String),
+    /// The signature does not verify with this key.
+    Signature,
+}
+
+/// Check form, algorithm and signature; only then parse the claims.
+pub fn verify(token: &str, key: &VerifyingKey) -> Result<Claims, Bad> {
+    let token = token.trim();
+    let parts: Vec<&str> = token.split('.').collect();
+    if parts.len() != 3 {
+        return Err(Bad::Malformed(format!(
+            "{} parts, a compact JWS has 3",
+            parts.len()
+        )));
+    }
+    let header: Header = B64
+        .decode(parts[0])
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| Bad::Malformed("header is not base64url JSON".into()))?;
+    if header.alg != "EdDSA" {
+        return Err(Bad::Algorithm(header.alg));
+    }
+    let sig = B64
+        .decode(parts[2])
+        .ok()
+        .and_then(|b| Signature::from_slice(&b).ok())
+        .ok_or_else(|| Bad::Malformed("signature is not a base64url Ed25519 signature".into()))?;
+    let input = format!("{}.{}", parts[0], parts[1]);
+    key.verify_strict(input.as_bytes(), &sig)
+        .map_err(|_| Bad::Signature)?;
+    let payload = B64
+        .decode(parts[1])
+        .map_err(|_| Bad::Malformed("payload is not base64url".into()))?;
+    serde_json::from_slice(&payload).map_err(|e| Bad::Malformed(format!("payload claims: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> Claims {
+        Claims {
+            iss: "quiesce".into(),
+            iat: 1,
+            jti: "id".into(),
+            nonce: None,
+            sandbox_uids: vec![4242],
+            result: "quiescent".into(),
+            survivors: 0,
+            container: Container {
+                boot_id: "b".into(),
+                pid_ns: 1,
+                hostname: "h".into(),
+                init_start: 2,
+            },
+            processes: vec![],
+            phases_ms: Default::default(),
+            version: "0".into(),
+        }
+    }
+
+    #[test]
+    fn round_trip_and_refusals() {
+        let k = generate().unwrap();
+        let t = sign(&k, &claims()).unwrap();
+        assert_eq!(verify(&t, &k.verifying_key()).unwrap(), claims());
+        let other = generate().unwrap();
+        assert_eq!(verify(&t, &other.verifying_key()), Err(Bad::Signature));
+        let parts: Vec<&str> = t.split('.').collect();
+        let none = format!("{}.{}.", B64.encode(br#"{"alg":"none"}"#), parts[1]);
+        assert_eq!(
+            verify(&none, &k.verifying_key()),
+            Err(Bad::Algorithm("none".into()))
+        );
+        assert!(matches!(
+            verify(&parts[..2].join("."), &k.verifying_key()),
+            Err(Bad::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn pem_round_trip() {
+        let k = generate().unwrap();
+        let pem = private_pem(&k).unwrap();
+        assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"));
+        assert_eq!(
+            SigningKey::from_pkcs8_pem(&pem).unwrap().to_bytes(),
+            k.to_bytes()
+        );
+        let pubpem = public_pem(&k.verifying_key()).unwrap();
+        assert_eq!(
+            VerifyingKey::from_public_key_pem(&pubpem).unwrap(),
+            k.verifying_key()
+        );
+    }
+}

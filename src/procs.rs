@@ -1,0 +1,504 @@
+//! The process table as /proc shows it, and PID-reuse-safe handles for acting on a process.
+//!
+//! A process that vanished between listing and reading has exited. Any other failure is
+//! *unknown* and is returned as an error: it is never read as "no such process".
+
+use crate::sys::{self, Pid};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Thread {
+    pub tid: Pid,
+    pub state: char,
+    /// real, effective, saved, filesystem
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: Pid,
+    pub ppid: Pid,
+    pub pgid: Pid,
+    pub sid: Pid,
+    pub state: char,
+    /// Field 22 of stat, in clock ticks since boot: with the pid, the process's identity.
+    pub start_time: u64,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: Option<String>,
+    pub loginuid: Option<u32>,
+    pub sessionid: Option<u32>,
+    pub threads: Vec<Thread>,
+}
+
+impl Proc {
+    /// Dead means every thread is a zombie or gone; a zombie leader with a running thread is alive.
+    pub fn alive(&self) -> bool {
+        if self.threads.is_empty() {
+            return !matches!(self.state, 'Z' | 'X' | 'x');
+        }
+        self.threads
+            .iter()
+            .any(|t| !matches!(t.state, 'Z' | 'X' | 'x'))
+    }
+
+    /// Every live thread is stopped (T) or traced-stopped (t).
+    pub fn stopped(&self) -> bool {
+        self.threads
+            .iter()
+            .all(|t| matches!(t.state, 'T' | 't' | 'Z' | 'X' | 'x'))
+    }
+
+    pub fn all_uids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.iter().flat_map(|t| t.uids.iter().copied())
+    }
+
+    /// The leader's real UID, as people expect to see it.
+    pub fn uid(&self) -> u32 {
+        self.threads.first().map(|t| t.uids[0]).unwrap_or(u32::MAX)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// stat, per-thread status, loginuid: enough to decide and act.
+    Light,
+    /// plus cmdline and exe: the evidence.
+    Full,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    pub procs: BTreeMap<Pid, Proc>,
+}
+
+enum Read<T> {
+    Ok(T),
+    Gone,
+}
+
+/// The error for anything that is not "this process exited".
+fn unknown(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!(
+            "cannot read {}: {e} (the process table is unknown)",
+            path.display()
+        ),
+    )
+}
+
+fn is_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+}
+
+fn read_file(path: &Path) -> io::Result<Read<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Read::Ok(b)),
+        Err(e) if is_gone(&e) => Ok(Read::Gone),
+        Err(e) => Err(unknown(path, e)),
+    }
+}
+
+pub struct Stat {
+    pub pid: Pid,
+    pub comm: String,
+    pub state: char,
+    pub ppid: Pid,
+    pub pgid: Pid,
+    pub sid: Pid,
+    pub start_time: u64,
+}
+
+/// Parse /proc/PID/stat. comm may hold spaces, parentheses and newlines, so the fields after
+/// it are found from the *last* ')'.
+pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
+    let open = text
+        .iter()
+        .position(|&b| b == b'(')
+        .ok_or("stat has no '('")?;
+    let close = text
+        .iter()
+        .rposition(|&b| b == b')')
+        .ok_or("stat has no ')'")?;
+    if close < open {
+        return Err("stat has ')' before '('".into());
+    }
+    let pid = std::str::from_utf8(&text[..open])
+        .map_err(|_| "stat pid is not text")?
+        .trim()
+        .parse()
+        .map_err(|_| "stat pid is not a number")?;
+    let comm = String::from_utf8_lossy(&text[open + 1..close]).into_owned();
+    let rest = std::str::from_utf8(&text[close + 1..]).map_err(|_| "stat fields are not text")?;
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // f[0] is field 3 (state); field N is f[N-3].
+    if f.len() < 20 {
+        return Err(format!(
+            "stat has {} fields after comm, expected at least 20",
+            f.len()
+        ));
+    }
+    let num = |i: usize| -> Result<i64, String> {
+        f[i].parse::<i64>()
+            .map_err(|_| format!("stat field {} is not a number", i + 3))
+    };
+    let state = f[0].chars().next().ok_or("stat state is empty")?;
+    Ok(Stat {
+        pid,
+        comm,
+        state,
+        ppid: num(1)? as Pid,
+        pgid: num(2)? as Pid,
+        sid: num(3)? as Pid,
+        start_time: f[19].parse().map_err(|_| "stat field 22 is not a number")?,
+    })
+}
+
+/// Parse the State, Uid and Gid lines of /proc/PID/task/TID/status.
+pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
+    let mut state = None;
+    let mut uids = None;
+    let mut gids = None;
+    let four = |v: &str| -> Option<[u32; 4]> {
+        let n: Vec<u32> = v
+            .split_ascii_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (n.len() == 4).then(|| [n[0], n[1], n[2], n[3]])
+    };
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("State:") {
+            state = v.trim().chars().next();
+        } else if let Some(v) = line.strip_prefix("Uid:") {
+            uids = four(v);
+        } else if let Some(v) = line.strip_prefix("Gid:") {
+            gids = four(v);
+        }
+    }
+    Ok((
+        state.ok_or("status has no State line")?,
+        uids.ok_or("status has no valid Uid line")?,
+        gids.ok_or("status has no valid Gid line")?,
+    ))
+}
+
+pub struct Reader {
+    root: PathBuf,
+}
+
+impl Default for Reader {
+    fn default() -> Self {
+        Reader {
+            root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Reader {
+    #[cfg(test)]
+    pub fn at(root: impl Into<PathBuf>) -> Reader {
+        Reader { root: root.into() }
+    }
+
+    /// Check that the root is a live procfs that shows this very process; an empty directory
+    /// or a tmpfs over /proc would otherwise look like "no processes".
+    fn check_root(&self) -> io::Result<()> {
+        let root = self.root.to_string_lossy().into_owned();
+        if !sys::is_procfs(&root).map_err(|e| unknown(&self.root, e))? {
+            return Err(io::Error::other(format!(
+                "{root} is not a procfs mount: mount proc there (the process table is unknown)"
+            )));
+        }
+        let me = self.root.join(sys::getpid().to_string()).join("stat");
+        match fs::read(&me) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(unknown(&me, e)),
+        }
+    }
+
+    fn pids(&self) -> io::Result<Vec<Pid>> {
+        let mut out = Vec::new();
+        for ent in fs::read_dir(&self.root).map_err(|e| unknown(&self.root, e))? {
+            let ent = ent.map_err(|e| unknown(&self.root, e))?;
+            if let Some(pid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) {
+                out.push(pid);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Read one process. Ok(None): it exited.
+    pub fn read(&self, pid: Pid, detail: Detail) -> io::Result<Option<Proc>> {
+        let dir = self.root.join(pid.to_string());
+        let stat_path = dir.join("stat");
+        let stat = match read_file(&stat_path)? {
+            Read::Gone => return Ok(None),
+            Read::Ok(b) => parse_stat(&b).map_err(|e| unknown(&stat_path, io::Error::other(e)))?,
+        };
+        let threads = match self.threads(&dir)? {
+            Read::Gone => return Ok(None),
+            Read::Ok(t) => t,
+        };
+        let small = |name: &str| -> io::Result<Option<u32>> {
+            let p = dir.join(name);
+            match read_file(&p)? {
+                Read::Gone => Ok(None),
+                Read::Ok(b) => Ok(String::from_utf8_lossy(&b).trim().parse::<u32>().ok()),
+            }
+        };
+        let loginuid = small("loginuid")?.filter(|&u| u != u32::MAX);
+        let sessionid = small("sessionid")?.filter(|&u| u != u32::MAX);
+        let (cmdline, exe) = if detail == Detail::Full {
+            let cmdline = match read_file(&dir.join("cmdline"))? {
+                Read::Gone => Vec::new(),
+                Read::Ok(b) => b
+                    .split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect(),
+            };
+            // A zombie or kernel thread has no exe: that is an answer, not an unknown.
+            let exe = fs::read_link(dir.join("exe"))
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned());
+            (cmdline, exe)
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(Some(Proc {
+            pid: stat.pid,
+            ppid: stat.ppid,
+            pgid: stat.pgid,
+            sid: stat.sid,
+            state: stat.state,
+            start_time: stat.start_time,
+            comm: stat.comm,
+            cmdline,
+            exe,
+            loginuid,
+            sessionid,
+            threads,
+        }))
+    }
+
+    fn threads(&self, dir: &Path) -> io::Result<Read<Vec<Thread>>> {
+        let task = dir.join("task");
+        let rd = match fs::read_dir(&task) {
+            Ok(rd) => rd,
+            Err(e) if is_gone(&e) => return Ok(Read::Gone),
+            Err(e) => return Err(unknown(&task, e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(|e| unknown(&task, e))?;
+            let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
+                continue;
+            };
+            let sp = task.join(tid.to_string()).join("status");
+            match read_file(&sp)? {
+                // A thread that exited while we listed: the others still count.
+                Read::Gone => continue,
+                Read::Ok(b) => {
+                    let (state, uids, gids) = parse_status(&String::from_utf8_lossy(&b))
+                        .map_err(|e| unknown(&sp, io::Error::other(e)))?;
+                    out.push(Thread {
+                        tid,
+                        state,
+                        uids,
+                        gids,
+                    });
+                }
+            }
+        }
+        out.sort_by_key(|t| t.tid);
+        Ok(Read::Ok(out))
+    }
+
+    /// Every process of the PID namespace. Fails whole if any entry is unknown.
+    pub fn snapshot(&self, detail: Detail) -> io::Result<Snapshot> {
+        self.check_root()?;
+        let mut procs = BTreeMap::new();
+        for pid in self.pids()? {
+            if let Some(p) = self.read(pid, detail)? {
+                procs.insert(pid, p);
+            }
+        }
+        if !procs.contains_key(&sys::getpid()) {
+            return Err(io::Error::other(format!(
+                "{} does not list this process: the process table is unknown",
+                self.root.display()
+            )));
+        }
+        Ok(Snapshot { procs })
+    }
+
+    /// Start time of `pid` now; Ok(None) if it exited.
+    pub fn start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
+        let p = self.root.join(pid.to_string()).join("stat");
+        match read_file(&p)? {
+            Read::Gone => Ok(None),
+            Read::Ok(b) => Ok(Some(
+                parse_stat(&b)
+                    .map_err(|e| unknown(&p, io::Error::other(e)))?
+                    .start_time,
+            )),
+        }
+    }
+}
+
+/// Why a pid may never be signalled through a handle.
+pub fn forbidden_target(pid: Pid) -> Option<&'static str> {
+    if pid <= 0 {
+        Some("pid 0 or negative pids address groups")
+    } else if pid == 1 {
+        Some("pid 1 is the init")
+    } else if pid == sys::getpid() {
+        Some("the init itself")
+    } else {
+        None
+    }
+}
+
+/// A pidfd pinned to one process identity (pid + start time).
+pub struct Handle {
+    fd: OwnedFd,
+    pub pid: Pid,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// The process exited, or the pid now names another process.
+    Exited,
+    Refused(&'static str),
+}
+
+impl Handle {
+    /// Open a pidfd, then re-check the start time: a pidfd opened after the pid was reused
+    /// points at the newcomer, and the start time tells them apart.
+    pub fn open(reader: &Reader, pid: Pid, start_time: u64) -> io::Result<Result<Handle, Opened>> {
+        if let Some(why) = forbidden_target(pid) {
+            return Ok(Err(Opened::Refused(why)));
+        }
+        let fd = match sys::pidfd_open(pid) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(Err(Opened::Exited)),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("pidfd_open({pid}): {e}"))),
+        };
+        match reader.start_time(pid)? {
+            Some(t) if t == start_time => Ok(Ok(Handle { fd, pid })),
+            _ => Ok(Err(Opened::Exited)),
+        }
+    }
+
+    /// Ok(false): the process has already exited.
+    pub fn signal(&self, sig: i32) -> io::Result<bool> {
+        match sys::pidfd_send_signal(&self.fd, sig) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("signal pid {}: {e}", self.pid),
+            )),
+        }
+    }
+}
+
+/// Signal one observed process through a handle. Ok(false): exited, reused or refused.
+pub fn signal(reader: &Reader, p: &Proc, sig: i32) -> io::Result<bool> {
+    match Handle::open(reader, p.pid, p.start_time)? {
+        Ok(h) => h.signal(sig),
+        Err(_) => Ok(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_hostile_comm() {
+        let line =
+            b"42 (a) b (c\nd) ) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10";
+        let s = parse_stat(line).unwrap();
+        assert_eq!(s.pid, 42);
+        assert_eq!(s.comm, "a) b (c\nd) ");
+        assert_eq!((s.state, s.ppid, s.pgid, s.sid), ('S', 1, 42, 42));
+        assert_eq!(s.start_time, 98765);
+    }
+
+    #[test]
+    fn stat_malformed_is_an_error() {
+        assert!(parse_stat(b"42 (x S 1").is_err());
+        assert!(parse_stat(b"42 (x) S 1 2").is_err());
+        assert!(parse_stat(b"x (y) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0").is_err());
+        assert!(parse_stat(b"42 )x( S").is_err());
+    }
+
+    #[test]
+    fn status_lines() {
+        let t = "Name:\tx\nState:\tT (stopped)\nUid:\t4242\t0\t0\t4242\nGid:\t1\t2\t3\t4\n";
+        assert_eq!(
+            parse_status(t).unwrap(),
+            ('T', [4242, 0, 0, 4242], [1, 2, 3, 4])
+        );
+        assert!(parse_status("State:\tS\nUid:\t1 2 3\nGid:\t1 2 3 4\n").is_err());
+        assert!(parse_status("Uid:\t1 2 3 4\nGid:\t1 2 3 4\n").is_err());
+    }
+
+    #[test]
+    fn never_signal_special_pids() {
+        let r = Reader::default();
+        for pid in [0, -1, -42, 1, sys::getpid()] {
+            assert!(
+                matches!(Handle::open(&r, pid, 0).unwrap(), Err(Opened::Refused(_))),
+                "pid {pid}"
+            );
+        }
+    }
+
+    #[test]
+    fn reused_pid_is_refused() {
+        // Our own child, opened with a start time that is not its own, is treated as exited.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as Pid;
+        let r = Reader::default();
+        let real = r.start_time(pid).unwrap().unwrap();
+        assert!(matches!(
+            Handle::open(&r, pid, real + 1).unwrap(),
+            Err(Opened::Exited)
+        ));
+        let h = Handle::open(&r, pid, real).unwrap().unwrap();
+        assert!(h.signal(libc::SIGKILL).unwrap());
+        child.wait().unwrap();
+        assert!(!h.signal(libc::SIGKILL).unwrap());
+        assert_eq!(r.read(pid, Detail::Light).unwrap(), None);
+    }
+
+    #[test]
+    fn unreadable_root_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("quiesce-notproc-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let err = Reader::at(&dir).snapshot(Detail::Light).unwrap_err();
+        assert!(err.to_string().contains("not a procfs"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sees_itself_with_threads() {
+        let s = Reader::default().snapshot(Detail::Full).unwrap();
+        let me = &s.procs[&sys::getpid()];
+        assert!(me.alive());
+        assert!(!me.threads.is_empty());
+        assert!(me.exe.is_some());
+    }
+}

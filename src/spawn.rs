@@ -1,0 +1,268 @@
+//! Starting a command: PATH lookup, a clean signal state, an optional drop to a sandbox user
+//! (tagged so that its whole lineage stays recognisable), and exec.
+
+use crate::sys::{self, Pid};
+use crate::users::User;
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Who the command runs as, and whether setuid binaries may raise its privilege.
+#[derive(Debug, Clone)]
+pub struct Drop {
+    pub user: User,
+    pub groups: Vec<u32>,
+    pub allow_setuid: bool,
+    /// Write the UID to /proc/self/loginuid first (the audit-session lineage tag).
+    pub tag: bool,
+}
+
+/// Everything prepared before fork, so that the child only makes syscalls.
+pub struct Plan {
+    name: String,
+    candidates: Vec<CString>,
+    argv: Vec<CString>,
+    drop: Option<Drop>,
+    own_pgroup: bool,
+    take_tty: bool,
+}
+
+impl Plan {
+    pub fn new(cmd: &[String], drop: Option<Drop>) -> io::Result<Plan> {
+        let name = cmd
+            .first()
+            .ok_or_else(|| io::Error::other("no command given: add one after --"))?
+            .clone();
+        let cstr = |s: &[u8]| {
+            CString::new(s)
+                .map_err(|_| io::Error::other(format!("argument of '{name}' contains a NUL byte")))
+        };
+        let argv = cmd
+            .iter()
+            .map(|a| cstr(a.as_bytes()))
+            .collect::<io::Result<Vec<_>>>()?;
+        let candidates = if name.contains('/') {
+            vec![cstr(name.as_bytes())?]
+        } else {
+            let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+            path.as_bytes()
+                .split(|&b| b == b':')
+                .map(|d| if d.is_empty() { &b"."[..] } else { d })
+                .map(|d| cstr(&[d, b"/", name.as_bytes()].concat()))
+                .collect::<io::Result<Vec<_>>>()?
+        };
+        Ok(Plan {
+            name,
+            candidates,
+            argv,
+            drop,
+            own_pgroup: false,
+            take_tty: false,
+        })
+    }
+
+    /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
+    pub fn own_pgroup(mut self) -> Plan {
+        self.own_pgroup = true;
+        self.take_tty = sys::isatty(0);
+        self
+    }
+
+    /// Exit code and one line for an exec failure.
+    pub fn failure(&self, errno: i32) -> (i32, String) {
+        let (code, what) = match errno {
+            libc::ENOENT | libc::ENOTDIR => {
+                (127, "not found (check the name and PATH)".to_string())
+            }
+            libc::EACCES => (126, "permission denied (is it executable?)".to_string()),
+            e => (126, io::Error::from_raw_os_error(e).to_string()),
+        };
+        (code, format!("quiesce: cannot run '{}': {what}", self.name))
+    }
+
+    /// In the process that will become the command. Returns only on failure, with the errno
+    /// and the step that failed.
+    fn prepare_and_exec(&self) -> (i32, &'static str) {
+        // SAFETY (whole block): plain syscalls on local data in the process about to exec.
+        unsafe {
+            if self.own_pgroup {
+                libc::setpgid(0, 0);
+                // TTOU is still blocked here, so a background tcsetpgrp is allowed.
+                if self.take_tty && libc::tcsetpgrp(0, libc::getpid()) != 0 {
+                    return (errno(), "tcsetpgrp");
+                }
+            }
+            if let Some(d) = &self.drop {
+                if d.tag {
+                    tag_lineage(d.user.uid);
+                }
+                if libc::setgroups(d.groups.len(), d.groups.as_ptr()) != 0 {
+                    return (errno(), "setgroups");
+                }
+                if libc::setresgid(d.user.gid, d.user.gid, d.user.gid) != 0 {
+                    return (errno(), "setresgid");
+                }
+                if libc::setresuid(d.user.uid, d.user.uid, d.user.uid) != 0 {
+                    return (errno(), "setresuid");
+                }
+                if !d.allow_setuid && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return (errno(), "no_new_privs");
+                }
+            }
+            // A clean signal state: default dispositions everywhere (including any SIG_IGN the
+            // init inherited), then an empty mask.
+            for sig in sys::all_signals() {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+
+            let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
+            argv.push(std::ptr::null());
+            let mut saw_eacces = false;
+            let mut last = libc::ENOENT;
+            for c in &self.candidates {
+                libc::execv(c.as_ptr(), argv.as_ptr());
+                last = errno();
+                match last {
+                    libc::ENOENT | libc::ENOTDIR => continue,
+                    libc::EACCES => saw_eacces = true,
+                    _ => break,
+                }
+            }
+            if last == libc::ENOENT && saw_eacces {
+                last = libc::EACCES;
+            }
+            (last, "exec")
+        }
+    }
+
+    /// Replace this process with the command (for `quiesce exec`).
+    pub fn exec_in_place(&self) -> i32 {
+        let (err, step) = self.prepare_and_exec();
+        if step == "exec" {
+            let (code, line) = self.failure(err);
+            eprintln!("{line}");
+            code
+        } else {
+            eprintln!(
+                "quiesce: cannot run '{}': {step} failed: {}",
+                self.name,
+                io::Error::from_raw_os_error(err)
+            );
+            126
+        }
+    }
+
+    /// Fork and exec. Returns the child's pid once the exec has happened or failed; a failure
+    /// is printed here and the child exits 127 or 126 so its status tells the same story.
+    pub fn spawn(&self) -> io::Result<Pid> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors that we then own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel gave us these descriptors.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: the init is single-threaded when it forks; the child only makes syscalls
+        // on data prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            drop(rd);
+            let (err, step) = self.prepare_and_exec();
+            let code: u8 = match (step, err) {
+                ("exec", libc::ENOENT | libc::ENOTDIR) => 127,
+                _ => 126,
+            };
+            let mut msg = [0u8; 9];
+            msg[..4].copy_from_slice(&err.to_ne_bytes());
+            msg[4] = code;
+            let tag = step.as_bytes();
+            msg[5..5 + tag.len().min(4)].copy_from_slice(&tag[..tag.len().min(4)]);
+            // SAFETY: a write of a local buffer to our pipe end.
+            unsafe {
+                libc::write(
+                    wr.as_raw_fd(),
+                    msg.as_ptr() as *const libc::c_void,
+                    msg.len(),
+                )
+            };
+            sys::exit_now(code as i32);
+        }
+        drop(wr);
+        if self.own_pgroup {
+            // Both sides set the group, so a signal forwarded right away already finds it.
+            // SAFETY: setpgid on our own child; EACCES after its exec is harmless.
+            unsafe { libc::setpgid(pid, pid) };
+        }
+        let mut buf = Vec::new();
+        let mut f = std::fs::File::from(rd);
+        // EOF without data: the exec succeeded (the pipe closed on exec).
+        let _ = f.read_to_end(&mut buf);
+        if buf.len() >= 9 {
+            let err = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+            let step = String::from_utf8_lossy(&buf[5..9])
+                .trim_end_matches('\0')
+                .to_string();
+            if step == "exec" {
+                eprintln!("{}", self.failure(err).1);
+            } else {
+                eprintln!(
+                    "quiesce: cannot run '{}': {step} failed: {}",
+                    self.name,
+                    io::Error::from_raw_os_error(err)
+                );
+            }
+        }
+        Ok(pid)
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Mark this process and all its descendants as a sandbox launch: an unset audit login UID may
+/// be written once without privilege, the kernel then opens a new audit session, and nothing
+/// without CAP_AUDIT_CONTROL can change either again. Returns whether the tag took.
+pub fn tag_lineage(uid: u32) -> bool {
+    let text = uid.to_string();
+    // SAFETY: open/write/close on a path literal and a local buffer.
+    unsafe {
+        let fd = libc::open(
+            c"/proc/self/loginuid".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return false;
+        }
+        let n = libc::write(fd, text.as_ptr() as *const libc::c_void, text.len());
+        libc::close(fd);
+        n == text.len() as isize
+    }
+}
+
+/// Does the audit tag work here? Checked from a throwaway child so the caller stays untagged.
+pub fn lineage_available() -> bool {
+    // SAFETY: the child only makes syscalls and exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return false;
+    }
+    if pid == 0 {
+        let ok = tag_lineage(u32::MAX - 1);
+        sys::exit_now(if ok { 0 } else { 1 });
+    }
+    matches!(sys::wait_child(pid), Ok(0))
+}

@@ -1,0 +1,191 @@
+//! Who counts as a sandbox process. Any one reason is enough; names are never looked at.
+
+use crate::procs::{Proc, Snapshot};
+use crate::sys::Pid;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reason {
+    /// Some UID (real, effective, saved, fs) of some thread is a sandbox UID.
+    Uid,
+    /// Its parent chain reaches a sandbox process.
+    Ancestry,
+    /// Its audit login UID, set once at a sandbox launch and inherited, is a sandbox UID.
+    Lineage,
+    /// The init once saw it as a sandbox process.
+    History,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Uid => "uid",
+            Reason::Ancestry => "ancestry",
+            Reason::Lineage => "lineage",
+            Reason::History => "history",
+        }
+    }
+}
+
+/// The policy: sandbox UIDs and the identities (pid, start time) remembered as tainted.
+#[derive(Debug, Default, Clone)]
+pub struct Policy {
+    pub uids: Vec<u32>,
+    pub history: HashSet<(Pid, u64)>,
+}
+
+pub type Tainted = BTreeMap<Pid, Vec<Reason>>;
+
+impl Policy {
+    pub fn new(uids: Vec<u32>) -> Policy {
+        Policy {
+            uids,
+            history: HashSet::new(),
+        }
+    }
+
+    fn direct(&self, p: &Proc) -> Vec<Reason> {
+        let mut r = Vec::new();
+        if p.all_uids().any(|u| self.uids.contains(&u)) {
+            r.push(Reason::Uid);
+        }
+        if p.loginuid.is_some_and(|u| self.uids.contains(&u)) {
+            r.push(Reason::Lineage);
+        }
+        if self.history.contains(&(p.pid, p.start_time)) {
+            r.push(Reason::History);
+        }
+        r
+    }
+
+    /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
+    pub fn classify(&self, snap: &Snapshot) -> Tainted {
+        let me = crate::sys::getpid();
+        let mut out: Tainted = BTreeMap::new();
+        for p in snap.procs.values() {
+            if p.pid == me {
+                continue;
+            }
+            let mut reasons = self.direct(p);
+            if self.has_tainted_ancestor(snap, p) {
+                reasons.push(Reason::Ancestry);
+            }
+            if !reasons.is_empty() {
+                reasons.sort();
+                out.insert(p.pid, reasons);
+            }
+        }
+        out
+    }
+
+    fn has_tainted_ancestor(&self, snap: &Snapshot, p: &Proc) -> bool {
+        let me = crate::sys::getpid();
+        let mut cur = p.ppid;
+        // A parent chain is at most as long as the table; the bound also defeats a cycle.
+        for _ in 0..snap.procs.len() {
+            if cur <= 0 || cur == me {
+                return false;
+            }
+            let Some(parent) = snap.procs.get(&cur) else {
+                return false;
+            };
+            if !self.direct(parent).is_empty() {
+                return true;
+            }
+            cur = parent.ppid;
+        }
+        false
+    }
+
+    /// Remember every tainted process so that it stays tainted after it escapes its lineage.
+    pub fn remember(&mut self, snap: &Snapshot, tainted: &Tainted) {
+        for pid in tainted.keys() {
+            if let Some(p) = snap.procs.get(pid) {
+                self.history.insert((p.pid, p.start_time));
+            }
+        }
+        // Forget identities that no longer exist, so the table stays as small as the namespace.
+        self.history
+            .retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procs::Thread;
+
+    fn p(pid: Pid, ppid: Pid, uid: u32) -> Proc {
+        Proc {
+            pid,
+            ppid,
+            pgid: pid,
+            sid: pid,
+            state: 'S',
+            start_time: pid as u64 * 10,
+            comm: "x".into(),
+            cmdline: vec![],
+            exe: None,
+            loginuid: None,
+            sessionid: None,
+            threads: vec![Thread {
+                tid: pid,
+                state: 'S',
+                uids: [uid; 4],
+                gids: [0; 4],
+            }],
+        }
+    }
+
+    fn snap(ps: Vec<Proc>) -> Snapshot {
+        Snapshot {
+            procs: ps.into_iter().map(|p| (p.pid, p)).collect(),
+        }
+    }
+
+    #[test]
+    fn reasons() {
+        let mut thread_uid = p(20, 0, 0);
+        thread_uid.threads.push(Thread {
+            tid: 21,
+            state: 'S',
+            uids: [0, 4242, 0, 0],
+            gids: [0; 4],
+        });
+        let mut escapee = p(30, 1, 0);
+        escapee.loginuid = Some(4242);
+        let s = snap(vec![
+            p(10, 0, 4242),
+            p(11, 10, 0),
+            p(12, 11, 0),
+            p(13, 0, 0),
+            thread_uid,
+            escapee,
+        ]);
+        let mut pol = Policy::new(vec![4242]);
+        let t = pol.classify(&s);
+        assert_eq!(t[&10], vec![Reason::Uid]);
+        assert_eq!(t[&11], vec![Reason::Ancestry]);
+        assert_eq!(t[&12], vec![Reason::Ancestry]);
+        assert!(!t.contains_key(&13));
+        assert_eq!(t[&20], vec![Reason::Uid]);
+        assert_eq!(t[&30], vec![Reason::Lineage]);
+
+        // History: 11 escaped (its parent is gone, it is root); remembered, it stays tainted.
+        pol.remember(&s, &t);
+        let later = snap(vec![p(11, 1, 0), p(13, 0, 0)]);
+        assert_eq!(pol.classify(&later)[&11], vec![Reason::History]);
+        // Same pid, other start time: a different process, not tainted.
+        let mut reused = p(11, 1, 0);
+        reused.start_time += 1;
+        assert!(pol.classify(&snap(vec![reused])).is_empty());
+    }
+
+    #[test]
+    fn cycles_terminate() {
+        let s = snap(vec![p(5, 6, 0), p(6, 5, 0)]);
+        assert!(Policy::new(vec![4242]).classify(&s).is_empty());
+    }
+}

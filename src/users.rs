@@ -1,0 +1,141 @@
+//! Users and groups from the container's own /etc/passwd and /etc/group.
+//! A static binary must not depend on NSS, so the files are read directly.
+
+use std::fs;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+}
+
+/// Resolve a USER argument: a numeric UID or a name in `passwd`.
+/// A numeric UID without a passwd entry is fine (its primary group is then the UID itself).
+pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err("empty user name: give a user name or a numeric UID".into());
+    }
+    if spec.bytes().all(|b| b.is_ascii_digit()) {
+        let uid: u32 = spec.parse().map_err(|_| {
+            format!("user '{spec}' is not a valid UID: use a number below 4294967295")
+        })?;
+        if uid == u32::MAX {
+            return Err(format!(
+                "user '{spec}' is not a valid UID: use a number below 4294967295"
+            ));
+        }
+        return Ok(parse_passwd(passwd)
+            .into_iter()
+            .find(|u| u.uid == uid)
+            .unwrap_or(User {
+                name: spec.to_string(),
+                uid,
+                gid: uid,
+                home: "/".into(),
+            }));
+    }
+    if !spec
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b))
+    {
+        return Err(format!(
+            "user '{spec}' is malformed: give a user name or a numeric UID"
+        ));
+    }
+    parse_passwd(passwd)
+        .into_iter()
+        .find(|u| u.name == spec)
+        .ok_or_else(|| format!("user '{spec}' is not in /etc/passwd: add it or give a numeric UID"))
+}
+
+/// Resolve a sandbox user: like `resolve`, but root is refused.
+pub fn resolve_sandbox(spec: &str, passwd: &str) -> Result<User, String> {
+    let u = resolve(spec, passwd)?;
+    if u.uid == 0 {
+        return Err(format!(
+            "sandbox user '{spec}' is UID 0: the sandbox user must not be root"
+        ));
+    }
+    Ok(u)
+}
+
+pub fn read_passwd() -> String {
+    fs::read_to_string("/etc/passwd").unwrap_or_default()
+}
+
+pub fn read_group() -> String {
+    fs::read_to_string("/etc/group").unwrap_or_default()
+}
+
+fn parse_passwd(text: &str) -> Vec<User> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            if f.len() < 7 {
+                return None;
+            }
+            Some(User {
+                name: f[0].to_string(),
+                uid: f[2].parse().ok()?,
+                gid: f[3].parse().ok()?,
+                home: f[5].to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Supplementary groups of `user`: every group that lists the name, plus the primary group.
+pub fn groups_of(user: &User, group: &str) -> Vec<u32> {
+    let mut gids = vec![user.gid];
+    for l in group.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 4 {
+            continue;
+        }
+        if f[3].split(',').any(|m| m == user.name) {
+            if let Ok(g) = f[2].parse::<u32>() {
+                if !gids.contains(&g) {
+                    gids.push(g);
+                }
+            }
+        }
+    }
+    gids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    const PW: &str =
+        "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n#c\nbad:line\n";
+    const GR: &str = "agent:x:1000:\nwork:x:2000:agent,bob\nother:x:3000:bob\n";
+
+    #[test]
+    fn names_and_numbers() {
+        assert_eq!(resolve("agent", PW).unwrap().uid, 1000);
+        assert_eq!(resolve("1000", PW).unwrap().name, "agent");
+        let n = resolve("4242", PW).unwrap();
+        assert_eq!((n.uid, n.gid), (4242, 4242));
+    }
+
+    #[test]
+    fn refusals_name_the_user() {
+        assert!(resolve_sandbox("root", PW).unwrap_err().contains("'root'"));
+        assert!(resolve_sandbox("0", PW).unwrap_err().contains("UID 0"));
+        assert!(resolve("nobody", PW).unwrap_err().contains("'nobody'"));
+        assert!(resolve("a b", PW).unwrap_err().contains("malformed"));
+        assert!(resolve("99999999999", PW).is_err());
+        assert!(resolve("4294967295", PW).is_err());
+        assert!(resolve("", PW).is_err());
+    }
+
+    #[test]
+    fn groups() {
+        let u = resolve("agent", PW).unwrap();
+        assert_eq!(groups_of(&u, GR), vec![1000, 2000]);
+    }
+}

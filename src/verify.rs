@@ -1,0 +1,260 @@
+//! `quiesce verify`: the verifier's gate. Every check can fail, each failure has its own exit
+//! code, and the command runs only when all of them pass.
+
+use crate::cli::VerifyArgs;
+use crate::marker::{self, Bad, Claims};
+use crate::procs::{Detail, Reader};
+use crate::state::{self, StateDir};
+use crate::taint::Policy;
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// Exit codes, one per class of failure (docs/marker.md lists them).
+pub mod code {
+    pub const USAGE: i32 = 2;
+    pub const MISSING: i32 = 10;
+    pub const MALFORMED: i32 = 11;
+    pub const SIGNATURE: i32 = 12;
+    pub const CLAIMS: i32 = 13;
+    pub const TIME: i32 = 14;
+    pub const CONTAINER: i32 = 15;
+    pub const LIVE: i32 = 16;
+    pub const UNSAFE: i32 = 17;
+}
+
+#[derive(Serialize)]
+struct Report {
+    ok: bool,
+    check: &'static str,
+    message: String,
+    code: i32,
+    jti: Option<String>,
+    nonce: Option<String>,
+}
+
+struct Fail(i32, &'static str, String);
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
+    let needs_dir = args.marker.is_none() || args.public_key.is_none();
+    let dir = if needs_dir {
+        Some(
+            StateDir::open(&args.state.state_dir)
+                .map_err(|e| Fail(code::UNSAFE, "state-dir", e))?,
+        )
+    } else {
+        None
+    };
+    let path = |given: &Option<PathBuf>, name: &str| -> PathBuf {
+        given
+            .clone()
+            .unwrap_or_else(|| dir.as_ref().map(|d| d.file(name)).unwrap_or_default())
+    };
+    let marker_path = path(&args.marker, state::MARKER);
+    let key_path = path(&args.public_key, state::PUBKEY);
+
+    let token = state::read_nofollow(&marker_path).map_err(|e| {
+        Fail(
+            code::MISSING,
+            "marker",
+            format!(
+                "no marker at {}: {e}; run 'quiesce freeze --wait' first",
+                marker_path.display()
+            ),
+        )
+    })?;
+    let token = String::from_utf8(token).map_err(|_| {
+        Fail(
+            code::MALFORMED,
+            "marker",
+            format!("marker {} is not text", marker_path.display()),
+        )
+    })?;
+    let key = marker::load_public(&key_path).map_err(|e| Fail(code::SIGNATURE, "key", e))?;
+    let claims = marker::verify(&token, &key).map_err(|b| match b {
+        Bad::Malformed(m) => Fail(
+            code::MALFORMED,
+            "marker",
+            format!("marker {} is malformed: {m}", marker_path.display()),
+        ),
+        Bad::Algorithm(a) => Fail(
+            code::SIGNATURE,
+            "alg",
+            format!("marker algorithm '{a}' refused: only EdDSA is accepted"),
+        ),
+        Bad::Signature => Fail(
+            code::SIGNATURE,
+            "signature",
+            format!(
+                "marker signature does not verify with {}",
+                key_path.display()
+            ),
+        ),
+    })?;
+
+    let claim = |ok: bool, what: &'static str, msg: String| {
+        if ok {
+            Ok(())
+        } else {
+            Err(Fail(code::CLAIMS, what, msg))
+        }
+    };
+    claim(
+        claims.iss == "quiesce",
+        "iss",
+        format!("marker iss is '{}', expected 'quiesce'", claims.iss),
+    )?;
+    claim(
+        claims.result == "quiescent",
+        "result",
+        format!("marker result is '{}', expected 'quiescent'", claims.result),
+    )?;
+    claim(
+        claims.survivors == 0,
+        "survivors",
+        format!("marker reports {} survivor(s)", claims.survivors),
+    )?;
+    claim(
+        !claims.sandbox_uids.is_empty(),
+        "sandbox_uids",
+        "marker names no sandbox UID".into(),
+    )?;
+    if !expected_uids.is_empty() {
+        let mut a = claims.sandbox_uids.clone();
+        let mut b = expected_uids.to_vec();
+        a.sort();
+        a.dedup();
+        b.sort();
+        b.dedup();
+        claim(
+            a == b,
+            "sandbox_uids",
+            format!("marker sandbox UIDs {a:?} are not the expected {b:?}"),
+        )?;
+    }
+    if let Some(n) = &args.nonce {
+        claim(
+            claims.nonce.as_deref() == Some(n.as_str()),
+            "nonce",
+            format!("marker nonce {:?} is not the expected one", claims.nonce),
+        )?;
+    }
+    let now = now_unix();
+    if claims.iat > now + 60 {
+        return Err(Fail(
+            code::TIME,
+            "iat",
+            format!("marker is from {} s in the future", claims.iat - now),
+        ));
+    }
+    if now.saturating_sub(claims.iat) > args.max_age {
+        return Err(Fail(
+            code::TIME,
+            "iat",
+            format!(
+                "marker is {} s old, older than --max-age {}: freeze again",
+                now - claims.iat,
+                args.max_age
+            ),
+        ));
+    }
+    let here = marker::this_container().map_err(|e| {
+        Fail(
+            code::CONTAINER,
+            "container",
+            format!("cannot identify this container: {e}"),
+        )
+    })?;
+    if here.pid_ns != claims.container.pid_ns || here.boot_id != claims.container.boot_id {
+        return Err(Fail(
+            code::CONTAINER,
+            "container",
+            "marker was made in another container or boot".into(),
+        ));
+    }
+    if here.init_start != claims.container.init_start {
+        return Err(Fail(
+            code::CONTAINER,
+            "container",
+            "marker was made by an earlier init of this container".into(),
+        ));
+    }
+    if !args.no_live_probe {
+        let mut uids = claims.sandbox_uids.clone();
+        uids.extend_from_slice(expected_uids);
+        let snap = Reader::default()
+            .snapshot(Detail::Light)
+            .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
+        let tainted = Policy::new(uids).classify(&snap);
+        let alive: Vec<String> = tainted
+            .keys()
+            .filter_map(|pid| snap.procs.get(pid))
+            .filter(|p| p.alive())
+            .map(|p| format!("{} ({}, uid {})", p.pid, p.comm, p.uid()))
+            .collect();
+        if !alive.is_empty() {
+            return Err(Fail(
+                code::LIVE,
+                "live-probe",
+                format!(
+                    "{} sandbox process(es) alive now: {}",
+                    alive.len(),
+                    alive.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(claims)
+}
+
+pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
+    let result = check(&args, &expected_uids);
+    let report = match &result {
+        Ok(c) => Report {
+            ok: true,
+            check: "all",
+            message: "marker verified and no sandbox process is alive".into(),
+            code: 0,
+            jti: Some(c.jti.clone()),
+            nonce: c.nonce.clone(),
+        },
+        Err(Fail(code, check, msg)) => Report {
+            ok: false,
+            check,
+            message: msg.clone(),
+            code: *code,
+            jti: None,
+            nonce: None,
+        },
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    }
+    if !report.ok {
+        eprintln!(
+            "quiesce verify: {} check failed: {}",
+            report.check, report.message
+        );
+        return report.code;
+    }
+    log::info!("{}", report.message);
+    if args.command.is_empty() {
+        if !args.json {
+            eprintln!("quiesce verify: ok");
+        }
+        return 0;
+    }
+    match crate::spawn::Plan::new(&args.command, None) {
+        Ok(plan) => plan.exec_in_place(),
+        Err(e) => {
+            eprintln!("quiesce verify: {e}");
+            code::USAGE
+        }
+    }
+}

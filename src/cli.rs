@@ -249,7 +249,7 @@ pub struct KeygenArgs {
 }
 
 pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
-    if !v.is_finite() || v < 0.0 || v > 1e6 {
+    if !v.is_finite() || !(0.0..=1e6).contains(&v) {
         return Err(format!(
             "{what} {v} is out of range: give seconds from 0 to 1000000"
         ));

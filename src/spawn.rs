@@ -114,11 +114,7 @@ impl Plan {
             }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the
             // init inherited), then an empty mask.
-            for sig in sys::all_signals() {
-                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                    libc::signal(sig, libc::SIG_DFL);
-                }
-            }
+            sys::reset_all_dispositions();
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());

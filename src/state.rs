@@ -50,6 +50,7 @@ pub struct Request {
     pub request_id: String,
 }
 
+#[derive(Debug)]
 pub struct StateDir {
     pub path: PathBuf,
 }

@@ -21,11 +21,6 @@ pub fn getpid() -> Pid {
     unsafe { libc::getpid() }
 }
 
-/// Every signal the init may forward or act on: 1..=31 and the real-time range.
-pub fn all_signals() -> impl Iterator<Item = i32> {
-    (1..=31).chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
-}
-
 pub fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {
         Ok(s) => s.as_str().to_string(),
@@ -51,6 +46,38 @@ pub fn parse_signal(s: &str) -> Option<i32> {
         return (n <= libc::SIGRTMAX()).then_some(n);
     }
     (1..=31).find(|&n| signal_name(n) == format!("SIG{name}"))
+}
+
+/// Every disposition back to SIG_DFL, 1 to 64, including the two glibc keeps for itself
+/// (its wrappers refuse them, so this uses the raw syscall). For a child about to exec.
+pub fn reset_all_dispositions() {
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let act = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: a valid kernel sigaction for SIG_DFL; the old action is not read.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &act as *const KernelSigaction,
+                    0usize,
+                    8usize,
+                );
+            }
+        }
+    }
 }
 
 /// Block every signal in the calling thread; returns the previous mask.

@@ -1,0 +1,353 @@
+//! Test workloads that behave like a hostile sandbox user. Used by the acceptance tests and
+//! the benchmark; never shipped. `adversary MODE [ARGS]`; with ADV_READY=PATH it creates
+//! PATH once the workload is in place.
+
+use std::ffi::CString;
+use std::time::Duration;
+
+fn ready() {
+    if let Ok(p) = std::env::var("ADV_READY") {
+        let tmp = format!("{p}.tmp.{}", std::process::id());
+        std::fs::write(&tmp, std::process::id().to_string()).expect("write ready file");
+        std::fs::rename(&tmp, &p).expect("rename ready file");
+    }
+}
+
+fn forever() -> ! {
+    loop {
+        unsafe { libc::pause() };
+    }
+}
+
+fn fork() -> i32 {
+    unsafe { libc::fork() }
+}
+
+fn arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn nproc_cap(n: u64) {
+    let r = libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &r) };
+}
+
+fn spawn_sleepers(n: u64) {
+    for _ in 0..n {
+        match fork() {
+            0 => forever(),
+            p if p < 0 => {
+                eprintln!("fork failed: {}", std::io::Error::last_os_error());
+                break;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn raw_setresuid(r: u32, e: u32, s: u32) -> i64 {
+    unsafe { libc::syscall(libc::SYS_setresuid, r, e, s) }
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    match mode.as_str() {
+        // N children that sleep forever, and the parent.
+        "sleepers" => {
+            spawn_sleepers(arg(2, 10));
+            ready();
+            forever();
+        }
+        // Every process forks as fast as it can, capped by RLIMIT_NPROC.
+        "bomb" => {
+            nproc_cap(arg(2, 500));
+            let mut forked = 0u64;
+            loop {
+                if fork() == 0 {
+                    continue;
+                }
+                forked += 1;
+                if forked == 50 {
+                    ready();
+                }
+                // Reap our dead so the bomb keeps churning pids.
+                unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+            }
+        }
+        // A double-forked daemon (reparented to PID 1), a setsid and a setpgid escapee.
+        "daemon" => {
+            if fork() == 0 {
+                unsafe { libc::setsid() };
+                if fork() == 0 {
+                    forever();
+                }
+                std::process::exit(0);
+            }
+            if fork() == 0 {
+                unsafe { libc::setsid() };
+                forever();
+            }
+            if fork() == 0 {
+                unsafe { libc::setpgid(0, 0) };
+                forever();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            ready();
+            forever();
+        }
+        // Ignores every catchable signal and blocks them too.
+        "ignore" => {
+            for s in 1..=64 {
+                unsafe { libc::signal(s, libc::SIG_IGN) };
+            }
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            ready();
+            forever();
+        }
+        // N spinning threads plus a thread that keeps cloning short-lived threads.
+        "threads" => {
+            for _ in 0..arg(2, 50) {
+                std::thread::spawn(|| loop {
+                    std::hint::spin_loop();
+                });
+            }
+            std::thread::spawn(|| loop {
+                let _ = std::thread::spawn(|| std::thread::sleep(Duration::from_millis(1))).join();
+            });
+            ready();
+            forever();
+        }
+        // Run as root: one thread switches to UID U with the raw syscall; the leader stays root.
+        "thread-uid" => {
+            let uid = arg(2, 4242) as u32;
+            std::thread::spawn(move || {
+                assert_eq!(raw_setresuid(uid, uid, uid), 0);
+                forever();
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            ready();
+            forever();
+        }
+        // Double fork, then after a delay the grandchild becomes root for good (setuid binary).
+        "escape" => {
+            let delay = arg(2, 0);
+            if fork() == 0 {
+                if fork() == 0 {
+                    std::thread::sleep(Duration::from_millis(delay));
+                    assert_eq!(raw_setresuid(0, 0, 0), 0, "escape needs a setuid-root copy");
+                    ready();
+                    forever();
+                }
+                std::process::exit(0);
+            }
+            forever();
+        }
+        "pause" => {
+            ready();
+            forever();
+        }
+        // Two processes that restart each other.
+        "restart" => {
+            ready();
+            loop {
+                let c = fork();
+                if c == 0 {
+                    // The child restarts its parent's role when orphaned.
+                    let parent = unsafe { libc::getppid() };
+                    loop {
+                        std::thread::sleep(Duration::from_millis(5));
+                        if unsafe { libc::getppid() } != parent {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                unsafe { libc::waitpid(c, std::ptr::null_mut(), 0) };
+            }
+        }
+        // Continue every stopped process of our UID, in a loop.
+        "sigcont" => {
+            ready();
+            loop {
+                unsafe { libc::kill(-1, libc::SIGCONT) };
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        "stopped" => {
+            ready();
+            unsafe { libc::raise(libc::SIGSTOP) };
+            forever();
+        }
+        // A tracer attached to its own child, continuing it forever.
+        "ptrace" => {
+            let c = fork();
+            if c == 0 {
+                forever();
+            }
+            unsafe {
+                if libc::ptrace(libc::PTRACE_SEIZE, c, 0, 0) != 0 {
+                    eprintln!("ptrace: {}", std::io::Error::last_os_error());
+                }
+            }
+            ready();
+            loop {
+                let mut st = 0;
+                if unsafe { libc::waitpid(c, &mut st, libc::__WALL) } < 0 {
+                    forever();
+                }
+                unsafe { libc::ptrace(libc::PTRACE_CONT, c, 0, 0) };
+            }
+        }
+        // A vfork child that never execs: the parent stays suspended in vfork.
+        "vfork" => {
+            ready();
+            #[allow(deprecated)]
+            let c = unsafe { libc::vfork() };
+            if c == 0 {
+                loop {
+                    unsafe { libc::pause() };
+                }
+            }
+            forever();
+        }
+        // Appends to a file through a descriptor held open, as fast as it can.
+        "writer" => {
+            use std::io::Write;
+            let path = std::env::args().nth(2).expect("writer PATH");
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(path)
+                .expect("open");
+            ready();
+            let mut i = 0u64;
+            loop {
+                let _ = writeln!(f, "{i}");
+                i += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // Calls itself "quiesce" and re-execs with argv[0] "sshd".
+        "spoof" => {
+            let name = CString::new("quiesce").unwrap();
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
+            if std::env::args().nth(2).as_deref() != Some("again") {
+                use std::os::unix::process::CommandExt;
+                let e = std::process::Command::new("/proc/self/exe")
+                    .arg0("sshd")
+                    .args(["spoof", "again"])
+                    .exec();
+                panic!("re-exec: {e}");
+            }
+            unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
+            ready();
+            forever();
+        }
+        // Attacks PID 1 with SIGSTOP/SIGKILL and kill(-1, SIGKILL) in a loop.
+        "attack-init" => {
+            ready();
+            loop {
+                unsafe {
+                    libc::kill(1, libc::SIGSTOP);
+                    libc::kill(1, libc::SIGKILL);
+                    libc::kill(-1, libc::SIGKILL);
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }
+        // Run as root: a child drops to UID U and exits; the root parent never reaps it.
+        "zombie-root" => {
+            let uid = arg(2, 4242) as u32;
+            if fork() == 0 {
+                unsafe { libc::setresuid(uid, uid, uid) };
+                unsafe { libc::_exit(0) };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            ready();
+            forever();
+        }
+        // A child of ours that exits; we never reap it.
+        "zombie" => {
+            if fork() == 0 {
+                unsafe { libc::_exit(0) };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            ready();
+            forever();
+        }
+        // A nested user + PID namespace with a sleeper inside.
+        "userns" => {
+            let r = unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID) };
+            if r != 0 {
+                eprintln!("unshare: {}", std::io::Error::last_os_error());
+                std::process::exit(3);
+            }
+            if fork() == 0 {
+                spawn_sleepers(3);
+                forever();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            ready();
+            forever();
+        }
+        // The leader thread exits while another thread runs: the leader shows Z.
+        "leader-exit" => {
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                ready();
+                forever();
+            });
+            unsafe { libc::pthread_exit(std::ptr::null_mut()) };
+        }
+        // N children block on a pipe; the parent exits, orphaning them; they all exit at once
+        // when the last write end closes.
+        "orphans" => {
+            let n = arg(2, 1000);
+            let mut fds = [0; 2];
+            unsafe { libc::pipe(fds.as_mut_ptr()) };
+            for _ in 0..n {
+                if fork() == 0 {
+                    unsafe { libc::close(fds[1]) };
+                    let mut b = [0u8; 1];
+                    unsafe { libc::read(fds[0], b.as_mut_ptr() as *mut libc::c_void, 1) };
+                    unsafe { libc::_exit(0) };
+                }
+            }
+            std::process::exit(0);
+        }
+        // Print each signal received (blocked + sigwaitinfo); exit on SIGTERM.
+        "signals" => {
+            use std::io::Write;
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::sigprocmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                ready();
+                loop {
+                    let s = libc::sigwaitinfo(&all, std::ptr::null_mut());
+                    if s > 0 {
+                        println!("got {s}");
+                        let _ = std::io::stdout().flush();
+                        if s == libc::SIGTERM {
+                            std::process::exit(0);
+                        }
+                    }
+                }
+            }
+        }
+        other => {
+            eprintln!("adversary: unknown mode '{other}'");
+            std::process::exit(2);
+        }
+    }
+}

@@ -24,17 +24,11 @@ fn fork() -> i32 {
 }
 
 fn arg(i: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(i)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+    std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
 fn nproc_cap(n: u64) {
-    let r = libc::rlimit {
-        rlim_cur: n,
-        rlim_max: n,
-    };
+    let r = libc::rlimit { rlim_cur: n, rlim_max: n };
     unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &r) };
 }
 
@@ -224,11 +218,7 @@ fn main() {
         "writer" => {
             use std::io::Write;
             let path = std::env::args().nth(2).expect("writer PATH");
-            let mut f = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(path)
-                .expect("open");
+            let mut f = std::fs::OpenOptions::new().append(true).create(true).open(path).expect("open");
             ready();
             let mut i = 0u64;
             loop {
@@ -243,10 +233,8 @@ fn main() {
             unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };
             if std::env::args().nth(2).as_deref() != Some("again") {
                 use std::os::unix::process::CommandExt;
-                let e = std::process::Command::new("/proc/self/exe")
-                    .arg0("sshd")
-                    .args(["spoof", "again"])
-                    .exec();
+                let e =
+                    std::process::Command::new("/proc/self/exe").arg0("sshd").args(["spoof", "again"]).exec();
                 panic!("re-exec: {e}");
             }
             unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr(), 0, 0, 0) };

@@ -42,12 +42,7 @@ pub struct InitArgs {
     pub remap_exit: Vec<u8>,
 
     /// Seconds between SIGTERM and SIGKILL for processes left when the command exits
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 3.0,
-        env = "QUIESCE_GRACE"
-    )]
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0, env = "QUIESCE_GRACE")]
     pub grace: f64,
 
     #[command(flatten)]
@@ -66,30 +61,15 @@ pub struct InitArgs {
     pub no_lineage: bool,
 
     /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 1.0,
-        env = "QUIESCE_TRACK_INTERVAL"
-    )]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, env = "QUIESCE_TRACK_INTERVAL")]
     pub track_interval: f64,
 
     /// Signal that requests a freeze when a sandbox user is configured
-    #[arg(
-        long,
-        value_name = "SIGNAL",
-        default_value = "USR1",
-        env = "QUIESCE_FREEZE_SIGNAL"
-    )]
+    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
     pub freeze_signal: String,
 
     /// Budget in seconds for one freeze, after which it fails
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 10.0,
-        env = "QUIESCE_FREEZE_TIMEOUT"
-    )]
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, env = "QUIESCE_FREEZE_TIMEOUT")]
     pub freeze_timeout: f64,
 
     /// After a freeze: stay up until SIGTERM (for the verifier) or exit once the command is gone
@@ -104,23 +84,14 @@ pub struct InitArgs {
     pub signing_key: Option<PathBuf>,
 
     /// The command and its arguments
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct SandboxArgs {
     /// Sandbox user, by name or UID (repeatable; comma-separated in the variable)
-    #[arg(
-        long = "sandbox-user",
-        value_name = "USER",
-        env = "QUIESCE_SANDBOX_USER",
-        value_delimiter = ','
-    )]
+    #[arg(long = "sandbox-user", value_name = "USER", env = "QUIESCE_SANDBOX_USER", value_delimiter = ',')]
     pub users: Vec<String>,
 }
 
@@ -132,10 +103,7 @@ pub struct StateArgs {
 }
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "quiesce ps",
-    about = "Show the process tree and what a freeze would end right now"
-)]
+#[command(name = "quiesce ps", about = "Show the process tree and what a freeze would end right now")]
 pub struct PsArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -163,12 +131,7 @@ pub struct ExecArgs {
     pub no_lineage: bool,
     #[command(flatten)]
     pub state: StateArgs,
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
@@ -190,12 +153,7 @@ pub struct FreezeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     pub timeout: f64,
     /// Signal to send to PID 1
-    #[arg(
-        long,
-        value_name = "SIGNAL",
-        default_value = "USR1",
-        env = "QUIESCE_FREEZE_SIGNAL"
-    )]
+    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
     pub freeze_signal: String,
     /// Print the status as JSON
     #[arg(long)]
@@ -203,10 +161,7 @@ pub struct FreezeArgs {
 }
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "quiesce verify",
-    about = "Check the quiescence marker and a live probe, then run COMMAND"
-)]
+#[command(name = "quiesce verify", about = "Check the quiescence marker and a live probe, then run COMMAND")]
 pub struct VerifyArgs {
     /// Public key (SPKI PEM); default: the state dir's signing.pub
     #[arg(long, value_name = "FILE")]
@@ -230,19 +185,12 @@ pub struct VerifyArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "COMMAND"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "quiesce keygen",
-    about = "Write signing.key (0600) and signing.pub (SPKI PEM)"
-)]
+#[command(name = "quiesce keygen", about = "Write signing.key (0600) and signing.pub (SPKI PEM)")]
 pub struct KeygenArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -250,9 +198,7 @@ pub struct KeygenArgs {
 
 pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
     if !v.is_finite() || !(0.0..=1e6).contains(&v) {
-        return Err(format!(
-            "{what} {v} is out of range: give seconds from 0 to 1000000"
-        ));
+        return Err(format!("{what} {v} is out of range: give seconds from 0 to 1000000"));
     }
     Ok(std::time::Duration::from_secs_f64(v))
 }

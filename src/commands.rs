@@ -99,10 +99,8 @@ pub fn ps(args: PsArgs) -> i32 {
             let mut all: Vec<u32> = p.all_uids().collect();
             all.sort();
             all.dedup();
-            let reasons: Vec<&'static str> = tainted
-                .get(&p.pid)
-                .map(|r| r.iter().map(|x| x.as_str()).collect())
-                .unwrap_or_default();
+            let reasons: Vec<&'static str> =
+                tainted.get(&p.pid).map(|r| r.iter().map(|x| x.as_str()).collect()).unwrap_or_default();
             PsRow {
                 pid: p.pid,
                 ppid: p.ppid,
@@ -124,26 +122,25 @@ pub fn ps(args: PsArgs) -> i32 {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return 0;
     }
-    println!(
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let header = ("PID", "PPID", "USER", "S", "SANDBOX");
+    // A closed pipe (ps | head) ends the listing quietly.
+    if writeln!(
+        out,
         "{:>7} {:>7} {:<10} {:<2} {:<24} COMMAND",
-        "PID", "PPID", "USER", "S", "SANDBOX"
-    );
+        header.0, header.1, header.2, header.3, header.4
+    )
+    .is_err()
+    {
+        return 0;
+    }
     for r in &rows {
-        let cmd = if r.cmdline.is_empty() {
-            format!("[{}]", r.comm)
-        } else {
-            r.cmdline.join(" ")
-        };
-        let cmd: String = cmd
-            .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect();
-        let reasons = if r.reasons.is_empty() {
-            "-".to_string()
-        } else {
-            r.reasons.join(",")
-        };
-        println!(
+        let cmd = if r.cmdline.is_empty() { format!("[{}]", r.comm) } else { r.cmdline.join(" ") };
+        let cmd: String = cmd.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+        let reasons = if r.reasons.is_empty() { "-".to_string() } else { r.reasons.join(",") };
+        let line = writeln!(
+            out,
             "{:>7} {:>7} {:<10} {:<2} {:<24} {}{}",
             r.pid,
             r.ppid,
@@ -153,6 +150,9 @@ pub fn ps(args: PsArgs) -> i32 {
             "  ".repeat(r.depth.min(20)),
             cmd
         );
+        if line.is_err() {
+            return 0;
+        }
     }
     0
 }
@@ -168,16 +168,9 @@ pub fn exec(args: ExecArgs) -> i32 {
     };
     let groups = users::groups_of(&user, &users::read_group());
     if !args.no_lineage && !spawn::tag_lineage(user.uid) {
-        log::info!(
-            "audit lineage unavailable here; the init tracks this launch by history instead"
-        );
+        log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
     }
-    let drop = spawn::Drop {
-        user,
-        groups,
-        allow_setuid: args.allow_setuid,
-        tag: false,
-    };
+    let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: false };
     match Plan::new(&args.command, Some(drop)) {
         Ok(plan) => plan.exec_in_place(),
         Err(e) => {
@@ -209,22 +202,14 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let req = Request {
-        nonce: args.nonce.clone(),
-        request_id: request_id.clone(),
-    };
+    let req = Request { nonce: args.nonce.clone(), request_id: request_id.clone() };
     let body = serde_json::to_vec(&req).unwrap_or_default();
     if let Err(e) = dir.write_atomic(state::REQUEST, &body, 0o644) {
-        eprintln!(
-            "quiesce freeze: cannot write the request in {}: {e}",
-            dir.path.display()
-        );
+        eprintln!("quiesce freeze: cannot write the request in {}: {e}", dir.path.display());
         return 2;
     }
     if let Err(e) = sys::kill(1, sig) {
-        eprintln!(
-            "quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)"
-        );
+        eprintln!("quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)");
         return 2;
     }
     if !args.wait {
@@ -254,10 +239,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
                         st.id,
                         st.killed,
                         st.phases_ms.total,
-                        st.reason
-                            .as_ref()
-                            .map(|r| format!(": {r}"))
-                            .unwrap_or_default()
+                        st.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
                     );
                 }
                 return if st.state == "quiescent" { 0 } else { 1 };
@@ -265,10 +247,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    eprintln!(
-        "quiesce freeze: no final status within {:?}: is quiesce PID 1 with a --sandbox-user?",
-        limit
-    );
+    eprintln!("quiesce freeze: no final status within {:?}: is quiesce PID 1 with a --sandbox-user?", limit);
     2
 }
 
@@ -281,9 +260,7 @@ pub fn keygen(args: KeygenArgs) -> i32 {
                 .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
         }
         let key = crate::marker::generate().map_err(|e| e.to_string())?;
-        let dir = StateDir {
-            path: args.out.clone(),
-        };
+        let dir = StateDir { path: args.out.clone() };
         let priv_pem = crate::marker::private_pem(&key).map_err(|e| e.to_string())?;
         let pub_pem = crate::marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
         dir.write_atomic("signing.key", priv_pem.as_bytes(), 0o600)
@@ -294,10 +271,7 @@ pub fn keygen(args: KeygenArgs) -> i32 {
     };
     match run() {
         Ok(()) => {
-            eprintln!(
-                "quiesce keygen: wrote {0}/signing.key and {0}/signing.pub",
-                args.out.display()
-            );
+            eprintln!("quiesce keygen: wrote {0}/signing.key and {0}/signing.pub", args.out.display());
             0
         }
         Err(e) => {

@@ -32,18 +32,11 @@ fn ms(d: Duration) -> u64 {
 
 /// The live sandbox processes of a snapshot.
 fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'a Proc> + 'a {
-    tainted
-        .keys()
-        .filter_map(|pid| snap.procs.get(pid))
-        .filter(|p| p.alive())
+    tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
 }
 
 /// Observe and classify; the policy remembers what it saw, so an escape later does not help.
-fn observe(
-    reader: &Reader,
-    policy: &mut Policy,
-    detail: Detail,
-) -> io::Result<(Snapshot, Tainted)> {
+fn observe(reader: &Reader, policy: &mut Policy, detail: Detail) -> io::Result<(Snapshot, Tainted)> {
     let snap = reader.snapshot(detail)?;
     let tainted = policy.classify(&snap);
     policy.remember(&snap, &tainted);
@@ -78,12 +71,7 @@ fn signal_each(reader: &Reader, snap: &Snapshot, tainted: &Tainted, sig: i32) ->
 
 fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
     live(snap, tainted)
-        .map(|p| Survivor {
-            pid: p.pid,
-            uid: p.uid(),
-            state: p.state,
-            comm: p.comm.clone(),
-        })
+        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
         .collect()
 }
 
@@ -114,14 +102,8 @@ impl Run<'_> {
 
     /// Both channels: the kernel-atomic kill(-1) as each sandbox UID, then pidfds for whatever
     /// its permission check missed.
-    fn both_channels(
-        &mut self,
-        sig: i32,
-        snap: &Snapshot,
-        tainted: &Tainted,
-    ) -> Result<(), String> {
-        sys::kill_all_as(&self.policy.uids, sig)
-            .map_err(|e| format!("credential switch failed: {e}"))?;
+    fn both_channels(&mut self, sig: i32, snap: &Snapshot, tainted: &Tainted) -> Result<(), String> {
+        sys::kill_all_as(&self.policy.uids, sig).map_err(|e| format!("credential switch failed: {e}"))?;
         signal_each(self.reader, snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
         Ok(())
     }
@@ -150,8 +132,7 @@ impl Run<'_> {
                 break;
             }
             for p in running {
-                procs::signal(self.reader, p, libc::SIGSTOP)
-                    .map_err(|e| format!("signal failed: {e}"))?;
+                procs::signal(self.reader, p, libc::SIGSTOP).map_err(|e| format!("signal failed: {e}"))?;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
@@ -162,8 +143,8 @@ impl Run<'_> {
 
     fn walk(&mut self) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
-        let (snap, tainted) = observe(self.reader, self.policy, Detail::Full)
-            .map_err(|e| format!("/proc unreadable: {e}"))?;
+        let (snap, tainted) =
+            observe(self.reader, self.policy, Detail::Full).map_err(|e| format!("/proc unreadable: {e}"))?;
         self.evidence = live(&snap, &tainted)
             .map(|p| Evidence {
                 pid: p.pid,
@@ -178,10 +159,7 @@ impl Run<'_> {
                 cmdline: p.cmdline.clone(),
                 exe: p.exe.clone(),
                 start_time: p.start_time,
-                reason: tainted[&p.pid]
-                    .iter()
-                    .map(|r| r.as_str().to_string())
-                    .collect(),
+                reason: tainted[&p.pid].iter().map(|r| r.as_str().to_string()).collect(),
             })
             .collect();
         self.phases.walk = ms(t.elapsed());
@@ -245,10 +223,7 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
             run.phases.probe = ms(t.elapsed());
             let n = left.len();
             return run.fail(
-                format!(
-                    "{n} sandbox process(es) still alive after the {:?} budget",
-                    cfg.timeout
-                ),
+                format!("{n} sandbox process(es) still alive after the {:?} budget", cfg.timeout),
                 left,
             );
         }

@@ -117,10 +117,7 @@ fn signal_rest(sig: i32) -> usize {
 }
 
 fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<state::Request>) {
@@ -192,11 +189,8 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
         status.state = "failed".into();
         status.reason = out.reason.clone();
         status.survivors = out.survivors.clone();
-        let names: Vec<String> = out
-            .survivors
-            .iter()
-            .map(|s| format!("{} uid {} {} {}", s.pid, s.uid, s.state, s.comm))
-            .collect();
+        let names: Vec<String> =
+            out.survivors.iter().map(|s| format!("{} uid {} {} {}", s.pid, s.uid, s.state, s.comm)).collect();
         log::error!(
             "freeze {id} failed: {}; survivors: [{}]",
             out.reason.as_deref().unwrap_or("unknown"),
@@ -237,11 +231,7 @@ pub fn run(mut cfg: Config) -> i32 {
         }
     };
     log::debug!("command started as pid {main}");
-    let mut reaper = Reaper {
-        main,
-        status: None,
-        childless: false,
-    };
+    let mut reaper = Reaper { main, status: None, childless: false };
     let mut shutdown = Shutdown::None;
     let mut frozen = false;
     let mut term_after_freeze = false;
@@ -256,9 +246,7 @@ pub fn run(mut cfg: Config) -> i32 {
         let now = Instant::now();
         let deadline = match shutdown {
             Shutdown::Terminating { kill_at } => Some(kill_at),
-            Shutdown::Killing { give_up_at } => {
-                Some(give_up_at.min(now + Duration::from_millis(50)))
-            }
+            Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
             Shutdown::None => next_track,
         };
         let timeout = deadline.map(|d| d.saturating_duration_since(now));
@@ -341,25 +329,16 @@ pub fn run(mut cfg: Config) -> i32 {
                 if signal_rest(libc::SIGTERM) == 0 && reaper.childless {
                     return remap(code, &cfg.remap_exit);
                 }
-                log::debug!(
-                    "command ended; terminating the rest with a {:?} grace",
-                    cfg.grace
-                );
-                shutdown = Shutdown::Terminating {
-                    kill_at: now + cfg.grace,
-                };
+                log::debug!("command ended; terminating the rest with a {:?} grace", cfg.grace);
+                shutdown = Shutdown::Terminating { kill_at: now + cfg.grace };
             }
             Shutdown::Terminating { kill_at } if now >= kill_at => {
                 log::info!("grace over; killing what is left");
                 signal_rest(libc::SIGKILL);
-                shutdown = Shutdown::Killing {
-                    give_up_at: now + Duration::from_secs(5),
-                };
+                shutdown = Shutdown::Killing { give_up_at: now + Duration::from_secs(5) };
             }
             Shutdown::Killing { give_up_at } if now >= give_up_at => {
-                log::error!(
-                    "processes survived SIGKILL for 5 s (uninterruptible?); exiting anyway"
-                );
+                log::error!("processes survived SIGKILL for 5 s (uninterruptible?); exiting anyway");
                 return remap(code, &cfg.remap_exit);
             }
             Shutdown::Killing { .. } => {

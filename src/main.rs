@@ -31,27 +31,16 @@ fn setup_logging(verbose: u8) {
     };
     env_logger::Builder::new()
         .parse_filters(&level)
-        .format(|buf, rec| {
-            writeln!(
-                buf,
-                "quiesce: {}: {}",
-                rec.level().as_str().to_lowercase(),
-                rec.args()
-            )
-        })
+        .format(|buf, rec| writeln!(buf, "quiesce: {}: {}", rec.level().as_str().to_lowercase(), rec.args()))
         .init();
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let sub = args
-        .get(1)
-        .map(String::as_str)
-        .filter(|a| cli::SUBCOMMANDS.contains(a));
+    let sub = args.get(1).map(String::as_str).filter(|a| cli::SUBCOMMANDS.contains(a));
     let code = match sub {
         Some(name) => {
-            let rest =
-                std::iter::once(format!("quiesce {name}")).chain(args.iter().skip(2).cloned());
+            let rest = std::iter::once(format!("quiesce {name}")).chain(args.iter().skip(2).cloned());
             subcommand(name, rest.collect())
         }
         None => run_init(cli::InitArgs::parse()),
@@ -102,10 +91,7 @@ fn run_init(a: cli::InitArgs) -> i32 {
         if let Err(e) = sys::set_child_subreaper() {
             return fatal(format!("cannot become a child subreaper: {e}"));
         }
-        log::debug!(
-            "not PID 1 (pid {}): registered as a child subreaper",
-            sys::getpid()
-        );
+        log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
     }
     let pw = users::read_passwd();
     let uids = match commands::resolve_uids(&a.sandbox.users) {
@@ -117,12 +103,7 @@ fn run_init(a: cli::InitArgs) -> i32 {
         Some(spec) => match users::resolve(spec, &pw) {
             Ok(user) => {
                 let groups = users::groups_of(&user, &users::read_group());
-                Some(spawn::Drop {
-                    user,
-                    groups,
-                    allow_setuid: a.allow_setuid,
-                    tag: !a.no_lineage,
-                })
+                Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.no_lineage })
             }
             Err(e) => return fatal(format!("--run-as: {e}")),
         },
@@ -141,23 +122,14 @@ fn run_init(a: cli::InitArgs) -> i32 {
         Ok(p) => p.own_pgroup(),
         Err(e) => return fatal(e),
     };
-    init::run(init::Config {
-        plan,
-        pgroup: a.pgroup,
-        remap_exit: a.remap_exit.clone(),
-        grace,
-        sandbox,
-    })
+    init::run(init::Config { plan, pgroup: a.pgroup, remap_exit: a.remap_exit.clone(), grace, sandbox })
 }
 
 fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
     let freeze_signal = sys::parse_signal(&a.freeze_signal)
         .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP && s != libc::SIGCHLD)
         .ok_or_else(|| {
-            format!(
-                "--freeze-signal '{}' is not a catchable signal: use e.g. USR1",
-                a.freeze_signal
-            )
+            format!("--freeze-signal '{}' is not a catchable signal: use e.g. USR1", a.freeze_signal)
         })?;
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
@@ -174,35 +146,24 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     };
     // A marker or status from before this init started proves nothing about this one.
     for stale in [state::MARKER, state::STATUS, state::REQUEST] {
-        state
-            .remove(stale)
-            .map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
+        state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
     write(state::PUBKEY, pub_pem.as_bytes())?;
-    write(
-        commands::SANDBOX_FILE,
-        &serde_json::to_vec(&uids).map_err(|e| e.to_string())?,
-    )?;
+    write(commands::SANDBOX_FILE, &serde_json::to_vec(&uids).map_err(|e| e.to_string())?)?;
     if a.no_lineage {
-        log::info!(
-            "lineage tagging off (--no-lineage): tracking relies on uid, ancestry and history"
-        );
+        log::info!("lineage tagging off (--no-lineage): tracking relies on uid, ancestry and history");
     } else if !spawn::lineage_available() {
-        log::info!("audit lineage unavailable here (no audit or a user namespace): tracking falls back to history");
+        log::info!(
+            "audit lineage unavailable here (no audit or a user namespace): tracking falls back to history"
+        );
     }
-    log::debug!(
-        "sandbox UIDs {uids:?}, freeze on {}",
-        sys::signal_name(freeze_signal)
-    );
+    log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     Ok(init::Sandbox {
         policy: taint::Policy::new(uids),
         state,
         key,
         freeze_signal,
-        freeze: freeze::Config {
-            timeout,
-            stop_wait: Duration::from_millis(500),
-        },
+        freeze: freeze::Config { timeout, stop_wait: Duration::from_millis(500) },
         after_freeze_exit: a.after_freeze == "exit",
         track_interval: (interval > Duration::ZERO).then_some(interval),
     })

@@ -56,30 +56,18 @@ struct Header {
 
 /// The container this process runs in, as a marker names it.
 pub fn this_container() -> io::Result<Container> {
-    let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?
-        .trim()
-        .to_string();
+    let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string();
     let pid_ns = crate::sys::ns_inode("/proc/self/ns/pid")?;
-    let hostname = fs::read_to_string("/proc/sys/kernel/hostname")?
-        .trim()
-        .to_string();
+    let hostname = fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string();
     let init_start = crate::procs::Reader::default()
         .start_time(1)?
         .ok_or_else(|| io::Error::other("/proc/1 is missing: mount proc for this PID namespace"))?;
-    Ok(Container {
-        boot_id,
-        pid_ns,
-        hostname,
-        init_start,
-    })
+    Ok(Container { boot_id, pid_ns, hostname, init_start })
 }
 
 /// RFC 7638 thumbprint of the public key as a JWK: the `kid`.
 pub fn kid(key: &VerifyingKey) -> String {
-    let jwk = format!(
-        r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#,
-        B64.encode(key.as_bytes())
-    );
+    let jwk = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#, B64.encode(key.as_bytes()));
     B64.encode(Sha256::digest(jwk.as_bytes()))
 }
 
@@ -90,26 +78,18 @@ pub fn generate() -> io::Result<SigningKey> {
 }
 
 pub fn private_pem(key: &SigningKey) -> io::Result<String> {
-    Ok(key
-        .to_pkcs8_pem(LineEnding::LF)
-        .map_err(|e| io::Error::other(e.to_string()))?
-        .to_string())
+    Ok(key.to_pkcs8_pem(LineEnding::LF).map_err(|e| io::Error::other(e.to_string()))?.to_string())
 }
 
 pub fn public_pem(key: &VerifyingKey) -> io::Result<String> {
-    key.to_public_key_pem(LineEnding::LF)
-        .map_err(|e| io::Error::other(e.to_string()))
+    key.to_public_key_pem(LineEnding::LF).map_err(|e| io::Error::other(e.to_string()))
 }
 
 /// Load a private key, refusing one that anyone but root could read or replace.
 pub fn load_private(path: &Path) -> Result<SigningKey, String> {
     let md = fs::metadata(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
     if md.uid() != 0 {
-        return Err(format!(
-            "signing key {} is owned by uid {}: chown root it",
-            path.display(),
-            md.uid()
-        ));
+        return Err(format!("signing key {} is owned by uid {}: chown root it", path.display(), md.uid()));
     }
     if md.mode() & 0o077 != 0 {
         return Err(format!(
@@ -118,33 +98,20 @@ pub fn load_private(path: &Path) -> Result<SigningKey, String> {
             md.mode() & 0o777
         ));
     }
-    let text =
-        fs::read_to_string(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
-    SigningKey::from_pkcs8_pem(&text).map_err(|e| {
-        format!(
-            "signing key {} is not an Ed25519 PKCS#8 PEM key: {e}",
-            path.display()
-        )
-    })
+    let text = fs::read_to_string(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
+    SigningKey::from_pkcs8_pem(&text)
+        .map_err(|e| format!("signing key {} is not an Ed25519 PKCS#8 PEM key: {e}", path.display()))
 }
 
 pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
-    let text =
-        fs::read_to_string(path).map_err(|e| format!("public key {}: {e}", path.display()))?;
-    VerifyingKey::from_public_key_pem(&text).map_err(|e| {
-        format!(
-            "public key {} is not an Ed25519 SPKI PEM key: {e}",
-            path.display()
-        )
-    })
+    let text = fs::read_to_string(path).map_err(|e| format!("public key {}: {e}", path.display()))?;
+    VerifyingKey::from_public_key_pem(&text)
+        .map_err(|e| format!("public key {} is not an Ed25519 SPKI PEM key: {e}", path.display()))
 }
 
 pub fn sign(key: &SigningKey, claims: &Claims) -> io::Result<String> {
-    let header = Header {
-        alg: "EdDSA".into(),
-        typ: Some("JWT".into()),
-        kid: Some(kid(&key.verifying_key())),
-    };
+    let header =
+        Header { alg: "EdDSA".into(), typ: Some("JWT".into()), kid: Some(kid(&key.verifying_key())) };
     let h = B64.encode(serde_json::to_vec(&header).map_err(io::Error::other)?);
     let p = B64.encode(serde_json::to_vec(claims).map_err(io::Error::other)?);
     let input = format!("{h}.{p}");
@@ -167,10 +134,7 @@ pub fn verify(token: &str, key: &VerifyingKey) -> Result<Claims, Bad> {
     let token = token.trim();
     let parts: Vec<&str> = token.split('.').collect();
     if parts.len() != 3 {
-        return Err(Bad::Malformed(format!(
-            "{} parts, a compact JWS has 3",
-            parts.len()
-        )));
+        return Err(Bad::Malformed(format!("{} parts, a compact JWS has 3", parts.len())));
     }
     let header: Header = B64
         .decode(parts[0])
@@ -186,11 +150,8 @@ pub fn verify(token: &str, key: &VerifyingKey) -> Result<Claims, Bad> {
         .and_then(|b| Signature::from_slice(&b).ok())
         .ok_or_else(|| Bad::Malformed("signature is not a base64url Ed25519 signature".into()))?;
     let input = format!("{}.{}", parts[0], parts[1]);
-    key.verify_strict(input.as_bytes(), &sig)
-        .map_err(|_| Bad::Signature)?;
-    let payload = B64
-        .decode(parts[1])
-        .map_err(|_| Bad::Malformed("payload is not base64url".into()))?;
+    key.verify_strict(input.as_bytes(), &sig).map_err(|_| Bad::Signature)?;
+    let payload = B64.decode(parts[1]).map_err(|_| Bad::Malformed("payload is not base64url".into()))?;
     serde_json::from_slice(&payload).map_err(|e| Bad::Malformed(format!("payload claims: {e}")))
 }
 
@@ -207,12 +168,7 @@ mod tests {
             sandbox_uids: vec![4242],
             result: "quiescent".into(),
             survivors: 0,
-            container: Container {
-                boot_id: "b".into(),
-                pid_ns: 1,
-                hostname: "h".into(),
-                init_start: 2,
-            },
+            container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
             processes: vec![],
             phases_ms: Default::default(),
             version: "0".into(),
@@ -228,14 +184,8 @@ mod tests {
         assert_eq!(verify(&t, &other.verifying_key()), Err(Bad::Signature));
         let parts: Vec<&str> = t.split('.').collect();
         let none = format!("{}.{}.", B64.encode(br#"{"alg":"none"}"#), parts[1]);
-        assert_eq!(
-            verify(&none, &k.verifying_key()),
-            Err(Bad::Algorithm("none".into()))
-        );
-        assert!(matches!(
-            verify(&parts[..2].join("."), &k.verifying_key()),
-            Err(Bad::Malformed(_))
-        ));
+        assert_eq!(verify(&none, &k.verifying_key()), Err(Bad::Algorithm("none".into())));
+        assert!(matches!(verify(&parts[..2].join("."), &k.verifying_key()), Err(Bad::Malformed(_))));
     }
 
     #[test]
@@ -243,14 +193,8 @@ mod tests {
         let k = generate().unwrap();
         let pem = private_pem(&k).unwrap();
         assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"));
-        assert_eq!(
-            SigningKey::from_pkcs8_pem(&pem).unwrap().to_bytes(),
-            k.to_bytes()
-        );
+        assert_eq!(SigningKey::from_pkcs8_pem(&pem).unwrap().to_bytes(), k.to_bytes());
         let pubpem = public_pem(&k.verifying_key()).unwrap();
-        assert_eq!(
-            VerifyingKey::from_public_key_pem(&pubpem).unwrap(),
-            k.verifying_key()
-        );
+        assert_eq!(VerifyingKey::from_public_key_pem(&pubpem).unwrap(), k.verifying_key());
     }
 }

@@ -43,16 +43,12 @@ impl Proc {
         if self.threads.is_empty() {
             return !matches!(self.state, 'Z' | 'X' | 'x');
         }
-        self.threads
-            .iter()
-            .any(|t| !matches!(t.state, 'Z' | 'X' | 'x'))
+        self.threads.iter().any(|t| !matches!(t.state, 'Z' | 'X' | 'x'))
     }
 
     /// Every live thread is stopped (T) or traced-stopped (t).
     pub fn stopped(&self) -> bool {
-        self.threads
-            .iter()
-            .all(|t| matches!(t.state, 'T' | 't' | 'Z' | 'X' | 'x'))
+        self.threads.iter().all(|t| matches!(t.state, 'T' | 't' | 'Z' | 'X' | 'x'))
     }
 
     pub fn all_uids(&self) -> impl Iterator<Item = u32> + '_ {
@@ -85,13 +81,7 @@ enum Read<T> {
 
 /// The error for anything that is not "this process exited".
 fn unknown(path: &Path, e: io::Error) -> io::Error {
-    io::Error::new(
-        e.kind(),
-        format!(
-            "cannot read {}: {e} (the process table is unknown)",
-            path.display()
-        ),
-    )
+    io::Error::new(e.kind(), format!("cannot read {}: {e} (the process table is unknown)", path.display()))
 }
 
 fn is_gone(e: &io::Error) -> bool {
@@ -119,14 +109,8 @@ pub struct Stat {
 /// Parse /proc/PID/stat. comm may hold spaces, parentheses and newlines, so the fields after
 /// it are found from the *last* ')'.
 pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
-    let open = text
-        .iter()
-        .position(|&b| b == b'(')
-        .ok_or("stat has no '('")?;
-    let close = text
-        .iter()
-        .rposition(|&b| b == b')')
-        .ok_or("stat has no ')'")?;
+    let open = text.iter().position(|&b| b == b'(').ok_or("stat has no '('")?;
+    let close = text.iter().rposition(|&b| b == b')').ok_or("stat has no ')'")?;
     if close < open {
         return Err("stat has ')' before '('".into());
     }
@@ -140,14 +124,10 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
     let f: Vec<&str> = rest.split_ascii_whitespace().collect();
     // f[0] is field 3 (state); field N is f[N-3].
     if f.len() < 20 {
-        return Err(format!(
-            "stat has {} fields after comm, expected at least 20",
-            f.len()
-        ));
+        return Err(format!("stat has {} fields after comm, expected at least 20", f.len()));
     }
     let num = |i: usize| -> Result<i64, String> {
-        f[i].parse::<i64>()
-            .map_err(|_| format!("stat field {} is not a number", i + 3))
+        f[i].parse::<i64>().map_err(|_| format!("stat field {} is not a number", i + 3))
     };
     let state = f[0].chars().next().ok_or("stat state is empty")?;
     Ok(Stat {
@@ -167,10 +147,7 @@ pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
     let mut uids = None;
     let mut gids = None;
     let four = |v: &str| -> Option<[u32; 4]> {
-        let n: Vec<u32> = v
-            .split_ascii_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
+        let n: Vec<u32> = v.split_ascii_whitespace().filter_map(|x| x.parse().ok()).collect();
         (n.len() == 4).then(|| [n[0], n[1], n[2], n[3]])
     };
     for line in text.lines() {
@@ -195,9 +172,7 @@ pub struct Reader {
 
 impl Default for Reader {
     fn default() -> Self {
-        Reader {
-            root: PathBuf::from("/proc"),
-        }
+        Reader { root: PathBuf::from("/proc") }
     }
 }
 
@@ -265,9 +240,7 @@ impl Reader {
                     .collect(),
             };
             // A zombie or kernel thread has no exe: that is an answer, not an unknown.
-            let exe = fs::read_link(dir.join("exe"))
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned());
+            let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
             (cmdline, exe)
         } else {
             (Vec::new(), None)
@@ -308,12 +281,7 @@ impl Reader {
                 Read::Ok(b) => {
                     let (state, uids, gids) = parse_status(&String::from_utf8_lossy(&b))
                         .map_err(|e| unknown(&sp, io::Error::other(e)))?;
-                    out.push(Thread {
-                        tid,
-                        state,
-                        uids,
-                        gids,
-                    });
+                    out.push(Thread { tid, state, uids, gids });
                 }
             }
         }
@@ -344,11 +312,7 @@ impl Reader {
         let p = self.root.join(pid.to_string()).join("stat");
         match read_file(&p)? {
             Read::Gone => Ok(None),
-            Read::Ok(b) => Ok(Some(
-                parse_stat(&b)
-                    .map_err(|e| unknown(&p, io::Error::other(e)))?
-                    .start_time,
-            )),
+            Read::Ok(b) => Ok(Some(parse_stat(&b).map_err(|e| unknown(&p, io::Error::other(e)))?.start_time)),
         }
     }
 }
@@ -402,10 +366,7 @@ impl Handle {
         match sys::pidfd_send_signal(&self.fd, sig) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
-            Err(e) => Err(io::Error::new(
-                e.kind(),
-                format!("signal pid {}: {e}", self.pid),
-            )),
+            Err(e) => Err(io::Error::new(e.kind(), format!("signal pid {}: {e}", self.pid))),
         }
     }
 }
@@ -424,8 +385,7 @@ mod tests {
 
     #[test]
     fn stat_with_hostile_comm() {
-        let line =
-            b"42 (a) b (c\nd) ) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10";
+        let line = b"42 (a) b (c\nd) ) S 1 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 98765 1000 10";
         let s = parse_stat(line).unwrap();
         assert_eq!(s.pid, 42);
         assert_eq!(s.comm, "a) b (c\nd) ");
@@ -444,10 +404,7 @@ mod tests {
     #[test]
     fn status_lines() {
         let t = "Name:\tx\nState:\tT (stopped)\nUid:\t4242\t0\t0\t4242\nGid:\t1\t2\t3\t4\n";
-        assert_eq!(
-            parse_status(t).unwrap(),
-            ('T', [4242, 0, 0, 4242], [1, 2, 3, 4])
-        );
+        assert_eq!(parse_status(t).unwrap(), ('T', [4242, 0, 0, 4242], [1, 2, 3, 4]));
         assert!(parse_status("State:\tS\nUid:\t1 2 3\nGid:\t1 2 3 4\n").is_err());
         assert!(parse_status("Uid:\t1 2 3 4\nGid:\t1 2 3 4\n").is_err());
     }
@@ -456,27 +413,18 @@ mod tests {
     fn never_signal_special_pids() {
         let r = Reader::default();
         for pid in [0, -1, -42, 1, sys::getpid()] {
-            assert!(
-                matches!(Handle::open(&r, pid, 0).unwrap(), Err(Opened::Refused(_))),
-                "pid {pid}"
-            );
+            assert!(matches!(Handle::open(&r, pid, 0).unwrap(), Err(Opened::Refused(_))), "pid {pid}");
         }
     }
 
     #[test]
     fn reused_pid_is_refused() {
         // Our own child, opened with a start time that is not its own, is treated as exited.
-        let mut child = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let pid = child.id() as Pid;
         let r = Reader::default();
         let real = r.start_time(pid).unwrap().unwrap();
-        assert!(matches!(
-            Handle::open(&r, pid, real + 1).unwrap(),
-            Err(Opened::Exited)
-        ));
+        assert!(matches!(Handle::open(&r, pid, real + 1).unwrap(), Err(Opened::Exited)));
         let h = Handle::open(&r, pid, real).unwrap().unwrap();
         assert!(h.signal(libc::SIGKILL).unwrap());
         child.wait().unwrap();

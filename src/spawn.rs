@@ -32,18 +32,11 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(cmd: &[String], drop: Option<Drop>) -> io::Result<Plan> {
-        let name = cmd
-            .first()
-            .ok_or_else(|| io::Error::other("no command given: add one after --"))?
-            .clone();
+        let name = cmd.first().ok_or_else(|| io::Error::other("no command given: add one after --"))?.clone();
         let cstr = |s: &[u8]| {
-            CString::new(s)
-                .map_err(|_| io::Error::other(format!("argument of '{name}' contains a NUL byte")))
+            CString::new(s).map_err(|_| io::Error::other(format!("argument of '{name}' contains a NUL byte")))
         };
-        let argv = cmd
-            .iter()
-            .map(|a| cstr(a.as_bytes()))
-            .collect::<io::Result<Vec<_>>>()?;
+        let argv = cmd.iter().map(|a| cstr(a.as_bytes())).collect::<io::Result<Vec<_>>>()?;
         let candidates = if name.contains('/') {
             vec![cstr(name.as_bytes())?]
         } else {
@@ -54,14 +47,7 @@ impl Plan {
                 .map(|d| cstr(&[d, b"/", name.as_bytes()].concat()))
                 .collect::<io::Result<Vec<_>>>()?
         };
-        Ok(Plan {
-            name,
-            candidates,
-            argv,
-            drop,
-            own_pgroup: false,
-            take_tty: false,
-        })
+        Ok(Plan { name, candidates, argv, drop, own_pgroup: false, take_tty: false })
     }
 
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
@@ -74,9 +60,7 @@ impl Plan {
     /// Exit code and one line for an exec failure.
     pub fn failure(&self, errno: i32) -> (i32, String) {
         let (code, what) = match errno {
-            libc::ENOENT | libc::ENOTDIR => {
-                (127, "not found (check the name and PATH)".to_string())
-            }
+            libc::ENOENT | libc::ENOTDIR => (127, "not found (check the name and PATH)".to_string()),
             libc::EACCES => (126, "permission denied (is it executable?)".to_string()),
             e => (126, io::Error::from_raw_os_error(e).to_string()),
         };
@@ -185,13 +169,7 @@ impl Plan {
             let tag = step.as_bytes();
             msg[5..5 + tag.len().min(4)].copy_from_slice(&tag[..tag.len().min(4)]);
             // SAFETY: a write of a local buffer to our pipe end.
-            unsafe {
-                libc::write(
-                    wr.as_raw_fd(),
-                    msg.as_ptr() as *const libc::c_void,
-                    msg.len(),
-                )
-            };
+            unsafe { libc::write(wr.as_raw_fd(), msg.as_ptr() as *const libc::c_void, msg.len()) };
             sys::exit_now(code as i32);
         }
         drop(wr);
@@ -206,9 +184,7 @@ impl Plan {
         let _ = f.read_to_end(&mut buf);
         if buf.len() >= 9 {
             let err = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
-            let step = String::from_utf8_lossy(&buf[5..9])
-                .trim_end_matches('\0')
-                .to_string();
+            let step = String::from_utf8_lossy(&buf[5..9]).trim_end_matches('\0').to_string();
             if step == "exec" {
                 eprintln!("{}", self.failure(err).1);
             } else {
@@ -224,9 +200,7 @@ impl Plan {
 }
 
 fn errno() -> i32 {
-    io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EIO)
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// Mark this process and all its descendants as a sandbox launch: an unset audit login UID may
@@ -236,10 +210,7 @@ pub fn tag_lineage(uid: u32) -> bool {
     let text = uid.to_string();
     // SAFETY: open/write/close on a path literal and a local buffer.
     unsafe {
-        let fd = libc::open(
-            c"/proc/self/loginuid".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        );
+        let fd = libc::open(c"/proc/self/loginuid".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         if fd < 0 {
             return false;
         }

@@ -57,12 +57,8 @@ pub struct StateDir {
 
 /// Refuse a directory that someone other than root could have planted or can write into.
 pub fn check_dir(path: &Path) -> Result<(), String> {
-    let md = fs::symlink_metadata(path).map_err(|e| {
-        format!(
-            "state dir {}: {e}: create it or pick another --state-dir",
-            path.display()
-        )
-    })?;
+    let md = fs::symlink_metadata(path)
+        .map_err(|e| format!("state dir {}: {e}: create it or pick another --state-dir", path.display()))?;
     if md.file_type().is_symlink() {
         return Err(format!(
             "state dir {} is a symlink: remove it or pick another --state-dir",
@@ -96,9 +92,7 @@ impl StateDir {
     /// Open an existing, safe state directory (subcommands).
     pub fn open(path: &Path) -> Result<StateDir, String> {
         check_dir(path)?;
-        Ok(StateDir {
-            path: path.to_path_buf(),
-        })
+        Ok(StateDir { path: path.to_path_buf() })
     }
 
     /// Create (mode 0755) if missing, then check (the init).
@@ -106,10 +100,7 @@ impl StateDir {
         if fs::symlink_metadata(path).is_err() {
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).map_err(|e| {
-                    format!(
-                        "cannot create {}: {e}: pick another --state-dir",
-                        parent.display()
-                    )
+                    format!("cannot create {}: {e}: pick another --state-dir", parent.display())
                 })?;
             }
             match fs::create_dir(path) {
@@ -173,9 +164,7 @@ impl StateDir {
 
     pub fn read_status(&self) -> io::Result<Option<Status>> {
         match read_nofollow(&self.file(STATUS)) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(io::Error::other),
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(io::Error::other),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -183,9 +172,7 @@ impl StateDir {
 
     pub fn read_request(&self) -> io::Result<Option<Request>> {
         match read_nofollow(&self.file(REQUEST)) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(io::Error::other),
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(io::Error::other),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
@@ -195,10 +182,8 @@ impl StateDir {
 /// Read a file without following a link at its last component.
 pub fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
+    let mut f =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
     let mut b = Vec::new();
     f.read_to_end(&mut b)?;
     Ok(b)
@@ -235,9 +220,7 @@ mod tests {
         assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
 
         fs::set_permissions(&d, fs::Permissions::from_mode(0o775)).unwrap();
-        assert!(StateDir::open(&d)
-            .unwrap_err()
-            .contains("writable by group"));
+        assert!(StateDir::open(&d).unwrap_err().contains("writable by group"));
         fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
 
         let link = tmpdir("link");

@@ -37,11 +37,7 @@ pub fn parse_signal(s: &str) -> Option<i32> {
     let up = s.to_ascii_uppercase();
     let name = up.strip_prefix("SIG").unwrap_or(&up);
     if let Some(rest) = name.strip_prefix("RTMIN") {
-        let off = if rest.is_empty() {
-            0
-        } else {
-            rest.strip_prefix('+')?.parse().ok()?
-        };
+        let off = if rest.is_empty() { 0 } else { rest.strip_prefix('+')?.parse().ok()? };
         let n = libc::SIGRTMIN() + off;
         return (n <= libc::SIGRTMAX()).then_some(n);
     }
@@ -58,23 +54,12 @@ pub fn reset_all_dispositions() {
         restorer: usize,
         mask: u64,
     }
-    let act = KernelSigaction {
-        handler: libc::SIG_DFL,
-        flags: 0,
-        restorer: 0,
-        mask: 0,
-    };
+    let act = KernelSigaction { handler: libc::SIG_DFL, flags: 0, restorer: 0, mask: 0 };
     for sig in 1..=64 {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
             // SAFETY: a valid kernel sigaction for SIG_DFL; the old action is not read.
             unsafe {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    &act as *const KernelSigaction,
-                    0usize,
-                    8usize,
-                );
+                libc::syscall(libc::SYS_rt_sigaction, sig, &act as *const KernelSigaction, 0usize, 8usize);
             }
         }
     }
@@ -142,11 +127,7 @@ fn poll_in(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
         None => -1,
         Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
     };
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd.
     let r = unsafe { libc::poll(&mut p, 1, ms) };
     if r < 0 {
@@ -263,15 +244,12 @@ pub fn kill_all_as(uids: &[u32], sig: i32) -> io::Result<()> {
     std::thread::scope(|s| {
         s.spawn(move || -> io::Result<()> {
             for uid in uids {
-                thread_setresuid(uid, uid, 0).map_err(|e| {
-                    io::Error::new(e.kind(), format!("switch thread to uid {uid}: {e}"))
-                })?;
+                thread_setresuid(uid, uid, 0)
+                    .map_err(|e| io::Error::new(e.kind(), format!("switch thread to uid {uid}: {e}")))?;
                 let sent = kill_all(sig);
                 thread_setresuid(0, 0, 0)?;
                 if thread_getresuid()? != (0, 0, 0) {
-                    return Err(io::Error::other(
-                        "credential switch back to root did not take",
-                    ));
+                    return Err(io::Error::other("credential switch back to root did not take"));
                 }
                 match sent {
                     Ok(()) => {}

@@ -40,10 +40,7 @@ pub type Tainted = BTreeMap<Pid, Vec<Reason>>;
 
 impl Policy {
     pub fn new(uids: Vec<u32>) -> Policy {
-        Policy {
-            uids,
-            history: HashSet::new(),
-        }
+        Policy { uids, history: HashSet::new() }
     }
 
     fn direct(&self, p: &Proc) -> Vec<Reason> {
@@ -107,8 +104,7 @@ impl Policy {
             }
         }
         // Forget identities that no longer exist, so the table stays as small as the namespace.
-        self.history
-            .retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+        self.history.retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
     }
 }
 
@@ -130,40 +126,21 @@ mod tests {
             exe: None,
             loginuid: None,
             sessionid: None,
-            threads: vec![Thread {
-                tid: pid,
-                state: 'S',
-                uids: [uid; 4],
-                gids: [0; 4],
-            }],
+            threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4] }],
         }
     }
 
     fn snap(ps: Vec<Proc>) -> Snapshot {
-        Snapshot {
-            procs: ps.into_iter().map(|p| (p.pid, p)).collect(),
-        }
+        Snapshot { procs: ps.into_iter().map(|p| (p.pid, p)).collect() }
     }
 
     #[test]
     fn reasons() {
         let mut thread_uid = p(20, 0, 0);
-        thread_uid.threads.push(Thread {
-            tid: 21,
-            state: 'S',
-            uids: [0, 4242, 0, 0],
-            gids: [0; 4],
-        });
+        thread_uid.threads.push(Thread { tid: 21, state: 'S', uids: [0, 4242, 0, 0], gids: [0; 4] });
         let mut escapee = p(30, 1, 0);
         escapee.loginuid = Some(4242);
-        let s = snap(vec![
-            p(10, 0, 4242),
-            p(11, 10, 0),
-            p(12, 11, 0),
-            p(13, 0, 0),
-            thread_uid,
-            escapee,
-        ]);
+        let s = snap(vec![p(10, 0, 4242), p(11, 10, 0), p(12, 11, 0), p(13, 0, 0), thread_uid, escapee]);
         let mut pol = Policy::new(vec![4242]);
         let t = pol.classify(&s);
         assert_eq!(t[&10], vec![Reason::Uid]);

@@ -19,31 +19,21 @@ pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
         return Err("empty user name: give a user name or a numeric UID".into());
     }
     if spec.bytes().all(|b| b.is_ascii_digit()) {
-        let uid: u32 = spec.parse().map_err(|_| {
-            format!("user '{spec}' is not a valid UID: use a number below 4294967295")
-        })?;
+        let uid: u32 = spec
+            .parse()
+            .map_err(|_| format!("user '{spec}' is not a valid UID: use a number below 4294967295"))?;
         if uid == u32::MAX {
-            return Err(format!(
-                "user '{spec}' is not a valid UID: use a number below 4294967295"
-            ));
+            return Err(format!("user '{spec}' is not a valid UID: use a number below 4294967295"));
         }
-        return Ok(parse_passwd(passwd)
-            .into_iter()
-            .find(|u| u.uid == uid)
-            .unwrap_or(User {
-                name: spec.to_string(),
-                uid,
-                gid: uid,
-                home: "/".into(),
-            }));
+        return Ok(parse_passwd(passwd).into_iter().find(|u| u.uid == uid).unwrap_or(User {
+            name: spec.to_string(),
+            uid,
+            gid: uid,
+            home: "/".into(),
+        }));
     }
-    if !spec
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b))
-    {
-        return Err(format!(
-            "user '{spec}' is malformed: give a user name or a numeric UID"
-        ));
+    if !spec.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b)) {
+        return Err(format!("user '{spec}' is malformed: give a user name or a numeric UID"));
     }
     parse_passwd(passwd)
         .into_iter()
@@ -55,9 +45,7 @@ pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
 pub fn resolve_sandbox(spec: &str, passwd: &str) -> Result<User, String> {
     let u = resolve(spec, passwd)?;
     if u.uid == 0 {
-        return Err(format!(
-            "sandbox user '{spec}' is UID 0: the sandbox user must not be root"
-        ));
+        return Err(format!("sandbox user '{spec}' is UID 0: the sandbox user must not be root"));
     }
     Ok(u)
 }
@@ -110,8 +98,7 @@ pub fn groups_of(user: &User, group: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    const PW: &str =
-        "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n#c\nbad:line\n";
+    const PW: &str = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n#c\nbad:line\n";
     const GR: &str = "agent:x:1000:\nwork:x:2000:agent,bob\nother:x:3000:bob\n";
 
     #[test]

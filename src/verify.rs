@@ -35,26 +35,18 @@ struct Report {
 struct Fail(i32, &'static str, String);
 
 fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
     let needs_dir = args.marker.is_none() || args.public_key.is_none();
     let dir = if needs_dir {
-        Some(
-            StateDir::open(&args.state.state_dir)
-                .map_err(|e| Fail(code::UNSAFE, "state-dir", e))?,
-        )
+        Some(StateDir::open(&args.state.state_dir).map_err(|e| Fail(code::UNSAFE, "state-dir", e))?)
     } else {
         None
     };
     let path = |given: &Option<PathBuf>, name: &str| -> PathBuf {
-        given
-            .clone()
-            .unwrap_or_else(|| dir.as_ref().map(|d| d.file(name)).unwrap_or_default())
+        given.clone().unwrap_or_else(|| dir.as_ref().map(|d| d.file(name)).unwrap_or_default())
     };
     let marker_path = path(&args.marker, state::MARKER);
     let key_path = path(&args.public_key, state::PUBKEY);
@@ -63,38 +55,24 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
         Fail(
             code::MISSING,
             "marker",
-            format!(
-                "no marker at {}: {e}; run 'quiesce freeze --wait' first",
-                marker_path.display()
-            ),
+            format!("no marker at {}: {e}; run 'quiesce freeze --wait' first", marker_path.display()),
         )
     })?;
     let token = String::from_utf8(token).map_err(|_| {
-        Fail(
-            code::MALFORMED,
-            "marker",
-            format!("marker {} is not text", marker_path.display()),
-        )
+        Fail(code::MALFORMED, "marker", format!("marker {} is not text", marker_path.display()))
     })?;
     let key = marker::load_public(&key_path).map_err(|e| Fail(code::SIGNATURE, "key", e))?;
     let claims = marker::verify(&token, &key).map_err(|b| match b {
-        Bad::Malformed(m) => Fail(
-            code::MALFORMED,
-            "marker",
-            format!("marker {} is malformed: {m}", marker_path.display()),
-        ),
-        Bad::Algorithm(a) => Fail(
-            code::SIGNATURE,
-            "alg",
-            format!("marker algorithm '{a}' refused: only EdDSA is accepted"),
-        ),
+        Bad::Malformed(m) => {
+            Fail(code::MALFORMED, "marker", format!("marker {} is malformed: {m}", marker_path.display()))
+        }
+        Bad::Algorithm(a) => {
+            Fail(code::SIGNATURE, "alg", format!("marker algorithm '{a}' refused: only EdDSA is accepted"))
+        }
         Bad::Signature => Fail(
             code::SIGNATURE,
             "signature",
-            format!(
-                "marker signature does not verify with {}",
-                key_path.display()
-            ),
+            format!("marker signature does not verify with {}", key_path.display()),
         ),
     })?;
 
@@ -105,26 +83,14 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             Err(Fail(code::CLAIMS, what, msg))
         }
     };
-    claim(
-        claims.iss == "quiesce",
-        "iss",
-        format!("marker iss is '{}', expected 'quiesce'", claims.iss),
-    )?;
+    claim(claims.iss == "quiesce", "iss", format!("marker iss is '{}', expected 'quiesce'", claims.iss))?;
     claim(
         claims.result == "quiescent",
         "result",
         format!("marker result is '{}', expected 'quiescent'", claims.result),
     )?;
-    claim(
-        claims.survivors == 0,
-        "survivors",
-        format!("marker reports {} survivor(s)", claims.survivors),
-    )?;
-    claim(
-        !claims.sandbox_uids.is_empty(),
-        "sandbox_uids",
-        "marker names no sandbox UID".into(),
-    )?;
+    claim(claims.survivors == 0, "survivors", format!("marker reports {} survivor(s)", claims.survivors))?;
+    claim(!claims.sandbox_uids.is_empty(), "sandbox_uids", "marker names no sandbox UID".into())?;
     if !expected_uids.is_empty() {
         let mut a = claims.sandbox_uids.clone();
         let mut b = expected_uids.to_vec();
@@ -132,11 +98,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
         a.dedup();
         b.sort();
         b.dedup();
-        claim(
-            a == b,
-            "sandbox_uids",
-            format!("marker sandbox UIDs {a:?} are not the expected {b:?}"),
-        )?;
+        claim(a == b, "sandbox_uids", format!("marker sandbox UIDs {a:?} are not the expected {b:?}"))?;
     }
     if let Some(n) = &args.nonce {
         claim(
@@ -147,11 +109,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
     }
     let now = now_unix();
     if claims.iat > now + 60 {
-        return Err(Fail(
-            code::TIME,
-            "iat",
-            format!("marker is from {} s in the future", claims.iat - now),
-        ));
+        return Err(Fail(code::TIME, "iat", format!("marker is from {} s in the future", claims.iat - now)));
     }
     if now.saturating_sub(claims.iat) > args.max_age {
         return Err(Fail(
@@ -164,13 +122,8 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             ),
         ));
     }
-    let here = marker::this_container().map_err(|e| {
-        Fail(
-            code::CONTAINER,
-            "container",
-            format!("cannot identify this container: {e}"),
-        )
-    })?;
+    let here = marker::this_container()
+        .map_err(|e| Fail(code::CONTAINER, "container", format!("cannot identify this container: {e}")))?;
     if here.pid_ns != claims.container.pid_ns || here.boot_id != claims.container.boot_id {
         return Err(Fail(
             code::CONTAINER,
@@ -202,11 +155,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             return Err(Fail(
                 code::LIVE,
                 "live-probe",
-                format!(
-                    "{} sandbox process(es) alive now: {}",
-                    alive.len(),
-                    alive.join(", ")
-                ),
+                format!("{} sandbox process(es) alive now: {}", alive.len(), alive.join(", ")),
             ));
         }
     }
@@ -224,23 +173,15 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
             jti: Some(c.jti.clone()),
             nonce: c.nonce.clone(),
         },
-        Err(Fail(code, check, msg)) => Report {
-            ok: false,
-            check,
-            message: msg.clone(),
-            code: *code,
-            jti: None,
-            nonce: None,
-        },
+        Err(Fail(code, check, msg)) => {
+            Report { ok: false, check, message: msg.clone(), code: *code, jti: None, nonce: None }
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string(&report).unwrap_or_default());
     }
     if !report.ok {
-        eprintln!(
-            "quiesce verify: {} check failed: {}",
-            report.check, report.message
-        );
+        eprintln!("quiesce verify: {} check failed: {}", report.check, report.message);
         return report.code;
     }
     log::info!("{}", report.message);

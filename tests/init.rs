@@ -15,22 +15,14 @@ fn run(args: &[&str], cmd: &[&str]) -> i32 {
 #[test]
 fn exit_codes_pass_through() {
     for code in [0, 1, 2, 127, 254, 255] {
-        assert_eq!(
-            run(&[], &["sh", "-c", &format!("exit {code}")]),
-            code,
-            "exit {code}"
-        );
+        assert_eq!(run(&[], &["sh", "-c", &format!("exit {code}")]), code, "exit {code}");
     }
 }
 
 #[test]
 fn killed_by_signal_is_128_plus_n() {
     for (name, n) in [("TERM", 15), ("HUP", 1), ("KILL", 9)] {
-        assert_eq!(
-            run(&[], &["sh", "-c", &format!("kill -{name} $$")]),
-            128 + n,
-            "{name}"
-        );
+        assert_eq!(run(&[], &["sh", "-c", &format!("kill -{name} $$")]), 128 + n, "{name}");
     }
 }
 
@@ -45,10 +37,7 @@ fn exec_failures_are_127_and_126_with_one_line() {
     assert_eq!(out.status.code(), Some(127));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("'no-such-command-here'") && err.contains("not found"),
-        "{err}"
-    );
+    assert!(err.contains("'no-such-command-here'") && err.contains("not found"), "{err}");
 
     let d = scratch("noexec");
     let f = d.join("script");
@@ -76,11 +65,7 @@ fn a_child_exiting_127_is_not_an_exec_failure() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(127));
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -93,17 +78,12 @@ fn remap_exit_code() {
 fn every_catchable_signal_is_forwarded() {
     let adv = adversary();
     let mut c = Container::start_with(
-        Opts {
-            stdout: Stdio::piped(),
-            ..Default::default()
-        },
+        Opts { stdout: Stdio::piped(), ..Default::default() },
         &[adv.to_str().unwrap(), "signals"],
     );
     let mut lines = BufReader::new(c.take_stdout().unwrap()).lines();
     std::thread::sleep(Duration::from_millis(300));
-    let mut sigs: Vec<i32> = (1..=31)
-        .filter(|&s| ![9, 19, 17, 15].contains(&s))
-        .collect();
+    let mut sigs: Vec<i32> = (1..=31).filter(|&s| ![9, 19, 17, 15].contains(&s)).collect();
     sigs.push(libc::SIGRTMIN() + 2);
     sigs.push(15);
     for s in sigs {
@@ -127,10 +107,7 @@ fn pgroup_mode_signals_the_whole_pipeline() {
     std::thread::sleep(Duration::from_millis(300));
     without.signal(libc::SIGUSR2);
     std::thread::sleep(Duration::from_secs(2));
-    assert!(
-        without.alive(),
-        "without -g the pipeline should have outlived the signal"
-    );
+    assert!(without.alive(), "without -g the pipeline should have outlived the signal");
 }
 
 #[test]
@@ -158,11 +135,7 @@ fn instantly_failing_children_never_hang_the_init() {
     // dumb-init#102: thousands of children that fail at once, orphaned to the init.
     let mut c = Container::start(
         &[],
-        &[
-            "sh",
-            "-c",
-            "i=0; while [ $i -lt 2000 ]; do false & i=$((i+1)); done; exit 0",
-        ],
+        &["sh", "-c", "i=0; while [ $i -lt 2000 ]; do false & i=$((i+1)); done; exit 0"],
     );
     assert_eq!(c.wait_code(Duration::from_secs(30)), 0);
 }
@@ -170,10 +143,7 @@ fn instantly_failing_children_never_hang_the_init() {
 #[test]
 fn child_killing_itself_while_a_sibling_exits() {
     // catatonit#4: the command's own status wins, whatever else is reaped at the same moment.
-    let mut c = Container::start(
-        &[],
-        &["sh", "-c", "(sleep 0.05; exit 3) & sleep 0.05; kill -9 $$"],
-    );
+    let mut c = Container::start(&[], &["sh", "-c", "(sleep 0.05; exit 3) & sleep 0.05; kill -9 $$"]);
     assert_eq!(c.wait_code(T), 137);
 }
 
@@ -184,10 +154,7 @@ fn shutdown_terms_then_kills_after_grace_and_waits() {
     let t = Instant::now();
     assert_eq!(c.wait_code(T), 7);
     let took = t.elapsed();
-    assert!(
-        took >= Duration::from_millis(900),
-        "exited after {took:?}, before the grace"
-    );
+    assert!(took >= Duration::from_millis(900), "exited after {took:?}, before the grace");
 }
 
 #[test]
@@ -205,15 +172,8 @@ fn subreaper_when_not_pid_1() {
     let t = Instant::now();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(5));
-    assert_eq!(
-        read(&d.join("ppid")).trim(),
-        pid.to_string(),
-        "the orphan reparents to quiesce"
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(4),
-        "the orphan should have died of SIGTERM"
-    );
+    assert_eq!(read(&d.join("ppid")).trim(), pid.to_string(), "the orphan reparents to quiesce");
+    assert!(t.elapsed() < Duration::from_secs(4), "the orphan should have died of SIGTERM");
     assert!(String::from_utf8_lossy(&out.stderr).contains("subreaper"));
     std::fs::remove_dir_all(d).unwrap();
 }
@@ -222,9 +182,7 @@ fn subreaper_when_not_pid_1() {
 fn command_starts_with_a_clean_signal_state() {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc"])
-        .arg(quiesce())
-        .args(["--", "cat", "/proc/self/status"]);
+    cmd.args(["--pid", "--fork", "--mount-proc"]).arg(quiesce()).args(["--", "cat", "/proc/self/status"]);
     // The init itself inherits SIGINT and SIGQUIT ignored, as under nohup-like launchers.
     unsafe {
         cmd.pre_exec(|| {
@@ -237,11 +195,7 @@ fn command_starts_with_a_clean_signal_state() {
     let status = String::from_utf8_lossy(&out.stdout);
     for field in ["SigBlk:", "SigIgn:"] {
         let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-        assert_eq!(
-            line.split_whitespace().nth(1),
-            Some("0000000000000000"),
-            "{line}"
-        );
+        assert_eq!(line.split_whitespace().nth(1), Some("0000000000000000"), "{line}");
     }
 }
 
@@ -288,12 +242,7 @@ while time.time() < deadline:
     except OSError: pass
 os.kill(pid, 9); print("timeout")
 "#;
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(driver)
-        .arg(quiesce())
-        .output()
-        .unwrap();
+    let out = Command::new("python3").arg("-c").arg(driver).arg(quiesce()).output().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "130",
@@ -311,10 +260,7 @@ fn binary_is_static() {
     let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
     for i in 0..phnum {
         let p_type = u32::from_le_bytes(bin[phoff + i * phentsize..][..4].try_into().unwrap());
-        assert_ne!(
-            p_type, 3,
-            "PT_INTERP present: the binary is dynamically linked"
-        );
+        assert_ne!(p_type, 3, "PT_INTERP present: the binary is dynamically linked");
     }
 }
 
@@ -322,10 +268,7 @@ fn binary_is_static() {
 fn no_command_and_bad_options_are_refused() {
     let out = Command::new(quiesce()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let out = Command::new(quiesce())
-        .args(["--grace", "-1", "--", "true"])
-        .output()
-        .unwrap();
+    let out = Command::new(quiesce()).args(["--grace", "-1", "--", "true"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--grace"));
 }

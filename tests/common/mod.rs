@@ -13,11 +13,7 @@ pub fn quiesce() -> PathBuf {
 }
 
 pub fn adversary() -> PathBuf {
-    quiesce()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("adversary")
+    quiesce().parent().unwrap().join("examples").join("adversary")
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -65,25 +61,14 @@ pub struct Opts<'a> {
 
 impl Default for Opts<'_> {
     fn default() -> Self {
-        Opts {
-            init_args: vec![],
-            stdout: Stdio::null(),
-            stdin: Stdio::null(),
-            env: vec![],
-        }
+        Opts { init_args: vec![], stdout: Stdio::null(), stdin: Stdio::null(), env: vec![] }
     }
 }
 
 impl Container {
     /// `quiesce --state-dir DIR/state INIT_ARGS -- CMD` as PID 1 of a new PID namespace.
     pub fn start(init_args: &[&str], cmd: &[&str]) -> Container {
-        Container::start_with(
-            Opts {
-                init_args: init_args.to_vec(),
-                ..Default::default()
-            },
-            cmd,
-        )
+        Container::start_with(Opts { init_args: init_args.to_vec(), ..Default::default() }, cmd)
     }
 
     pub fn start_with(o: Opts, cmd: &[&str]) -> Container {
@@ -114,8 +99,8 @@ impl Container {
             if matches!(unshare.try_wait(), Ok(Some(_))) {
                 return true;
             }
-            let kids = std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children"))
-                .unwrap_or_default();
+            let kids =
+                std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children")).unwrap_or_default();
             if let Some(k) = kids.split_whitespace().next() {
                 let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).unwrap_or_default();
                 if comm.trim() == "quiesce" {
@@ -126,13 +111,7 @@ impl Container {
             false
         });
         let exited = unshare.try_wait().ok().flatten();
-        Container {
-            unshare,
-            init,
-            dir,
-            state,
-            exited,
-        }
+        Container { unshare, init, dir, state, exited }
     }
 
     /// Run a command inside the namespace, as `docker exec` would (root unless wrapped).
@@ -142,11 +121,8 @@ impl Container {
 
     pub fn exec_cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new("nsenter");
-        c.args(["-t", &self.init.to_string(), "-p", "-m", "--"])
-            .args(args);
-        c.env("ADV", adversary())
-            .env("Q", quiesce())
-            .env("D", &self.dir);
+        c.args(["-t", &self.init.to_string(), "-p", "-m", "--"]).args(args);
+        c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
         c
     }
 
@@ -167,15 +143,9 @@ impl Container {
         full.push(adv.to_str().unwrap());
         full.extend_from_slice(args);
         let mut c = self.exec_cmd(&full);
-        c.env("ADV_READY", &ready)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        c.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());
         let child = c.spawn().expect("launch");
-        wait_for(
-            &format!("workload {args:?} to be ready"),
-            Duration::from_secs(30),
-            || ready.exists(),
-        );
+        wait_for(&format!("workload {args:?} to be ready"), Duration::from_secs(30), || ready.exists());
         child
     }
 
@@ -214,8 +184,7 @@ impl Container {
     pub fn processes(&self) -> Vec<(i32, u32, char, String)> {
         let q = quiesce();
         let out = self.exec(&[q.to_str().unwrap(), "ps", "--json"]);
-        let v: serde_json::Value =
-            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
         v["processes"]
             .as_array()
             .map(|a| {

@@ -119,10 +119,41 @@ impl Container {
         self.exec_cmd(args).output().expect("nsenter")
     }
 
+    /// Like `docker exec`: join the namespace's PID and mount namespaces, fork, and have the
+    /// outside parent wait for the inside child without mirroring its stops (nsenter mirrors
+    /// them, which a freeze would turn into a stopped waiter that never reaps).
     pub fn exec_cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("nsenter");
-        c.args(["-t", &self.init.to_string(), "-p", "-m", "--"]).args(args);
+        use std::os::unix::process::CommandExt;
+        let mut c = Command::new(args[0]);
+        c.args(&args[1..]);
         c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
+        let pidns = std::ffi::CString::new(format!("/proc/{}/ns/pid", self.init)).unwrap();
+        let mntns = std::ffi::CString::new(format!("/proc/{}/ns/mnt", self.init)).unwrap();
+        unsafe {
+            c.pre_exec(move || {
+                for (path, kind) in [(&pidns, libc::CLONE_NEWPID), (&mntns, libc::CLONE_NEWNS)] {
+                    let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                    if fd < 0 || libc::setns(fd, kind) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::close(fd);
+                }
+                let child = libc::fork();
+                if child < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if child == 0 {
+                    return Ok(());
+                }
+                // The waiter must not hold std's exec-status channel open, or spawn() would
+                // block until the inner command exits.
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                let mut st = 0;
+                while libc::waitpid(child, &mut st, 0) < 0 {}
+                let code = if libc::WIFEXITED(st) { libc::WEXITSTATUS(st) } else { 128 + libc::WTERMSIG(st) };
+                libc::_exit(code);
+            });
+        }
         c
     }
 
@@ -132,6 +163,11 @@ impl Container {
     }
 
     pub fn launch_with(&self, uid: u32, exec_args: &[&str], args: &[&str]) -> Child {
+        self.launch_bin(uid, exec_args, adversary().to_str().unwrap(), args)
+    }
+
+    /// Like `launch`, with `quiesce exec` options and another binary (e.g. a setuid copy).
+    pub fn launch_bin(&self, uid: u32, exec_args: &[&str], bin: &str, args: &[&str]) -> Child {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let ready = self.dir.join(format!("ready-{n}"));
         let uid_s = uid.to_string();
@@ -139,8 +175,7 @@ impl Container {
         let mut full: Vec<&str> = vec![q.to_str().unwrap(), "exec", "--user", &uid_s];
         full.extend_from_slice(exec_args);
         full.push("--");
-        let adv = adversary();
-        full.push(adv.to_str().unwrap());
+        full.push(bin);
         full.extend_from_slice(args);
         let mut c = self.exec_cmd(&full);
         c.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());

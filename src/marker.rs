@@ -3,7 +3,7 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -77,8 +77,15 @@ pub fn generate() -> io::Result<SigningKey> {
     Ok(SigningKey::from_bytes(&seed))
 }
 
+/// PKCS#8 v1 (RFC 8410), the form `openssl genpkey -algorithm ed25519` writes and every
+/// OpenSSL reads; v2 with the public key embedded is refused by OpenSSL 3.0.
 pub fn private_pem(key: &SigningKey) -> io::Result<String> {
-    Ok(key.to_pkcs8_pem(LineEnding::LF).map_err(|e| io::Error::other(e.to_string()))?.to_string())
+    const PREFIX: [u8; 16] =
+        [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    let mut der = PREFIX.to_vec();
+    der.extend_from_slice(key.as_bytes());
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&der);
+    Ok(format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n"))
 }
 
 pub fn public_pem(key: &VerifyingKey) -> io::Result<String> {

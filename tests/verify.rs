@@ -1,0 +1,325 @@
+//! The marker and the verify gate: one test per check that makes it fail, and the real path.
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const PY: &str = "/usr/bin/python3";
+
+fn openssl_key(dir: &Path) -> PathBuf {
+    let key = dir.join("signing.key");
+    let st = Command::new("openssl")
+        .args(["genpkey", "-algorithm", "ed25519", "-out"])
+        .arg(&key)
+        .status()
+        .expect("openssl");
+    assert!(st.success());
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    key
+}
+
+/// A frozen container signed with an openssl-made key; returns it with the key path.
+fn frozen(uid: u32, nonce: &str) -> (Container, PathBuf) {
+    let keydir = scratch("key");
+    std::fs::set_permissions(&keydir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let key = openssl_key(&keydir);
+    let u = uid.to_string();
+    let c = Container::start(
+        &["--sandbox-user", &u, "--signing-key", key.to_str().unwrap()],
+        &["sleep", "1000000"],
+    );
+    let _w = c.launch(uid, &["sleepers", "20"]);
+    let (code, st) = c.freeze(nonce);
+    assert_eq!(code, 0, "{st}");
+    (c, key)
+}
+
+fn code(out: &std::process::Output) -> i32 {
+    out.status.code().unwrap_or(-1)
+}
+
+fn marker(c: &Container) -> String {
+    read(&c.state.join("quiescence.jws")).trim().to_string()
+}
+
+/// Write a token to a file in the container dir and verify it with the state dir's key.
+fn verify_token(c: &Container, token: &str, extra: &[&str]) -> std::process::Output {
+    let f = c.path("forged.jws");
+    std::fs::write(&f, token).unwrap();
+    let mut args = vec!["--marker", f.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "echo", "scored"]);
+    c.verify(&args)
+}
+
+/// Sign `claims` (JSON) with PyJWT, as an attacker with some key would.
+fn pyjwt_sign(claims: &serde_json::Value, key: &Path, alg: &str) -> String {
+    let script = r#"
+import sys, json, jwt
+from cryptography.hazmat.primitives import serialization
+claims = json.loads(sys.argv[1]); alg = sys.argv[3]
+data = open(sys.argv[2], "rb").read()
+if alg == "EdDSA":
+    print(jwt.encode(claims, serialization.load_pem_private_key(data, None), algorithm=alg))
+else:
+    # PyJWT rightly refuses a PEM key as an HMAC secret; an attacker builds the token by hand.
+    import hmac, hashlib, base64
+    b = lambda x: base64.urlsafe_b64encode(x).rstrip(b"=").decode()
+    signing = b(b'{"alg":"HS256","typ":"JWT"}') + "." + b(json.dumps(claims).encode())
+    print(signing + "." + b(hmac.new(data, signing.encode(), hashlib.sha256).digest()))
+"#;
+    let out =
+        Command::new(PY).arg("-c").arg(script).arg(claims.to_string()).arg(key).arg(alg).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn claims_of(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    let p = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(p).unwrap()).unwrap()
+}
+
+fn refused(out: &std::process::Output, want: i32, what: &str) {
+    assert_eq!(code(out), want, "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty(), "{what}: the command ran");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{what}: {err}");
+}
+
+#[test]
+fn end_to_end_and_pyjwt_verifies_the_real_marker() {
+    let (c, _key) = frozen(4401, "nonce-42");
+    let out = c.verify(&["--nonce", "nonce-42", "--sandbox-user", "4401", "--", "sh", "-c", "echo scored"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let script = r#"
+import sys, jwt
+from cryptography.hazmat.primitives import serialization
+pub = serialization.load_pem_public_key(open(sys.argv[2], "rb").read())
+c = jwt.decode(open(sys.argv[1]).read().strip(), pub, algorithms=["EdDSA"])
+print(c["iss"], c["result"], c["survivors"], c["nonce"], c["sandbox_uids"], len(c["processes"]) >= 21)
+"#;
+    let out = Command::new(PY)
+        .arg("-c")
+        .arg(script)
+        .arg(c.state.join("quiescence.jws"))
+        .arg(c.state.join("signing.pub"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "quiesce quiescent 0 nonce-42 [4401] True",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let claims = claims_of(&marker(&c));
+    for k in ["boot_id", "pid_ns", "hostname", "init_start"] {
+        assert!(!claims["container"][k].is_null(), "{k}");
+    }
+    for k in ["stop", "walk", "kill", "probe", "total"] {
+        assert!(claims["phases_ms"][k].is_u64(), "{k}");
+    }
+    let p = &claims["processes"][0];
+    for k in ["pid", "ppid", "uids", "comm", "cmdline", "reason"] {
+        assert!(!p[k].is_null(), "{k}");
+    }
+}
+
+#[test]
+fn missing_and_truncated_markers() {
+    let (c, _) = frozen(4402, "n");
+    std::fs::remove_file(c.state.join("quiescence.jws")).unwrap();
+    refused(&c.verify(&["--", "echo", "scored"]), 10, "missing");
+    refused(&verify_token(&c, "eyJhbGciOiJFZERTQSJ9.eyJ", &[]), 11, "truncated");
+    refused(&verify_token(&c, "", &[]), 11, "empty");
+}
+
+#[test]
+fn tampered_payload_header_and_wrong_key() {
+    let (c, _) = frozen(4403, "n");
+    let t = marker(&c);
+    let parts: Vec<&str> = t.split('.').collect();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims = claims_of(&t);
+    claims["nonce"] = "other".into();
+    let payload = b64.encode(claims.to_string());
+    refused(&verify_token(&c, &format!("{}.{}.{}", parts[0], payload, parts[2]), &[]), 12, "payload");
+    let header = b64.encode(r#"{"alg":"EdDSA","typ":"JWT","kid":"x"}"#);
+    refused(&verify_token(&c, &format!("{}.{}.{}", header, parts[1], parts[2]), &[]), 12, "header");
+
+    let other = scratch("otherkey");
+    let key = openssl_key(&other);
+    let pubkey = other.join("other.pub");
+    assert!(Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&pubkey)
+        .status()
+        .unwrap()
+        .success());
+    refused(&c.verify(&["--public-key", pubkey.to_str().unwrap(), "--", "echo", "scored"]), 12, "wrong key");
+    // Signed by another key altogether, with perfect claims.
+    refused(&verify_token(&c, &pyjwt_sign(&claims_of(&t), &key, "EdDSA"), &[]), 12, "forged");
+}
+
+#[test]
+fn alg_none_and_hs256_with_the_public_key_are_refused() {
+    let (c, _) = frozen(4404, "n");
+    let t = marker(&c);
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let none = format!("{}.{}.", b64.encode(r#"{"alg":"none","typ":"JWT"}"#), t.split('.').nth(1).unwrap());
+    refused(&verify_token(&c, &none, &[]), 12, "alg none");
+    let hs = pyjwt_sign(&claims_of(&t), &c.state.join("signing.pub"), "HS256");
+    refused(&verify_token(&c, &hs, &[]), 12, "HS256");
+}
+
+#[test]
+fn expired_future_nonce_and_uids() {
+    let (c, key) = frozen(4405, "right");
+    let t = marker(&c);
+    let mut old = claims_of(&t);
+    old["iat"] = (old["iat"].as_u64().unwrap() - 700).into();
+    refused(&verify_token(&c, &pyjwt_sign(&old, &key, "EdDSA"), &[]), 14, "expired");
+    let mut fut = claims_of(&t);
+    fut["iat"] = (fut["iat"].as_u64().unwrap() + 3600).into();
+    refused(&verify_token(&c, &pyjwt_sign(&fut, &key, "EdDSA"), &[]), 14, "future");
+    std::thread::sleep(Duration::from_millis(1100));
+    refused(&c.verify(&["--max-age", "0", "--", "echo", "scored"]), 14, "max-age");
+    refused(&c.verify(&["--nonce", "wrong", "--", "echo", "scored"]), 13, "nonce");
+    refused(&c.verify(&["--sandbox-user", "4406", "--", "echo", "scored"]), 13, "uids");
+    let mut bad = claims_of(&t);
+    bad["survivors"] = 1.into();
+    refused(&verify_token(&c, &pyjwt_sign(&bad, &key, "EdDSA"), &[]), 13, "survivors");
+    // The untouched marker still passes: every refusal above came from its one check.
+    let out = c.verify(&["--nonce", "right", "--sandbox-user", "4405", "--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+}
+
+#[test]
+fn marker_from_another_pid_namespace_is_refused() {
+    let (a, key) = frozen(4407, "n");
+    let u = "4407";
+    let b = Container::start(
+        &["--sandbox-user", u, "--signing-key", key.to_str().unwrap()],
+        &["sleep", "1000000"],
+    );
+    wait_for("b's state", Duration::from_secs(5), || b.state.join("signing.pub").exists());
+    refused(&verify_token(&b, &marker(&a), &[]), 15, "copied marker");
+}
+
+#[test]
+fn live_sandbox_process_at_verify_time() {
+    let (c, _) = frozen(4408, "n");
+    // A root respawner starts a new sandbox process after the proof.
+    let _w = c.launch(4408, &["pause"]);
+    refused(&c.verify(&["--", "echo", "scored"]), 16, "live");
+    let out = c.verify(&["--no-live-probe", "--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+}
+
+#[test]
+fn unsafe_state_dirs_and_keys_are_refused() {
+    let (c, _) = frozen(4409, "n");
+    std::fs::set_permissions(&c.state, std::fs::Permissions::from_mode(0o775)).unwrap();
+    refused(&c.verify(&["--", "echo", "scored"]), 17, "group-writable");
+    std::fs::set_permissions(&c.state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let link = c.path("link");
+    std::os::unix::fs::symlink(&c.state, &link).unwrap();
+    let q = quiesce();
+    let out = c.exec(&[
+        q.to_str().unwrap(),
+        "verify",
+        "--state-dir",
+        link.to_str().unwrap(),
+        "--",
+        "echo",
+        "scored",
+    ]);
+    refused(&out, 17, "symlink");
+
+    // The init refuses a group-readable key, and a symlinked state dir, before running anything.
+    let d = scratch("badkey");
+    let key = openssl_key(&d);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let ran = d.join("ran");
+    let out = Command::new(quiesce())
+        .args(["--sandbox-user", "4409", "--state-dir"])
+        .arg(d.join("state"))
+        .arg("--signing-key")
+        .arg(&key)
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ran.exists());
+    let out = Command::new(quiesce())
+        .args(["--sandbox-user", "4409", "--state-dir"])
+        .arg(&link)
+        .args(["--", "touch"])
+        .arg(&ran)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symlink"));
+    assert!(!ran.exists());
+}
+
+#[test]
+fn keygen_writes_a_usable_pair() {
+    let d = scratch("keygen");
+    let out = Command::new(quiesce()).args(["keygen", "--out"]).arg(d.join("k")).output().unwrap();
+    assert!(out.status.success());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(d.join("k/signing.key")).unwrap().mode() & 0o777, 0o600);
+    let out = Command::new("openssl")
+        .args(["pkey", "-noout", "-in"])
+        .arg(d.join("k/signing.key"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = Command::new("openssl")
+        .args(["pkey", "-pubin", "-noout", "-in"])
+        .arg(d.join("k/signing.pub"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::fs::remove_dir_all(d).unwrap();
+}
+
+#[test]
+fn freeze_request_without_an_init_times_out_with_2() {
+    let d = scratch("noinit");
+    let state = d.join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Inside a fresh namespace whose PID 1 is a plain shell: nobody answers the request.
+    let out = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
+        .arg(format!(
+            "trap '' USR1; {} freeze --state-dir {} --wait --timeout 0.5",
+            quiesce().display(),
+            state.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(d).unwrap();
+}

@@ -112,7 +112,15 @@ impl Plan {
                 last = errno();
                 match last {
                     libc::ENOENT | libc::ENOTDIR => continue,
-                    libc::EACCES => saw_eacces = true,
+                    // EACCES from a directory on PATH the user may not search is "not there";
+                    // only a file that exists but may not be executed is "permission denied".
+                    libc::EACCES => {
+                        let mut st: libc::stat = std::mem::zeroed();
+                        if libc::stat(c.as_ptr(), &mut st) == 0 {
+                            saw_eacces = true;
+                        }
+                        last = libc::ENOENT;
+                    }
                     _ => break,
                 }
             }

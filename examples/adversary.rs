@@ -49,6 +49,24 @@ fn raw_setresuid(r: u32, e: u32, s: u32) -> i64 {
     unsafe { libc::syscall(libc::SYS_setresuid, r, e, s) }
 }
 
+/// Is any process with real UID `uid` alive (not a zombie)?
+fn any_alive(uid: u32) -> bool {
+    let Ok(rd) = std::fs::read_dir("/proc") else { return true };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let mine = st
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string()));
+        let zombie = st.lines().any(|l| l.starts_with("State:") && l.contains('Z'));
+        if mine && !zombie {
+            return true;
+        }
+    }
+    false
+}
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     match mode.as_str() {
@@ -290,12 +308,23 @@ fn main() {
         }
         // The leader thread exits while another thread runs: the leader shows Z.
         "leader-exit" => {
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(50));
+            let pid = std::process::id();
+            std::thread::spawn(move || {
+                // Ready only once the leader really is a zombie.
+                for _ in 0..1000 {
+                    let st =
+                        std::fs::read_to_string(format!("/proc/self/task/{pid}/stat")).unwrap_or_default();
+                    if st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 ready();
                 forever();
             });
-            unsafe { libc::pthread_exit(std::ptr::null_mut()) };
+            // The raw exit ends this thread only, without unwinding through the runtime.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!();
         }
         // N children block on a pipe; the parent exits, orphaning them; they all exit at once
         // when the last write end closes.
@@ -311,7 +340,31 @@ fn main() {
                     unsafe { libc::_exit(0) };
                 }
             }
+            // For the benchmark: when the orphans were released (they exit as we do).
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            println!("{}", now.as_nanos());
             std::process::exit(0);
+        }
+        // The benchmark's kernel floor, run as root: one kill(-1, SIGKILL) from a thread switched
+        // to UID, then poll /proc until no live process of that UID is left. Prints milliseconds.
+        "floor" => {
+            let uid = arg(2, 4242) as u32;
+            let t = std::time::Instant::now();
+            std::thread::spawn(move || {
+                assert_eq!(raw_setresuid(uid, uid, 0), 0);
+                unsafe { libc::kill(-1, libc::SIGKILL) };
+                assert_eq!(raw_setresuid(0, 0, 0), 0);
+            })
+            .join()
+            .unwrap();
+            let deadline = t + Duration::from_secs(10);
+            while any_alive(uid) {
+                if std::time::Instant::now() > deadline {
+                    println!("timeout");
+                    return;
+                }
+            }
+            println!("{:.3}", t.elapsed().as_secs_f64() * 1000.0);
         }
         // Print each signal received (blocked + sigwaitinfo); exit on SIGTERM.
         "signals" => {

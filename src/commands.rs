@@ -245,7 +245,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
                 return if st.state == "quiescent" { 0 } else { 1 };
             }
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     eprintln!("quiesce freeze: no final status within {:?}: is quiesce PID 1 with a --sandbox-user?", limit);
     2

@@ -278,14 +278,16 @@ pub fn run(mut cfg: Config) -> i32 {
                     continue;
                 }
             }
+            if frozen && (sig == libc::SIGTERM || sig == libc::SIGINT) {
+                // After a freeze the init waits for this to end the container.
+                term_after_freeze = true;
+            }
             if reaper.status.is_none() {
                 let target = if cfg.pgroup { -main } else { main };
                 log::debug!("forwarding {} to {target}", sys::signal_name(sig));
                 if let Err(e) = sys::kill(target, sig) {
                     log::debug!("forwarding {} failed: {e}", sys::signal_name(sig));
                 }
-            } else if sig == libc::SIGTERM || sig == libc::SIGINT {
-                term_after_freeze = true;
             }
         }
 

@@ -60,14 +60,14 @@ fn adv() -> String {
 }
 
 /// Run the adversary as root inside the container (not a sandbox launch), ready-waited.
-fn launch_root(c: &Container, args: &[&str]) -> std::process::Child {
+fn launch_root(c: &Container, args: &[&str]) -> Guard {
     let ready = c.path(&format!("ready-root-{}", args.join("-")));
     let a = adv();
     let mut full = vec![a.as_str()];
     full.extend_from_slice(args);
     let mut cmd = c.exec_cmd(&full);
     cmd.env("ADV_READY", &ready).stdout(Stdio::null());
-    let child = cmd.spawn().unwrap();
+    let child = guard(cmd);
     wait_for("root workload", Duration::from_secs(20), || ready.exists());
     child
 }
@@ -196,10 +196,10 @@ fn t09_injected_from_outside_mid_freeze() {
     // Injected from outside the tree, as `docker exec -u` does: its parent is outside the namespace.
     let u = uid.to_string();
     let inject = |c: &Container| {
-        c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &adv(), "pause"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
+        let mut cmd =
+            c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &adv(), "pause"]);
+        cmd.stdout(Stdio::null());
+        guard(cmd)
     };
     let mut injected = vec![inject(&c)];
     std::thread::sleep(Duration::from_millis(200));
@@ -228,9 +228,7 @@ fn t09_injected_from_outside_mid_freeze() {
         assert_eq!(out.status.code(), Some(16), "{left:?}");
         assert!(out.stdout.is_empty());
     }
-    for mut i in injected.drain(..) {
-        let _ = i.kill();
-    }
+    drop(injected);
 }
 
 #[test]

@@ -36,22 +36,39 @@ fn taint_reasons_for_each_kind_of_process() {
     // A root process with one thread switched to the sandbox UID.
     let ready = c.path("thread-ready");
     let a = adversary();
-    let _t = c.exec_cmd(&[a.to_str().unwrap(), "thread-uid", &u]).env("ADV_READY", &ready).spawn().unwrap();
+    let _t = {
+        let mut cmd = c.exec_cmd(&[a.to_str().unwrap(), "thread-uid", &u]);
+        cmd.env("ADV_READY", &ready);
+        guard(cmd)
+    };
     wait_for("thread-uid", Duration::from_secs(10), || ready.exists());
     // A setuid-root helper (ruid sandbox, euid 0).
     let suid = setuid_copy(&c);
     let _h = c.launch_bin(uid, &["--allow-setuid"], &suid, &["pause"]);
     // Injected from outside the tree: its parent is outside the namespace (ppid 0).
     let ready2 = c.path("inj-ready");
-    let _i = c
-        .exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", a.to_str().unwrap(), "pause"])
-        .env("ADV_READY", &ready2)
-        .spawn()
-        .unwrap();
+    let _i = {
+        let mut cmd = c.exec_cmd(&[
+            "setpriv",
+            "--reuid",
+            &u,
+            "--regid",
+            &u,
+            "--clear-groups",
+            a.to_str().unwrap(),
+            "pause",
+        ]);
+        cmd.env("ADV_READY", &ready2);
+        guard(cmd)
+    };
     wait_for("injected", Duration::from_secs(10), || ready2.exists());
     // A root process that is no descendant of anything sandboxed.
     let ready3 = c.path("root-ready");
-    let _r = c.exec_cmd(&[a.to_str().unwrap(), "pause"]).env("ADV_READY", &ready3).spawn().unwrap();
+    let _r = {
+        let mut cmd = c.exec_cmd(&[a.to_str().unwrap(), "pause"]);
+        cmd.env("ADV_READY", &ready3);
+        guard(cmd)
+    };
     wait_for("root", Duration::from_secs(10), || ready3.exists());
 
     let rows = ps_json(&c, uid);

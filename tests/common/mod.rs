@@ -32,6 +32,20 @@ pub fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// A process the test started; killed and reaped when dropped, so none is left behind.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn guard(mut c: Command) -> Guard {
+    Guard(c.spawn().expect("spawn"))
+}
+
 pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let until = Instant::now() + timeout;
     while Instant::now() < until {
@@ -158,16 +172,16 @@ impl Container {
     }
 
     /// Start a workload as `uid` through `quiesce exec`, and wait until it says it is ready.
-    pub fn launch(&self, uid: u32, args: &[&str]) -> Child {
+    pub fn launch(&self, uid: u32, args: &[&str]) -> Guard {
         self.launch_with(uid, &[], args)
     }
 
-    pub fn launch_with(&self, uid: u32, exec_args: &[&str], args: &[&str]) -> Child {
+    pub fn launch_with(&self, uid: u32, exec_args: &[&str], args: &[&str]) -> Guard {
         self.launch_bin(uid, exec_args, adversary().to_str().unwrap(), args)
     }
 
     /// Like `launch`, with `quiesce exec` options and another binary (e.g. a setuid copy).
-    pub fn launch_bin(&self, uid: u32, exec_args: &[&str], bin: &str, args: &[&str]) -> Child {
+    pub fn launch_bin(&self, uid: u32, exec_args: &[&str], bin: &str, args: &[&str]) -> Guard {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let ready = self.dir.join(format!("ready-{n}"));
         let uid_s = uid.to_string();
@@ -179,7 +193,7 @@ impl Container {
         full.extend_from_slice(args);
         let mut c = self.exec_cmd(&full);
         c.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());
-        let child = c.spawn().expect("launch");
+        let child = Guard(c.spawn().expect("launch"));
         wait_for(&format!("workload {args:?} to be ready"), Duration::from_secs(30), || ready.exists());
         child
     }

@@ -56,9 +56,27 @@ fn depth(snap: &Snapshot, p: &Proc) -> usize {
     d
 }
 
-/// Signal every live sandbox process through a pidfd, children before parents.
-fn signal_each(reader: &Reader, snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
-    let mut targets: Vec<&Proc> = live(snap, tainted).collect();
+/// Could kill(-1) from a thread switched to a sandbox UID miss this process? Its permission
+/// check looks at the leader's real and saved UIDs only, and a leader that exited while other
+/// threads run is not a reliable target.
+fn missable(p: &Proc, uids: &[u32]) -> bool {
+    match p.threads.iter().find(|t| t.tid == p.pid) {
+        None => true,
+        Some(l) => matches!(l.state, 'Z' | 'X') || !(uids.contains(&l.uids[0]) || uids.contains(&l.uids[2])),
+    }
+}
+
+/// Signal live sandbox processes through pidfds, children before parents: all of them, or only
+/// those the kernel-side channel may have missed.
+fn signal_each(
+    reader: &Reader,
+    snap: &Snapshot,
+    tainted: &Tainted,
+    sig: i32,
+    only_missable: Option<&[u32]>,
+) -> io::Result<usize> {
+    let mut targets: Vec<&Proc> =
+        live(snap, tainted).filter(|p| only_missable.is_none_or(|u| missable(p, u))).collect();
     targets.sort_by_key(|p| std::cmp::Reverse(depth(snap, p)));
     let mut n = 0;
     for p in targets {
@@ -101,26 +119,37 @@ impl Run<'_> {
     }
 
     /// Both channels: the kernel-atomic kill(-1) as each sandbox UID, then pidfds for whatever
-    /// its permission check missed.
-    fn both_channels(&mut self, sig: i32, snap: &Snapshot, tainted: &Tainted) -> Result<(), String> {
+    /// its permission check may have missed (`all`: for every live sandbox process).
+    fn both_channels(
+        &mut self,
+        sig: i32,
+        snap: &Snapshot,
+        tainted: &Tainted,
+        all: bool,
+    ) -> Result<(), String> {
         sys::kill_all_as(&self.policy.uids, sig).map_err(|e| format!("credential switch failed: {e}"))?;
-        signal_each(self.reader, snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
+        let uids = self.policy.uids.clone();
+        let only = if all { None } else { Some(uids.as_slice()) };
+        signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
         Ok(())
     }
 
-    fn stop(&mut self, stop_wait: Duration) -> Result<(), String> {
+    /// Stop everything; returns the last observation, in which every sandbox process is
+    /// stopped (or the wait ran out).
+    fn stop(&mut self, stop_wait: Duration) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
         sys::kill_all_as(&self.policy.uids, libc::SIGSTOP)
             .map_err(|e| format!("credential switch failed: {e}"))?;
         let until = (t + stop_wait).min(self.deadline);
         let mut pause = Duration::from_millis(1);
-        loop {
+        let mut first = true;
+        let last = loop {
             let (snap, tainted) = observe(self.reader, self.policy, Detail::Light)
                 .map_err(|e| format!("/proc unreadable: {e}"))?;
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
             if running.is_empty() {
                 self.unstopped.clear();
-                break;
+                break (snap, tainted);
             }
             if Instant::now() >= until {
                 self.unstopped = running.iter().map(|p| p.pid).collect();
@@ -129,23 +158,37 @@ impl Run<'_> {
                     running.len(),
                     stop_wait
                 );
-                break;
+                break (snap, tainted);
             }
+            // kill(-1) reached the rest already and they are on their way to stopping; on the
+            // first pass only what it may have missed needs a pidfd.
             for p in running {
-                procs::signal(self.reader, p, libc::SIGSTOP).map_err(|e| format!("signal failed: {e}"))?;
+                if !first || missable(p, &self.policy.uids) {
+                    procs::signal(self.reader, p, libc::SIGSTOP)
+                        .map_err(|e| format!("signal failed: {e}"))?;
+                }
             }
+            first = false;
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
-        }
+        };
         self.phases.stop = ms(t.elapsed());
-        Ok(())
+        Ok(last)
     }
 
-    fn walk(&mut self) -> Result<(Snapshot, Tainted), String> {
+    /// Record the evidence of every sandbox process while it is stopped.
+    fn walk(&mut self, mut snap: Snapshot, tainted: &Tainted) -> Snapshot {
         let t = Instant::now();
-        let (snap, tainted) =
-            observe(self.reader, self.policy, Detail::Full).map_err(|e| format!("/proc unreadable: {e}"))?;
-        self.evidence = live(&snap, &tainted)
+        let pids: Vec<Pid> = live(&snap, tainted).map(|p| p.pid).collect();
+        for pid in pids {
+            if let Some(p) = snap.procs.get_mut(&pid) {
+                // Evidence is best effort: a process that vanished keeps what stat and status said.
+                if let Err(e) = self.reader.add_evidence(p) {
+                    log::debug!("evidence of {pid}: {e}");
+                }
+            }
+        }
+        self.evidence = live(&snap, tainted)
             .map(|p| Evidence {
                 pid: p.pid,
                 ppid: p.ppid,
@@ -163,7 +206,7 @@ impl Run<'_> {
             })
             .collect();
         self.phases.walk = ms(t.elapsed());
-        Ok((snap, tainted))
+        snap
     }
 }
 
@@ -180,16 +223,14 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
         evidence: Vec::new(),
         unstopped: Vec::new(),
     };
-    if let Err(e) = run.stop(cfg.stop_wait) {
-        return run.fail(e, Vec::new());
-    }
-    let (snap, tainted) = match run.walk() {
+    let (snap, tainted) = match run.stop(cfg.stop_wait) {
         Ok(x) => x,
         Err(e) => return run.fail(e, Vec::new()),
     };
+    let snap = run.walk(snap, &tainted);
 
     let t = Instant::now();
-    if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted) {
+    if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, false) {
         return run.fail(e, survivors(&snap, &tainted));
     }
     (run.reap)();
@@ -227,7 +268,7 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
                 left,
             );
         }
-        if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted) {
+        if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, true) {
             return run.fail(e, left);
         }
         (run.reap)();

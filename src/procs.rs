@@ -33,7 +33,6 @@ pub struct Proc {
     pub cmdline: Vec<String>,
     pub exe: Option<String>,
     pub loginuid: Option<u32>,
-    pub sessionid: Option<u32>,
     pub threads: Vec<Thread>,
 }
 
@@ -141,11 +140,16 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
     })
 }
 
-/// Parse the State, Uid and Gid lines of /proc/PID/task/TID/status.
+/// Parse the State, Uid, Gid (and Threads, where present) lines of a status file.
 pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
+    parse_status_threads(text).map(|(s, u, g, _)| (s, u, g))
+}
+
+fn parse_status_threads(text: &str) -> Result<(char, [u32; 4], [u32; 4], usize), String> {
     let mut state = None;
     let mut uids = None;
     let mut gids = None;
+    let mut threads = 1;
     let four = |v: &str| -> Option<[u32; 4]> {
         let n: Vec<u32> = v.split_ascii_whitespace().filter_map(|x| x.parse().ok()).collect();
         (n.len() == 4).then(|| [n[0], n[1], n[2], n[3]])
@@ -157,12 +161,15 @@ pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
             uids = four(v);
         } else if let Some(v) = line.strip_prefix("Gid:") {
             gids = four(v);
+        } else if let Some(v) = line.strip_prefix("Threads:") {
+            threads = v.trim().parse().map_err(|_| "status Threads is not a number")?;
         }
     }
     Ok((
         state.ok_or("status has no State line")?,
         uids.ok_or("status has no valid Uid line")?,
         gids.ok_or("status has no valid Gid line")?,
+        threads,
     ))
 }
 
@@ -217,9 +224,21 @@ impl Reader {
             Read::Gone => return Ok(None),
             Read::Ok(b) => parse_stat(&b).map_err(|e| unknown(&stat_path, io::Error::other(e)))?,
         };
-        let threads = match self.threads(&dir)? {
+        // The leader's status says how many threads there are; only a multi-threaded process
+        // (whose threads may hold other credentials) needs its task directory walked.
+        let status_path = dir.join("status");
+        let (lstate, luids, lgids, nthreads) = match read_file(&status_path)? {
             Read::Gone => return Ok(None),
-            Read::Ok(t) => t,
+            Read::Ok(b) => parse_status_threads(&String::from_utf8_lossy(&b))
+                .map_err(|e| unknown(&status_path, io::Error::other(e)))?,
+        };
+        let threads = if nthreads > 1 || matches!(lstate, 'Z' | 'X') {
+            match self.threads(&dir)? {
+                Read::Gone => return Ok(None),
+                Read::Ok(t) => t,
+            }
+        } else {
+            vec![Thread { tid: pid, state: lstate, uids: luids, gids: lgids }]
         };
         let small = |name: &str| -> io::Result<Option<u32>> {
             let p = dir.join(name);
@@ -229,22 +248,7 @@ impl Reader {
             }
         };
         let loginuid = small("loginuid")?.filter(|&u| u != u32::MAX);
-        let sessionid = small("sessionid")?.filter(|&u| u != u32::MAX);
-        let (cmdline, exe) = if detail == Detail::Full {
-            let cmdline = match read_file(&dir.join("cmdline"))? {
-                Read::Gone => Vec::new(),
-                Read::Ok(b) => b
-                    .split(|&c| c == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect(),
-            };
-            // A zombie or kernel thread has no exe: that is an answer, not an unknown.
-            let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
-            (cmdline, exe)
-        } else {
-            (Vec::new(), None)
-        };
+        let (cmdline, exe) = if detail == Detail::Full { self.evidence(&dir)? } else { (Vec::new(), None) };
         Ok(Some(Proc {
             pid: stat.pid,
             ppid: stat.ppid,
@@ -256,9 +260,33 @@ impl Reader {
             cmdline,
             exe,
             loginuid,
-            sessionid,
             threads,
         }))
+    }
+
+    /// cmdline and exe of a process: what a person needs to recognise it.
+    fn evidence(&self, dir: &Path) -> io::Result<(Vec<String>, Option<String>)> {
+        {
+            let cmdline = match read_file(&dir.join("cmdline"))? {
+                Read::Gone => Vec::new(),
+                Read::Ok(b) => b
+                    .split(|&c| c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect(),
+            };
+            // A zombie or kernel thread has no exe: that is an answer, not an unknown.
+            let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
+            Ok((cmdline, exe))
+        }
+    }
+
+    /// Add cmdline and exe to an observed process (the walk, while it is stopped).
+    pub fn add_evidence(&self, p: &mut Proc) -> io::Result<()> {
+        let (cmdline, exe) = self.evidence(&self.root.join(p.pid.to_string()))?;
+        p.cmdline = cmdline;
+        p.exe = exe;
+        Ok(())
     }
 
     fn threads(&self, dir: &Path) -> io::Result<Read<Vec<Thread>>> {

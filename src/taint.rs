@@ -125,7 +125,6 @@ mod tests {
             cmdline: vec![],
             exe: None,
             loginuid: None,
-            sessionid: None,
             threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4] }],
         }
     }

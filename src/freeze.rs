@@ -10,6 +10,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 pub struct Config {
+    pub cred: sys::CredThread,
     pub timeout: Duration,
     /// How long to wait for every sandbox thread to show stopped before walking anyway.
     pub stop_wait: Duration,
@@ -94,6 +95,7 @@ fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
 }
 
 struct Run<'a> {
+    cred: &'a sys::CredThread,
     reader: &'a Reader,
     policy: &'a mut Policy,
     reap: &'a mut dyn FnMut(),
@@ -127,7 +129,9 @@ impl Run<'_> {
         tainted: &Tainted,
         all: bool,
     ) -> Result<(), String> {
-        sys::kill_all_as(&self.policy.uids, sig).map_err(|e| format!("credential switch failed: {e}"))?;
+        self.cred
+            .kill_all_as(&self.policy.uids, sig)
+            .map_err(|e| format!("credential switch failed: {e}"))?;
         let uids = self.policy.uids.clone();
         let only = if all { None } else { Some(uids.as_slice()) };
         signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
@@ -138,7 +142,8 @@ impl Run<'_> {
     /// stopped (or the wait ran out).
     fn stop(&mut self, stop_wait: Duration) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
-        sys::kill_all_as(&self.policy.uids, libc::SIGSTOP)
+        self.cred
+            .kill_all_as(&self.policy.uids, libc::SIGSTOP)
             .map_err(|e| format!("credential switch failed: {e}"))?;
         let until = (t + stop_wait).min(self.deadline);
         let mut pause = Duration::from_millis(1);
@@ -214,6 +219,7 @@ impl Run<'_> {
 pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn FnMut()) -> Outcome {
     let start = Instant::now();
     let mut run = Run {
+        cred: &cfg.cred,
         reader,
         policy,
         reap,

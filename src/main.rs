@@ -163,7 +163,11 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         state,
         key,
         freeze_signal,
-        freeze: freeze::Config { timeout, stop_wait: Duration::from_millis(500) },
+        freeze: freeze::Config {
+            cred: sys::CredThread::start().map_err(|e| format!("cannot start the credential thread: {e}"))?,
+            timeout,
+            stop_wait: Duration::from_millis(500),
+        },
         after_freeze_exit: a.after_freeze == "exit",
         track_interval: (interval > Duration::ZERO).then_some(interval),
     })

@@ -24,7 +24,13 @@ pub struct Drop {
 pub struct Plan {
     name: String,
     candidates: Vec<CString>,
+    /// Owns the strings that `argv_ptrs` points into.
+    #[allow(dead_code)]
     argv: Vec<CString>,
+    /// NULL-terminated pointers into `argv`, made before fork: the child must not allocate.
+    argv_ptrs: Vec<*const libc::c_char>,
+    /// The lineage tag's text, made before fork for the same reason.
+    tag_text: String,
     drop: Option<Drop>,
     own_pgroup: bool,
     take_tty: bool,
@@ -47,7 +53,10 @@ impl Plan {
                 .map(|d| cstr(&[d, b"/", name.as_bytes()].concat()))
                 .collect::<io::Result<Vec<_>>>()?
         };
-        Ok(Plan { name, candidates, argv, drop, own_pgroup: false, take_tty: false })
+        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let tag_text = drop.as_ref().map(|d| d.user.uid.to_string()).unwrap_or_default();
+        Ok(Plan { name, candidates, argv, argv_ptrs, tag_text, drop, own_pgroup: false, take_tty: false })
     }
 
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
@@ -81,7 +90,7 @@ impl Plan {
             }
             if let Some(d) = &self.drop {
                 if d.tag {
-                    tag_lineage(d.user.uid);
+                    write_loginuid(&self.tag_text);
                 }
                 if libc::setgroups(d.groups.len(), d.groups.as_ptr()) != 0 {
                     return (errno(), "setgroups");
@@ -103,8 +112,7 @@ impl Plan {
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
 
-            let mut argv: Vec<*const libc::c_char> = self.argv.iter().map(|a| a.as_ptr()).collect();
-            argv.push(std::ptr::null());
+            let argv = &self.argv_ptrs;
             let mut saw_eacces = false;
             let mut last = libc::ENOENT;
             for c in &self.candidates {
@@ -215,7 +223,10 @@ fn errno() -> i32 {
 /// be written once without privilege, the kernel then opens a new audit session, and nothing
 /// without CAP_AUDIT_CONTROL can change either again. Returns whether the tag took.
 pub fn tag_lineage(uid: u32) -> bool {
-    let text = uid.to_string();
+    write_loginuid(&uid.to_string())
+}
+
+fn write_loginuid(text: &str) -> bool {
     // SAFETY: open/write/close on a path literal and a local buffer.
     unsafe {
         let fd = libc::open(c"/proc/self/loginuid".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);

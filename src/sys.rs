@@ -236,33 +236,53 @@ pub fn thread_getresuid() -> io::Result<(u32, u32, u32)> {
     Ok((r, e, s))
 }
 
-/// From a fresh thread switched to `uid` (saved UID kept 0), send `sig` to every process
-/// that UID may signal, then switch back and prove the thread is root again.
-/// The process's own credentials never change.
-pub fn kill_all_as(uids: &[u32], sig: i32) -> io::Result<()> {
-    let uids = uids.to_vec();
-    std::thread::scope(|s| {
-        s.spawn(move || -> io::Result<()> {
-            for uid in uids {
-                thread_setresuid(uid, uid, 0)
-                    .map_err(|e| io::Error::new(e.kind(), format!("switch thread to uid {uid}: {e}")))?;
-                let sent = kill_all(sig);
-                thread_setresuid(0, 0, 0)?;
-                if thread_getresuid()? != (0, 0, 0) {
-                    return Err(io::Error::other("credential switch back to root did not take"));
-                }
-                match sent {
-                    Ok(()) => {}
-                    // ESRCH: no process of that UID is left.
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(e) => return Err(e),
-                }
+type CredJob = (Vec<u32>, i32, std::sync::mpsc::Sender<io::Result<()>>);
+
+/// A thread of the init kept for one job: switch *its own* credentials to a sandbox UID (saved
+/// UID kept 0), send a signal to every process that UID may signal, switch back and prove it is
+/// root again. The process's own credentials never change. It is started before the command
+/// runs, so a fork bomb that exhausts a pids limit cannot keep it from existing at freeze time.
+pub struct CredThread {
+    jobs: std::sync::mpsc::Sender<CredJob>,
+}
+
+impl CredThread {
+    pub fn start() -> io::Result<CredThread> {
+        let (tx, rx) = std::sync::mpsc::channel::<CredJob>();
+        std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
+            for (uids, sig, reply) in rx {
+                let _ = reply.send(kill_all_as_here(&uids, sig));
             }
-            Ok(())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("credential thread panicked")))
-    })
+        })?;
+        Ok(CredThread { jobs: tx })
+    }
+
+    pub fn kill_all_as(&self, uids: &[u32], sig: i32) -> io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.jobs
+            .send((uids.to_vec(), sig, tx))
+            .map_err(|_| io::Error::other("credential thread is gone"))?;
+        rx.recv().map_err(|_| io::Error::other("credential thread is gone"))?
+    }
+}
+
+fn kill_all_as_here(uids: &[u32], sig: i32) -> io::Result<()> {
+    for &uid in uids {
+        thread_setresuid(uid, uid, 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("switch thread to uid {uid}: {e}")))?;
+        let sent = kill_all(sig);
+        thread_setresuid(0, 0, 0)?;
+        if thread_getresuid()? != (0, 0, 0) {
+            return Err(io::Error::other("credential switch back to root did not take"));
+        }
+        match sent {
+            Ok(()) => {}
+            // ESRCH: no process of that UID is left.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 pub fn set_child_subreaper() -> io::Result<()> {

@@ -1,0 +1,12 @@
+# Multi-stage build of the static binary; the last stage holds /quiesce alone, so images write
+#   COPY --from=<this image> /quiesce /sbin/quiesce
+# Offline (no Rust image to pull), build the final stage from a host-built binary instead:
+#   cargo build --release && docker build -f docker/Dockerfile.prebuilt -t quiesce .
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin quiesce \
+ && cp target/x86_64-unknown-linux-gnu/release/quiesce /quiesce
+
+FROM scratch
+COPY --from=build /quiesce /quiesce

@@ -79,6 +79,11 @@ fn run_init(a: cli::InitArgs) -> i32 {
     if a.command.is_empty() {
         return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
     }
+    // Before any thread exists: a thread with signals unblocked would take process-directed
+    // signals, and PID 1 drops those it has no handler for.
+    if let Err(e) = sys::block_all_signals() {
+        return fatal(format!("cannot block signals: {e}"));
+    }
     let grace = match cli::seconds("--grace", a.grace) {
         Ok(d) => d,
         Err(e) => return fatal(e),

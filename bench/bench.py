@@ -274,6 +274,10 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     a = ap.parse_args()
     sizes = [("bomb", 0) if s == "bomb" else ("sleepers", int(s)) for s in a.sizes.split(",")]
+    # RLIMIT_NPROC counts a UID's processes machine-wide: leftovers would cap the fork bomb.
+    left = subprocess.run(["pgrep", "-c", "-u", str(UID)], capture_output=True, text=True).stdout.strip()
+    if left not in ("", "0"):
+        sys.exit(f"bench: {left} processes of UID {UID} are still running from an earlier run: kill them first")
 
     print("init cost ...", file=sys.stderr)
     ic = init_costs(a.spawn_runs)

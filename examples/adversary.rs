@@ -366,6 +366,60 @@ fn main() {
             }
             println!("{:.3}", t.elapsed().as_secs_f64() * 1000.0);
         }
+        // Run as root: a FUSE file system at MNT that answers INIT and nothing else, so a
+        // process that touches it blocks in the kernel for good (uninterruptible once read).
+        "fuse-daemon" => {
+            let mnt = std::env::args().nth(2).expect("fuse-daemon MNT");
+            let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
+            let opts = CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
+            let target = CString::new(mnt).unwrap();
+            let r = unsafe {
+                libc::mount(
+                    c"quiesce-test".as_ptr(),
+                    target.as_ptr(),
+                    c"fuse".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    opts.as_ptr() as *const libc::c_void,
+                )
+            };
+            assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+            ready();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+                if n < 40 {
+                    continue;
+                }
+                let opcode = u32::from_ne_bytes(buf[4..8].try_into().unwrap());
+                let unique = u64::from_ne_bytes(buf[8..16].try_into().unwrap());
+                if opcode != 26 {
+                    continue; // FUSE_INIT only; every other request stays unanswered.
+                }
+                let mut out = Vec::with_capacity(80);
+                out.extend_from_slice(&80u32.to_ne_bytes());
+                out.extend_from_slice(&0i32.to_ne_bytes());
+                out.extend_from_slice(&unique.to_ne_bytes());
+                // fuse_init_out: major, minor, max_readahead, flags, max_background,
+                // congestion_threshold, max_write, time_gran, then zeros to 64 bytes.
+                for v in [7u32, 31, 65536, 0] {
+                    out.extend_from_slice(&v.to_ne_bytes());
+                }
+                out.extend_from_slice(&0u16.to_ne_bytes());
+                out.extend_from_slice(&0u16.to_ne_bytes());
+                out.extend_from_slice(&4096u32.to_ne_bytes());
+                out.extend_from_slice(&1u32.to_ne_bytes());
+                out.resize(80, 0);
+                unsafe { libc::write(fd, out.as_ptr() as *const libc::c_void, out.len()) };
+            }
+        }
+        // Touch PATH (on the silent FUSE mount): blocks in the kernel.
+        "fuse-victim" => {
+            ready();
+            let p = std::env::args().nth(2).expect("fuse-victim PATH");
+            let _ = std::fs::metadata(p);
+            forever();
+        }
         // Print each signal received (blocked + sigwaitinfo); exit on SIGTERM.
         "signals" => {
             use std::io::Write;

@@ -436,3 +436,30 @@ fn docker_kill_style_signal_freezes_without_a_request() {
     assert_eq!(c.status_file()["nonce"], serde_json::Value::Null);
     assert!(live_sandbox(&c, uid).is_empty());
 }
+
+#[test]
+fn t23_uninterruptible_sleep_is_a_bounded_failure_naming_the_survivor() {
+    let uid = 4328;
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse on this machine");
+        return;
+    }
+    let c = sandbox(uid, &["--freeze-timeout", "2"]);
+    let mnt = c.path("fuse");
+    std::fs::create_dir(&mnt).unwrap();
+    let _d = launch_root(&c, &["fuse-daemon", mnt.to_str().unwrap()]);
+    let _v = c.launch(uid, &["fuse-victim", mnt.join("x").to_str().unwrap()]);
+    wait_for("the victim to block in D state", Duration::from_secs(10), || {
+        c.processes().iter().any(|p| p.1 == uid && p.2 == 'D')
+    });
+    let (code, st) = c.freeze("n-1");
+    assert_eq!(code, 1, "{st}");
+    assert_eq!(st["state"], "failed");
+    let survivors = st["survivors"].as_array().unwrap();
+    assert_eq!(survivors.len(), 1, "{st}");
+    assert_eq!(survivors[0]["uid"], uid);
+    assert_eq!(survivors[0]["state"], "D");
+    assert!(!c.marker_exists());
+    let out = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(out.status.code(), Some(10));
+}

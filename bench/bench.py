@@ -175,7 +175,7 @@ def m_quiesce(ns, state):
 
 def m_harness(ns, state):
     t = time.perf_counter()
-    ns.enter(["sh", "-c", f"pkill -u {UID}; sleep 1; pkill -9 -u {UID}"])
+    ns.enter(["timeout", "-s", "KILL", "30", "sh", "-c", f"pkill -u {UID}; sleep 1; pkill -9 -u {UID}"])
     wall = time.perf_counter() - t
     time.sleep(0.05)
     return alive_of(ns) == 0, wall * 1000, None
@@ -184,7 +184,8 @@ def m_harness(ns, state):
 def m_pkill_loop(ns, state):
     script = f"end=$(($(date +%s)+5)); while pgrep -r R,S,D,T,t,I -u {UID} >/dev/null; do pkill -9 -u {UID}; [ $(date +%s) -ge $end ] && exit 1; done; exit 0"
     t = time.perf_counter()
-    r = ns.enter(["sh", "-c", script])
+    # The budget also bounds a single pkill that never returns under the bomb.
+    r = ns.enter(["timeout", "-s", "KILL", "6", "sh", "-c", script])
     wall = time.perf_counter() - t
     return r.returncode == 0, wall * 1000, None
 

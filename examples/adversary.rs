@@ -372,7 +372,8 @@ fn main() {
             let mnt = std::env::args().nth(2).expect("fuse-daemon MNT");
             let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
             assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
-            let opts = CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
+            let opts =
+                CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
             let target = CString::new(mnt).unwrap();
             let r = unsafe {
                 libc::mount(

@@ -316,7 +316,22 @@ def main():
           "- `pkill; sleep 1; pkill -9`: today's harness command; converged means `pgrep -u` found none afterwards.",
           "- pkill/pgrep loop: `pkill -9` until `pgrep` finds none, 5 s budget.",
           "- A fork bomb is capped at 2,000 processes (RLIMIT_NPROC).", "",
-          "![time to quiescence](freeze.svg)", "",
+          "![time to quiescence](freeze.svg)", ""]
+    f1000 = fr.get(("1000", "quiesce freeze"))
+    fl1000 = fr.get(("1000", "kernel floor"))
+    bomb = fr.get(("fork bomb", "quiesce freeze"))
+    L += ["## Against the goals", "",
+          f"- own peak RSS ≤ 2× tini-static: {q['rss_kib']} KiB = {q['rss_kib']/t['rss_kib']:.2f}× — "
+          + ("met" if q["rss_kib"] <= 2 * t["rss_kib"] else "missed"),
+          f"- zero idle wakeups: {q['wakeups_10s']} in 10 s — " + ("met" if q["wakeups_10s"] == 0 else "missed"),
+          f"- spawn overhead ≤ tini's: {q['spawn_overhead_us']:.0f} µs against {t['spawn_overhead_us']:.0f} µs — "
+          + ("met" if q["spawn_overhead_us"] <= t["spawn_overhead_us"] else "missed")]
+    if f1000 and fl1000:
+        r = f1000["internal_ms"] / fl1000["median_ms"]
+        L.append(f"- freeze ≤ 2× the kernel floor at 1,000 processes: {r:.1f}× — " + ("met" if r <= 2 else "missed"))
+    if bomb:
+        L.append(f"- 100% convergence under the fork bomb: {bomb['ok']}/{bomb['runs']} — " + ("met" if bomb["ok"] == bomb["runs"] else "missed"))
+    L += ["",
           "Reproduce: `bench/run` (as root; installs tini, dumb-init and catatonit from Debian's packages)."]
     open(a.out, "w").write("\n".join(L) + "\n")
     print("\n".join(L))

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct Sandbox {
     pub policy: Policy,
+    /// The last tracking observation.
+    pub seen: crate::procs::Snapshot,
     pub state: StateDir,
     pub key: SigningKey,
     pub freeze_signal: i32,
@@ -202,13 +204,15 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
     }
 }
 
-/// Refresh the history table: remember every sandbox process seen now.
+/// Refresh the history table: remember every sandbox process seen now. Processes already seen
+/// are re-read from their stat line only, which keeps the periodic cost small.
 fn track(sb: &mut Sandbox) {
     let reader = Reader::default();
-    match reader.snapshot(Detail::Light) {
+    match reader.snapshot_since(&sb.seen) {
         Ok(snap) => {
             let tainted = sb.policy.classify(&snap);
             sb.policy.remember(&snap, &tainted);
+            sb.seen = snap;
         }
         Err(e) => log::warn!("tracking: {e}"),
     }

@@ -165,6 +165,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     Ok(init::Sandbox {
         policy: taint::Policy::new(uids),
+        seen: Default::default(),
         state,
         key,
         freeze_signal,

@@ -298,7 +298,13 @@ impl Reader {
         };
         let mut out = Vec::new();
         for ent in rd {
-            let ent = ent.map_err(|e| unknown(&task, e))?;
+            // A process that exits while its task directory is listed ends the listing with
+            // ENOENT: it exited, which is an answer.
+            let ent = match ent {
+                Ok(ent) => ent,
+                Err(e) if is_gone(&e) => return Ok(Read::Gone),
+                Err(e) => return Err(unknown(&task, e)),
+            };
             let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
                 continue;
             };

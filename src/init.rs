@@ -206,14 +206,19 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
 /// are re-read from their stat line only, which keeps the periodic cost small.
+///
+/// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
+/// pending freeze request interrupts it: the stop must come first.
 fn track(sb: &mut Sandbox) {
     let reader = Reader::default();
-    match reader.snapshot_since(&sb.seen) {
-        Ok(snap) => {
+    let sig = sb.freeze_signal;
+    match reader.snapshot_since(&sb.seen, &|| sys::signal_pending(sig)) {
+        Ok(Some(snap)) => {
             let tainted = sb.policy.classify(&snap);
             sb.policy.remember(&snap, &tainted);
             sb.seen = snap;
         }
+        Ok(None) => log::debug!("tracking interrupted by a freeze request"),
         Err(e) => log::warn!("tracking: {e}"),
     }
 }

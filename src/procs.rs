@@ -344,10 +344,14 @@ impl Reader {
     /// Like `snapshot(Light)`, but a process already in `prev` with the same start time is
     /// refreshed from its stat line alone (ppid, state) and keeps its earlier credentials.
     /// About a third of the reads: the init's periodic history refresh uses it.
-    pub fn snapshot_since(&self, prev: &Snapshot) -> io::Result<Snapshot> {
+    /// `abort` is asked every 32 processes; when it says yes, Ok(None) comes back at once.
+    pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
         self.check_root()?;
         let mut procs = BTreeMap::new();
-        for pid in self.pids()? {
+        for (i, pid) in self.pids()?.into_iter().enumerate() {
+            if i % 32 == 31 && abort() {
+                return Ok(None);
+            }
             let stat_path = self.root.join(pid.to_string()).join("stat");
             let stat = match read_file(&stat_path)? {
                 Read::Gone => continue,
@@ -367,7 +371,7 @@ impl Reader {
                 }
             }
         }
-        Ok(Snapshot { procs })
+        Ok(Some(Snapshot { procs }))
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.

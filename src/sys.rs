@@ -80,6 +80,15 @@ pub fn block_all_signals() -> io::Result<libc::sigset_t> {
     }
 }
 
+/// Is `sig` pending (blocked and not yet read) for this process?
+pub fn signal_pending(sig: i32) -> bool {
+    // SAFETY: sigpending fills a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigpending(&mut set) == 0 && libc::sigismember(&set, sig) == 1
+    }
+}
+
 /// A signalfd over every signal; the caller has blocked them.
 pub struct SignalFd(OwnedFd);
 

@@ -83,6 +83,17 @@ fn t01_fork_bomb_still_forking() {
 }
 
 #[test]
+fn t01b_fork_bomb_while_the_init_tracks_constantly() {
+    // With the CPU shared among 2,000 forkers, a history refresh takes seconds; a freeze request
+    // must interrupt it rather than wait behind it.
+    let uid = 4331;
+    let c = sandbox(uid, &["--track-interval", "0.05"]);
+    let _w = c.launch(uid, &["bomb", "2000"]);
+    std::thread::sleep(Duration::from_millis(500));
+    freeze_clean(&c, uid);
+}
+
+#[test]
 fn t02_five_thousand_sleepers() {
     let uid = 4302;
     let c = sandbox(uid, &[]);

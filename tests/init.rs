@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
 
+/// Shell that writes the number of zombies in the namespace to $D/zombies.
+const COUNT_ZOMBIES: &str = r#"n=0; for f in /proc/[0-9]*/stat; do read -r l < $f 2>/dev/null || continue;
+    case "$l" in *") Z "*) n=$((n+1));; esac; done; echo $n > $D/zombies"#;
+
 fn run(args: &[&str], cmd: &[&str]) -> i32 {
     Container::start(args, cmd).wait_code(T)
 }
@@ -112,20 +116,16 @@ fn pgroup_mode_signals_the_whole_pipeline() {
 
 #[test]
 fn thousand_orphans_are_reaped_within_a_second() {
-    let script = r#"$ADV orphans 1000; sleep 1;
-        n=0; for f in /proc/[0-9]*/stat; do read -r l < $f 2>/dev/null || continue;
-        case "$l" in *") Z "*) n=$((n+1));; esac; done; echo $n > $D/zombies"#;
-    let mut c = Container::start(&[], &["sh", "-c", script]);
+    let script = format!("$ADV orphans 1000; sleep 1; {COUNT_ZOMBIES}");
+    let mut c = Container::start(&[], &["sh", "-c", &script]);
     assert_eq!(c.wait_code(T), 0);
     assert_eq!(read(&c.path("zombies")).trim(), "0");
 }
 
 #[test]
 fn grandchild_orphan_is_reaped() {
-    let script = r#"(sh -c 'exit 0' &) ; sleep 0.5;
-        n=0; for f in /proc/[0-9]*/stat; do read -r l < $f 2>/dev/null || continue;
-        case "$l" in *") Z "*) n=$((n+1));; esac; done; echo $n > $D/zombies"#;
-    let mut c = Container::start(&[], &["sh", "-c", script]);
+    let script = format!("(sh -c 'exit 0' &) ; sleep 0.5; {COUNT_ZOMBIES}");
+    let mut c = Container::start(&[], &["sh", "-c", &script]);
     assert_eq!(c.wait_code(T), 0);
     assert_eq!(read(&c.path("zombies")).trim(), "0");
 }

@@ -24,7 +24,8 @@ fn live_sandbox(c: &Container, uid: u32) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["sandbox"].as_bool() == Some(true) && p["state"].as_str() != Some("Z"))
+        // Z and X are dead (X: being reaped right now).
+        .filter(|p| p["sandbox"].as_bool() == Some(true) && !matches!(p["state"].as_str(), Some("Z" | "X")))
         .map(|p| format!("{} {} {}", p["pid"], p["state"], p["comm"]))
         .collect()
 }

@@ -149,9 +149,17 @@ impl Run<'_> {
         let mut pause = Duration::from_millis(1);
         let mut first = true;
         let last = loop {
+            let pass = Instant::now();
             let (snap, tainted) = observe(self.reader, self.policy, Detail::Light)
                 .map_err(|e| format!("/proc unreadable: {e}"))?;
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
+            log::debug!(
+                "stop: observed {} processes in {:?}, {} sandbox, {} not yet stopped",
+                snap.procs.len(),
+                pass.elapsed(),
+                tainted.len(),
+                running.len()
+            );
             if running.is_empty() {
                 self.unstopped.clear();
                 break (snap, tainted);

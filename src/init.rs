@@ -141,7 +141,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
         log::error!("freeze {id} failed: cannot remove the old marker: {e}");
         status.state = "failed".into();
         status.reason = Some(format!("cannot remove the old marker: {e}"));
-        let _ = sb.state.write_status(&status);
+        if let Err(e) = sb.state.write_status(&status) {
+            log::error!("cannot write status: {e}");
+        }
         return;
     }
     if let Err(e) = sb.state.write_status(&status) {

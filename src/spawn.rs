@@ -197,7 +197,10 @@ impl Plan {
         let mut buf = Vec::new();
         let mut f = std::fs::File::from(rd);
         // EOF without data: the exec succeeded (the pipe closed on exec).
-        let _ = f.read_to_end(&mut buf);
+        if let Err(e) = f.read_to_end(&mut buf) {
+            // The child's exit status still tells 126/127; only the message is lost.
+            log::warn!("cannot read the exec status of '{}': {e}", self.name);
+        }
         if buf.len() >= 9 {
             let err = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let step = String::from_utf8_lossy(&buf[5..9]).trim_end_matches('\0').to_string();

@@ -48,6 +48,13 @@ fn freeze_clean(c: &Container, uid: u32) -> serde_json::Value {
     st
 }
 
+/// The plain case: one workload as `uid`, then a clean freeze.
+fn one_workload(uid: u32, args: &[&str]) {
+    let c = sandbox(uid, &[]);
+    let _w = c.launch(uid, args);
+    freeze_clean(&c, uid);
+}
+
 /// A setuid-root copy of the adversary, as a sandbox user would find one.
 fn setuid_copy(c: &Container) -> String {
     let p = c.path("adversary-suid");
@@ -105,26 +112,17 @@ fn t02_five_thousand_sleepers() {
 
 #[test]
 fn t03_double_fork_setsid_setpgid() {
-    let uid = 4303;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["daemon"]);
-    freeze_clean(&c, uid);
+    one_workload(4303, &["daemon"]);
 }
 
 #[test]
 fn t04_ignores_and_blocks_every_signal() {
-    let uid = 4304;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["ignore"]);
-    freeze_clean(&c, uid);
+    one_workload(4304, &["ignore"]);
 }
 
 #[test]
 fn t05_fifty_threads_that_keep_cloning() {
-    let uid = 4305;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["threads", "50"]);
-    freeze_clean(&c, uid);
+    one_workload(4305, &["threads", "50"]);
 }
 
 #[test]
@@ -245,10 +243,7 @@ fn t09_injected_from_outside_mid_freeze() {
 
 #[test]
 fn t10_processes_that_restart_each_other() {
-    let uid = 4310;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["restart"]);
-    freeze_clean(&c, uid);
+    one_workload(4310, &["restart"]);
 }
 
 #[test]
@@ -263,18 +258,12 @@ fn t11_stopped_process_and_a_sigcont_looper() {
 
 #[test]
 fn t12_ptrace_attached_pair() {
-    let uid = 4312;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["ptrace"]);
-    freeze_clean(&c, uid);
+    one_workload(4312, &["ptrace"]);
 }
 
 #[test]
 fn t13_vfork_parent_and_child() {
-    let uid = 4313;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["vfork"]);
-    freeze_clean(&c, uid);
+    one_workload(4313, &["vfork"]);
 }
 
 #[test]
@@ -391,10 +380,7 @@ fn t21_root_service_survives_untouched() {
 
 #[test]
 fn t22_leader_thread_exited() {
-    let uid = 4323;
-    let c = sandbox(uid, &[]);
-    let _w = c.launch(uid, &["leader-exit"]);
-    freeze_clean(&c, uid);
+    one_workload(4323, &["leader-exit"]);
 }
 
 #[test]

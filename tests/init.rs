@@ -114,20 +114,22 @@ fn pgroup_mode_signals_the_whole_pipeline() {
     assert!(without.alive(), "without -g the pipeline should have outlived the signal");
 }
 
-#[test]
-fn thousand_orphans_are_reaped_within_a_second() {
-    let script = format!("$ADV orphans 1000; sleep 1; {COUNT_ZOMBIES}");
+/// Run `prelude` as the command, then count the zombies left in the namespace.
+fn zombies_after(prelude: &str) -> String {
+    let script = format!("{prelude}; {COUNT_ZOMBIES}");
     let mut c = Container::start(&[], &["sh", "-c", &script]);
     assert_eq!(c.wait_code(T), 0);
-    assert_eq!(read(&c.path("zombies")).trim(), "0");
+    read(&c.path("zombies")).trim().to_string()
+}
+
+#[test]
+fn thousand_orphans_are_reaped_within_a_second() {
+    assert_eq!(zombies_after("$ADV orphans 1000; sleep 1"), "0");
 }
 
 #[test]
 fn grandchild_orphan_is_reaped() {
-    let script = format!("(sh -c 'exit 0' &) ; sleep 0.5; {COUNT_ZOMBIES}");
-    let mut c = Container::start(&[], &["sh", "-c", &script]);
-    assert_eq!(c.wait_code(T), 0);
-    assert_eq!(read(&c.path("zombies")).trim(), "0");
+    assert_eq!(zombies_after("(sh -c 'exit 0' &) ; sleep 0.5"), "0");
 }
 
 #[test]

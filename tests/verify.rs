@@ -254,15 +254,15 @@ fn unsafe_state_dirs_and_keys_are_refused() {
     let key = openssl_key(&d);
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
     let ran = d.join("ran");
-    let out = Command::new(quiesce())
-        .args(["--sandbox-user", "4409", "--state-dir"])
-        .arg(d.join("state"))
-        .arg("--signing-key")
-        .arg(&key)
-        .args(["--", "touch"])
-        .arg(&ran)
-        .output()
-        .unwrap();
+    let init = |state: &Path, extra: &[&Path]| {
+        let mut cmd = Command::new(quiesce());
+        cmd.args(["--sandbox-user", "4409", "--state-dir"]).arg(state);
+        for k in extra {
+            cmd.arg("--signing-key").arg(k);
+        }
+        cmd.args(["--", "touch"]).arg(&ran).output().unwrap()
+    };
+    let out = init(&d.join("state"), &[&key]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("chmod 600"),
@@ -270,13 +270,7 @@ fn unsafe_state_dirs_and_keys_are_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!ran.exists());
-    let out = Command::new(quiesce())
-        .args(["--sandbox-user", "4409", "--state-dir"])
-        .arg(&link)
-        .args(["--", "touch"])
-        .arg(&ran)
-        .output()
-        .unwrap();
+    let out = init(&link, &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("symlink"));
     assert!(!ran.exists());

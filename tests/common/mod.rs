@@ -163,7 +163,11 @@ impl Container {
                 // block until the inner command exits.
                 libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
                 let mut st = 0;
-                while libc::waitpid(child, &mut st, 0) < 0 {}
+                while libc::waitpid(child, &mut st, 0) < 0 {
+                    if *libc::__errno_location() != libc::EINTR {
+                        libc::_exit(127);
+                    }
+                }
                 let code = if libc::WIFEXITED(st) { libc::WEXITSTATUS(st) } else { 128 + libc::WTERMSIG(st) };
                 libc::_exit(code);
             });

@@ -15,13 +15,20 @@ use std::time::{Duration, Instant};
 
 pub const SANDBOX_FILE: &str = "sandbox.json";
 
-/// The sandbox UIDs the running init published, for subcommands given none.
-pub fn published_uids(state_dir: &Path) -> Vec<u32> {
+/// What the running init tells the subcommands beside it about its sandbox.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Published {
+    pub uids: Vec<u32>,
+    /// Whether a loginuid marks a sandbox launch in this container (see taint::Policy).
+    pub lineage: bool,
+}
+
+/// The sandbox the running init published; None when there is no init with a sandbox here.
+pub fn published(state_dir: &Path) -> Option<Published> {
     StateDir::open(state_dir)
         .ok()
         .and_then(|d| state::read_nofollow(&d.file(SANDBOX_FILE)).ok())
-        .and_then(|b| serde_json::from_slice::<Vec<u32>>(&b).ok())
-        .unwrap_or_default()
+        .and_then(|b| serde_json::from_slice::<Published>(&b).ok())
 }
 
 pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
@@ -75,8 +82,11 @@ fn tree_order(snap: &Snapshot) -> Vec<(Pid, usize)> {
 }
 
 pub fn ps(args: PsArgs) -> i32 {
+    let published = published(&args.state.state_dir);
+    // Without word from an init, a loginuid counts: better a process shown as sandbox too many.
+    let lineage = published.as_ref().is_none_or(|p| p.lineage);
     let uids = match resolve_uids(&args.sandbox.users) {
-        Ok(u) if u.is_empty() => published_uids(&args.state.state_dir),
+        Ok(u) if u.is_empty() => published.map(|p| p.uids).unwrap_or_default(),
         Ok(u) => u,
         Err(e) => {
             eprintln!("quiesce ps: {e}");
@@ -90,7 +100,7 @@ pub fn ps(args: PsArgs) -> i32 {
             return 1;
         }
     };
-    let tainted: Tainted = Policy::new(uids.clone()).classify(&snap);
+    let tainted: Tainted = Policy::new(uids.clone(), lineage).classify(&snap);
     let pw = users::read_passwd();
     let rows: Vec<PsRow> = tree_order(&snap)
         .into_iter()

@@ -1,11 +1,13 @@
 //! The freeze: stop every sandbox process, walk them, kill them, then prove with an
 //! observation taken after the last kill that none is alive. Bounded by one budget.
 
+use crate::consistency;
 use crate::marker::Evidence;
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -44,17 +46,29 @@ fn observe(reader: &Reader, policy: &mut Policy, detail: Detail) -> io::Result<(
     Ok((snap, tainted))
 }
 
-fn depth(snap: &Snapshot, p: &Proc) -> usize {
-    let mut d = 0;
-    let mut cur = p.ppid;
-    while let Some(parent) = snap.procs.get(&cur) {
-        d += 1;
-        if d > snap.procs.len() {
-            break;
+/// Depth of every process in the tree, each computed once: a 4,096-deep chain must not cost
+/// a walk up the chain per comparison.
+fn depths(snap: &Snapshot) -> BTreeMap<Pid, usize> {
+    let mut memo: BTreeMap<Pid, usize> = BTreeMap::new();
+    for &start in snap.procs.keys() {
+        let mut chain = Vec::new();
+        let mut cur = start;
+        let mut base = 0;
+        // Bounded by the table: a cycle (pid reuse between reads) ends the walk.
+        while chain.len() <= snap.procs.len() {
+            if let Some(&d) = memo.get(&cur) {
+                base = d + 1;
+                break;
+            }
+            let Some(p) = snap.procs.get(&cur) else { break };
+            chain.push(cur);
+            cur = p.ppid;
         }
-        cur = parent.ppid;
+        for (i, pid) in chain.iter().rev().enumerate() {
+            memo.entry(*pid).or_insert(base + i);
+        }
     }
-    d
+    memo
 }
 
 /// Could kill(-1) from a thread switched to a sandbox UID miss this process? Its permission
@@ -78,7 +92,8 @@ fn signal_each(
 ) -> io::Result<usize> {
     let mut targets: Vec<&Proc> =
         live(snap, tainted).filter(|p| only_missable.is_none_or(|u| missable(p, u))).collect();
-    targets.sort_by_key(|p| std::cmp::Reverse(depth(snap, p)));
+    let depth = depths(snap);
+    targets.sort_by_key(|p| std::cmp::Reverse(depth.get(&p.pid).copied().unwrap_or(0)));
     let mut n = 0;
     for p in targets {
         if procs::signal(reader, p, sig)? {
@@ -88,10 +103,54 @@ fn signal_each(
     Ok(n)
 }
 
+/// Process groups all of whose live members are sandbox processes. kill(-pgid) reaches a whole
+/// group at once, and a fork in progress cannot slip past it (the kernel restarts a fork that a
+/// group signal interrupts): the one channel that catches a root-owned escapee that hops to a
+/// new pid faster than a pidfd can follow, as long as it stays in its group.
+fn sandbox_groups(snap: &Snapshot, tainted: &Tainted) -> Vec<Pid> {
+    let me = sys::getpid();
+    let own = sys::getpgrp();
+    let mut clean: BTreeMap<Pid, bool> = BTreeMap::new();
+    for p in snap.procs.values().filter(|p| p.alive()) {
+        let ok = tainted.contains_key(&p.pid);
+        clean.entry(p.pgid).and_modify(|c| *c &= ok).or_insert(ok);
+    }
+    clean.into_iter().filter(|&(g, all)| all && g > 1 && g != me && g != own).map(|(g, _)| g).collect()
+}
+
+fn kill_groups(snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
+    let mut n = 0;
+    for g in sandbox_groups(snap, tainted) {
+        match sys::kill(-g, sig) {
+            Ok(()) => n += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("signal process group {g}: {e}"))),
+        }
+    }
+    Ok(n)
+}
+
 fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
     live(snap, tainted)
         .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
         .collect()
+}
+
+fn evidence_of(p: &Proc, tainted: &Tainted) -> Evidence {
+    let uids: BTreeSet<u32> = p.all_uids().collect();
+    Evidence {
+        pid: p.pid,
+        ppid: p.ppid,
+        uids: uids.into_iter().collect(),
+        comm: p.comm.clone(),
+        cmdline: p.cmdline.clone(),
+        exe: p.exe.clone(),
+        start_time: p.start_time,
+        reason: tainted
+            .get(&p.pid)
+            .map(|r| r.iter().map(|r| r.as_str().to_string()).collect())
+            .unwrap_or_default(),
+    }
 }
 
 struct Run<'a> {
@@ -135,20 +194,36 @@ impl Run<'_> {
         let uids = self.policy.uids.clone();
         let only = if all { None } else { Some(uids.as_slice()) };
         signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
+        if sig == libc::SIGKILL {
+            kill_groups(snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
+        }
         Ok(())
     }
 
+    /// Add to the evidence every live sandbox process not in it yet: those created after the
+    /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
+    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted) {
+        let known: HashSet<(Pid, u64)> = self.evidence.iter().map(|e| (e.pid, e.start_time)).collect();
+        for p in live(snap, tainted) {
+            if !known.contains(&(p.pid, p.start_time)) {
+                self.evidence.push(evidence_of(p, tainted));
+            }
+        }
+    }
+
     /// Stop everything; returns the last observation, in which every sandbox process is
-    /// stopped (or the wait ran out).
+    /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
+    /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
+    /// one-by-one stop, but not a stop that reaches all of them at once.
     fn stop(&mut self, stop_wait: Duration) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
-        self.cred
-            .kill_all_as(&self.policy.uids, libc::SIGSTOP)
-            .map_err(|e| format!("credential switch failed: {e}"))?;
         let until = (t + stop_wait).min(self.deadline);
         let mut pause = Duration::from_millis(1);
         let mut first = true;
         let last = loop {
+            self.cred
+                .kill_all_as(&self.policy.uids, libc::SIGSTOP)
+                .map_err(|e| format!("credential switch failed: {e}"))?;
             let pass = Instant::now();
             let (snap, tainted) = observe(self.reader, self.policy, Detail::Light)
                 .map_err(|e| format!("/proc unreadable: {e}"))?;
@@ -201,23 +276,7 @@ impl Run<'_> {
                 }
             }
         }
-        self.evidence = live(&snap, tainted)
-            .map(|p| Evidence {
-                pid: p.pid,
-                ppid: p.ppid,
-                uids: {
-                    let mut u: Vec<u32> = p.all_uids().collect();
-                    u.sort();
-                    u.dedup();
-                    u
-                },
-                comm: p.comm.clone(),
-                cmdline: p.cmdline.clone(),
-                exe: p.exe.clone(),
-                start_time: p.start_time,
-                reason: tainted[&p.pid].iter().map(|r| r.as_str().to_string()).collect(),
-            })
-            .collect();
+        self.evidence = live(&snap, tainted).map(|p| evidence_of(p, tainted)).collect();
         self.phases.walk = ms(t.elapsed());
         snap
     }
@@ -252,15 +311,34 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
 
     let t = Instant::now();
     let mut pause = Duration::from_millis(1);
+    let mut rounds = 0u32;
     loop {
-        // The proof: a complete observation taken after the last kill.
-        let (snap, tainted) = match observe(run.reader, run.policy, Detail::Light) {
-            Ok(x) => x,
+        // The proof: a consistent observation taken after the last kill.
+        let observed = consistency::observe(run.reader, run.deadline);
+        let (snap, passes) = match observed {
+            Ok(Ok(x)) => x,
+            Ok(Err(churn)) => {
+                run.phases.probe = ms(t.elapsed());
+                let n = if churn.created == u64::MAX { "many".to_string() } else { churn.created.to_string() };
+                return run.fail(
+                    format!(
+                        "processes kept appearing: {n} pid(s) created during the last of {} passes \
+                         of the final observation, within the {:?} budget",
+                        churn.passes, cfg.timeout
+                    ),
+                    Vec::new(),
+                );
+            }
             Err(e) => {
                 run.phases.probe = ms(t.elapsed());
                 return run.fail(format!("/proc unreadable: {e}"), Vec::new());
             }
         };
+        let tainted = run.policy.classify(&snap);
+        run.policy.remember(&snap, &tainted);
+        if passes > 1 {
+            log::debug!("proof: consistent after {passes} passes");
+        }
         let left = survivors(&snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
@@ -274,11 +352,16 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
                 unstopped: run.unstopped,
             };
         }
+        run.late_evidence(&snap, &tainted);
+        rounds += 1;
         if Instant::now() >= run.deadline {
             run.phases.probe = ms(t.elapsed());
             let n = left.len();
             return run.fail(
-                format!("{n} sandbox process(es) still alive after the {:?} budget", cfg.timeout),
+                format!(
+                    "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
+                    cfg.timeout
+                ),
                 left,
             );
         }

@@ -3,10 +3,12 @@
 
 mod cli;
 mod commands;
+mod consistency;
 mod freeze;
 mod init;
 mod marker;
 mod procs;
+mod proctrust;
 mod spawn;
 mod state;
 mod sys;
@@ -130,6 +132,30 @@ fn run_init(a: cli::InitArgs) -> i32 {
     init::run(init::Config { plan, pgroup: a.pgroup, remap_exit: a.remap_exit.clone(), grace, sandbox })
 }
 
+/// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
+/// an init that inherited a loginuid (started from a login session) passes it to every process
+/// of the container, root ones included, and then it marks nothing.
+fn lineage(off: bool) -> bool {
+    if off {
+        log::info!("lineage off (--no-lineage): tracking relies on uid, ancestry and history");
+        return false;
+    }
+    if let Some(inherited) = procs::own_loginuid() {
+        log::info!(
+            "lineage unavailable: this init inherited loginuid {inherited} (started from a login \
+             session), which every process here carries; tracking relies on uid, ancestry and history"
+        );
+        return false;
+    }
+    if !spawn::lineage_available() {
+        log::info!(
+            "lineage unavailable (no audit, or a user namespace): tracking relies on uid, ancestry and history"
+        );
+        return false;
+    }
+    true
+}
+
 fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
     let freeze_signal = sys::parse_signal(&a.freeze_signal)
         .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP && s != libc::SIGCHLD)
@@ -154,17 +180,12 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
     write(state::PUBKEY, pub_pem.as_bytes())?;
-    write(commands::SANDBOX_FILE, &serde_json::to_vec(&uids).map_err(|e| e.to_string())?)?;
-    if a.no_lineage {
-        log::info!("lineage tagging off (--no-lineage): tracking relies on uid, ancestry and history");
-    } else if !spawn::lineage_available() {
-        log::info!(
-            "audit lineage unavailable here (no audit or a user namespace): tracking falls back to history"
-        );
-    }
+    let lineage = lineage(a.no_lineage);
+    let published = commands::Published { uids: uids.clone(), lineage };
+    write(commands::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     Ok(init::Sandbox {
-        policy: taint::Policy::new(uids),
+        policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
         state,
         key,

@@ -142,10 +142,20 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
 
 /// Parse the State, Uid, Gid (and Threads, where present) lines of a status file.
 pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
-    parse_status_threads(text).map(|(s, u, g, _)| (s, u, g))
+    parse_status_threads(text).map(|s| (s.state, s.uids, s.gids))
 }
 
-fn parse_status_threads(text: &str) -> Result<(char, [u32; 4], [u32; 4], usize), String> {
+struct Status {
+    state: char,
+    uids: [u32; 4],
+    gids: [u32; 4],
+    threads: usize,
+    /// The thread group this task belongs to (None in a status without the line).
+    tgid: Option<Pid>,
+}
+
+fn parse_status_threads(text: &str) -> Result<Status, String> {
+    let mut tgid = None;
     let mut state = None;
     let mut uids = None;
     let mut gids = None;
@@ -163,14 +173,17 @@ fn parse_status_threads(text: &str) -> Result<(char, [u32; 4], [u32; 4], usize),
             gids = four(v);
         } else if let Some(v) = line.strip_prefix("Threads:") {
             threads = v.trim().parse().map_err(|_| "status Threads is not a number")?;
+        } else if let Some(v) = line.strip_prefix("Tgid:") {
+            tgid = Some(v.trim().parse().map_err(|_| "status Tgid is not a number")?);
         }
     }
-    Ok((
-        state.ok_or("status has no State line")?,
-        uids.ok_or("status has no valid Uid line")?,
-        gids.ok_or("status has no valid Gid line")?,
+    Ok(Status {
+        state: state.ok_or("status has no State line")?,
+        uids: uids.ok_or("status has no valid Uid line")?,
+        gids: gids.ok_or("status has no valid Gid line")?,
         threads,
-    ))
+        tgid,
+    })
 }
 
 pub struct Reader {
@@ -189,23 +202,12 @@ impl Reader {
         Reader { root: root.into() }
     }
 
-    /// Check that the root is a live procfs that shows this very process; an empty directory
-    /// or a tmpfs over /proc would otherwise look like "no processes".
-    fn check_root(&self) -> io::Result<()> {
-        let root = self.root.to_string_lossy().into_owned();
-        if !sys::is_procfs(&root).map_err(|e| unknown(&self.root, e))? {
-            return Err(io::Error::other(format!(
-                "{root} is not a procfs mount: mount proc there (the process table is unknown)"
-            )));
-        }
-        let me = self.root.join(sys::getpid().to_string()).join("stat");
-        match fs::read(&me) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(unknown(&me, e)),
-        }
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
-    fn pids(&self) -> io::Result<Vec<Pid>> {
+    /// The pids /proc lists right now (thread-group leaders).
+    pub fn pids(&self) -> io::Result<Vec<Pid>> {
         let mut out = Vec::new();
         for ent in fs::read_dir(&self.root).map_err(|e| unknown(&self.root, e))? {
             let ent = ent.map_err(|e| unknown(&self.root, e))?;
@@ -216,8 +218,15 @@ impl Reader {
         Ok(out)
     }
 
-    /// Read one process. Ok(None): it exited.
+    /// Read one process. Ok(None): it exited (or `pid` is a thread's id, not a process's).
     pub fn read(&self, pid: Pid, detail: Detail) -> io::Result<Option<Proc>> {
+        self.read_after(pid, detail, None)
+    }
+
+    /// Read one process, knowing what an earlier observation saw of it. Credentials are always
+    /// read afresh (a root process may become the sandbox user at any time); only a loginuid
+    /// that was already set is reused, since it cannot change again without CAP_AUDIT_CONTROL.
+    pub fn read_after(&self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
         let dir = self.root.join(pid.to_string());
         let stat_path = dir.join("stat");
         let stat = match read_file(&stat_path)? {
@@ -227,11 +236,17 @@ impl Reader {
         // The leader's status says how many threads there are; only a multi-threaded process
         // (whose threads may hold other credentials) needs its task directory walked.
         let status_path = dir.join("status");
-        let (lstate, luids, lgids, nthreads) = match read_file(&status_path)? {
+        let st = match read_file(&status_path)? {
             Read::Gone => return Ok(None),
             Read::Ok(b) => parse_status_threads(&String::from_utf8_lossy(&b))
                 .map_err(|e| unknown(&status_path, io::Error::other(e)))?,
         };
+        // /proc/TID of a non-leader thread is reachable by number though never listed: it is
+        // part of its thread group's process, not a process of its own.
+        if st.tgid.is_some_and(|t| t != pid) {
+            return Ok(None);
+        }
+        let (lstate, luids, lgids, nthreads) = (st.state, st.uids, st.gids, st.threads);
         let threads = if nthreads > 1 || matches!(lstate, 'Z' | 'X') {
             match self.threads(&dir)? {
                 Read::Gone => return Ok(None),
@@ -247,7 +262,11 @@ impl Reader {
                 Read::Ok(b) => Ok(String::from_utf8_lossy(&b).trim().parse::<u32>().ok()),
             }
         };
-        let loginuid = small("loginuid")?.filter(|&u| u != u32::MAX);
+        let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
+        let loginuid = match known {
+            Some(u) => Some(u),
+            None => small("loginuid")?.filter(|&u| u != u32::MAX),
+        };
         let (cmdline, exe) = if detail == Detail::Full { self.evidence(&dir)? } else { (Vec::new(), None) };
         Ok(Some(Proc {
             pid: stat.pid,
@@ -325,7 +344,7 @@ impl Reader {
 
     /// Every process of the PID namespace. Fails whole if any entry is unknown.
     pub fn snapshot(&self, detail: Detail) -> io::Result<Snapshot> {
-        self.check_root()?;
+        crate::proctrust::check(&self.root)?;
         let mut procs = BTreeMap::new();
         for pid in self.pids()? {
             if let Some(p) = self.read(pid, detail)? {
@@ -341,34 +360,18 @@ impl Reader {
         Ok(Snapshot { procs })
     }
 
-    /// Like `snapshot(Light)`, but a process already in `prev` with the same start time is
-    /// refreshed from its stat line alone (ppid, state) and keeps its earlier credentials.
-    /// About a third of the reads: the init's periodic history refresh uses it.
+    /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read
+    /// afresh, a loginuid already set is reused from `prev`.
     /// `abort` is asked every 32 processes; when it says yes, Ok(None) comes back at once.
     pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
-        self.check_root()?;
+        crate::proctrust::check(&self.root)?;
         let mut procs = BTreeMap::new();
         for (i, pid) in self.pids()?.into_iter().enumerate() {
             if i % 32 == 31 && abort() {
                 return Ok(None);
             }
-            let stat_path = self.root.join(pid.to_string()).join("stat");
-            let stat = match read_file(&stat_path)? {
-                Read::Gone => continue,
-                Read::Ok(b) => parse_stat(&b).map_err(|e| unknown(&stat_path, io::Error::other(e)))?,
-            };
-            match prev.procs.get(&pid) {
-                Some(old) if old.start_time == stat.start_time => {
-                    let mut p = old.clone();
-                    p.ppid = stat.ppid;
-                    p.state = stat.state;
-                    procs.insert(pid, p);
-                }
-                _ => {
-                    if let Some(p) = self.read(pid, Detail::Light)? {
-                        procs.insert(pid, p);
-                    }
-                }
+            if let Some(p) = self.read_after(pid, Detail::Light, prev.procs.get(&pid))? {
+                procs.insert(pid, p);
             }
         }
         Ok(Some(Snapshot { procs }))
@@ -382,6 +385,11 @@ impl Reader {
             Read::Ok(b) => Ok(Some(parse_stat(&b).map_err(|e| unknown(&p, io::Error::other(e)))?.start_time)),
         }
     }
+}
+
+/// This process's audit loginuid, None when unset (or audit is absent).
+pub fn own_loginuid() -> Option<u32> {
+    fs::read_to_string("/proc/self/loginuid").ok()?.trim().parse::<u32>().ok().filter(|&u| u != u32::MAX)
 }
 
 /// Why a pid may never be signalled through a handle.
@@ -420,6 +428,8 @@ impl Handle {
         let fd = match sys::pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(Err(Opened::Exited)),
+            // EINVAL: the pid now names a thread, not a leader; the process we saw is gone.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Err(Opened::Exited)),
             Err(e) => return Err(io::Error::new(e.kind(), format!("pidfd_open({pid}): {e}"))),
         };
         match reader.start_time(pid)? {

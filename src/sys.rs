@@ -21,6 +21,11 @@ pub fn getpid() -> Pid {
     unsafe { libc::getpid() }
 }
 
+pub fn getpgrp() -> Pid {
+    // SAFETY: getpgrp cannot fail.
+    unsafe { libc::getpgrp() }
+}
+
 pub fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {
         Ok(s) => s.as_str().to_string(),
@@ -199,8 +204,9 @@ pub fn wait_child(pid: Pid) -> io::Result<i32> {
 }
 
 /// Signal a process or a process group (negative) with kill(2).
-/// Only the init's forwarding to its own command uses this; everything that acts on observed
-/// processes goes through a pidfd (`procs::Handle`).
+/// The init's forwarding to its own command and the freeze's kill of whole sandbox process
+/// groups use this; everything that acts on one observed process goes through a pidfd
+/// (`procs::Handle`).
 pub fn kill(pid: Pid, sig: i32) -> io::Result<()> {
     // SAFETY: plain syscall.
     check(unsafe { libc::kill(pid, sig) } as _).map(|_| ())
@@ -334,4 +340,42 @@ pub fn is_procfs(path: &str) -> io::Result<bool> {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns.
     unsafe { libc::_exit(code) }
+}
+
+/// Is `cap` in this thread's effective capability set?
+pub fn has_effective_cap(cap: u32) -> bool {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+    let mut d = [Data::default(); 2];
+    // SAFETY: a valid header and two data slots, as version 3 requires.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) };
+    if r != 0 || cap >= 64 {
+        // Unknown counts as absent: the caller then refuses rather than trusts.
+        return false;
+    }
+    d[(cap / 32) as usize].effective & (1 << (cap % 32)) != 0
+}
+
+/// Is `gid` this process's effective group or one of its supplementary groups?
+pub fn in_group(gid: u32) -> bool {
+    // SAFETY: getegid cannot fail; getgroups fills at most the buffer it is given.
+    unsafe {
+        if libc::getegid() == gid {
+            return true;
+        }
+        let mut groups = [0 as libc::gid_t; 256];
+        let n = libc::getgroups(groups.len() as i32, groups.as_mut_ptr());
+        n > 0 && groups[..n as usize].contains(&gid)
+    }
 }

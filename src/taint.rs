@@ -29,18 +29,22 @@ impl Reason {
     }
 }
 
-/// The policy: sandbox UIDs and the identities (pid, start time) remembered as tainted.
+/// The policy: sandbox UIDs, whether a loginuid means a sandbox launch, and the identities
+/// (pid, start time) remembered as tainted.
 #[derive(Debug, Default, Clone)]
 pub struct Policy {
     pub uids: Vec<u32>,
+    /// A loginuid counts only where quiesce is the one that wrote it: off when the init itself
+    /// inherited a loginuid (every process of the container then carries it) or --no-lineage.
+    pub lineage: bool,
     pub history: HashSet<(Pid, u64)>,
 }
 
 pub type Tainted = BTreeMap<Pid, Vec<Reason>>;
 
 impl Policy {
-    pub fn new(uids: Vec<u32>) -> Policy {
-        Policy { uids, history: HashSet::new() }
+    pub fn new(uids: Vec<u32>, lineage: bool) -> Policy {
+        Policy { uids, lineage, history: HashSet::new() }
     }
 
     fn direct(&self, p: &Proc) -> Vec<Reason> {
@@ -48,7 +52,7 @@ impl Policy {
         if p.all_uids().any(|u| self.uids.contains(&u)) {
             r.push(Reason::Uid);
         }
-        if p.loginuid.is_some_and(|u| self.uids.contains(&u)) {
+        if self.lineage && p.loginuid.is_some_and(|u| self.uids.contains(&u)) {
             r.push(Reason::Lineage);
         }
         if self.history.contains(&(p.pid, p.start_time)) {
@@ -140,8 +144,10 @@ mod tests {
         let mut escapee = p(30, 1, 0);
         escapee.loginuid = Some(4242);
         let s = snap(vec![p(10, 0, 4242), p(11, 10, 0), p(12, 11, 0), p(13, 0, 0), thread_uid, escapee]);
-        let mut pol = Policy::new(vec![4242]);
+        let mut pol = Policy::new(vec![4242], true);
         let t = pol.classify(&s);
+        // Without lineage the loginuid means nothing.
+        assert!(!Policy::new(vec![4242], false).classify(&s).contains_key(&30));
         assert_eq!(t[&10], vec![Reason::Uid]);
         assert_eq!(t[&11], vec![Reason::Ancestry]);
         assert_eq!(t[&12], vec![Reason::Ancestry]);
@@ -162,6 +168,6 @@ mod tests {
     #[test]
     fn cycles_terminate() {
         let s = snap(vec![p(5, 6, 0), p(6, 5, 0)]);
-        assert!(Policy::new(vec![4242]).classify(&s).is_empty());
+        assert!(Policy::new(vec![4242], true).classify(&s).is_empty());
     }
 }

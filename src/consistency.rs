@@ -1,0 +1,149 @@
+//! A consistent observation: a process table in which every process alive at its final instant
+//! was read while alive. A plain listing is not one: a process listed and then read as gone may
+//! have forked a child after the listing passed, and that child is in no table. A sandbox process
+//! that hops to a new pid faster than the init reads would never be seen.
+//!
+//! The PID namespace's last allocated pid (`/proc/sys/kernel/ns_last_pid`) says whether any
+//! process or thread was created meanwhile. Read it before the listing; after reading every
+//! process, read it again. If it did not move, nothing was created while the table was taken, so
+//! every process alive now existed before the listing began and was listed and read. If it moved,
+//! the pids handed out in between are the only ones that can hold a process the table lacks:
+//! read exactly those (or list again when they are many) and check again, until a pass creates
+//! nothing or the deadline passes. Processes reaped while the table is taken need no special
+//! care: a hop that exits is a zombie child of the init, which does not reap while it observes.
+//!
+//! What this assumes: nobody rewrites ns_last_pid (that needs CAP_SYS_ADMIN or
+//! CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes lack by default),
+//! and fewer than pid_max pids are handed out during one pass.
+
+use crate::procs::{Detail, Reader, Snapshot};
+use crate::sys::Pid;
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+/// Pids handed out since the last check that are worth probing one by one; more means a fresh
+/// listing is cheaper.
+const PROBE_MAX: u64 = 256;
+
+/// Why no consistent table could be had in time.
+#[derive(Debug)]
+pub struct Churn {
+    /// Pids handed out during the last pass.
+    pub created: u64,
+    pub passes: usize,
+}
+
+/// The last pid allocated in the reader's own PID namespace.
+pub fn last_pid(root: &Path) -> io::Result<Pid> {
+    let path = root.join("sys/kernel/ns_last_pid");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot read {}: {e}: a consistent process table needs it (a kernel with \
+                 CONFIG_CHECKPOINT_RESTORE, /proc without subset=pid)",
+                path.display()
+            ),
+        )
+    })?;
+    text.trim().parse().map_err(|_| io::Error::other(format!("{} is not a pid", path.display())))
+}
+
+/// Pids handed out after `from` up to and including `to`, allowing for wrap-around.
+fn allocated_between(from: Pid, to: Pid, pid: Pid) -> bool {
+    if to >= from {
+        pid > from && pid <= to
+    } else {
+        pid > from || pid <= to
+    }
+}
+
+fn distance(from: Pid, to: Pid) -> u64 {
+    if to >= from {
+        (to - from) as u64
+    } else {
+        // Wrapped: at least this many, and more than any probe is worth.
+        u64::MAX
+    }
+}
+
+/// A consistent table of the whole PID namespace, or Churn when processes kept being created
+/// until `deadline`.
+pub fn observe(reader: &Reader, deadline: Instant) -> io::Result<Result<(Snapshot, usize), Churn>> {
+    let root = reader.root().to_path_buf();
+    let mut covered = last_pid(&root)?;
+    let mut snap = reader.snapshot(Detail::Light)?;
+    let mut passes = 1;
+    loop {
+        let now = last_pid(&root)?;
+        if now == covered {
+            return Ok(Ok((snap, passes)));
+        }
+        if Instant::now() >= deadline {
+            return Ok(Err(Churn { created: distance(covered, now), passes }));
+        }
+        passes += 1;
+        // Every pid in (covered, now] was handed out before this pass begins.
+        if distance(covered, now) <= PROBE_MAX {
+            let mut pid = covered;
+            while pid != now {
+                pid += 1;
+                match reader.read_after(pid, Detail::Light, None)? {
+                    Some(p) => {
+                        snap.procs.insert(pid, p);
+                    }
+                    None => {
+                        snap.procs.remove(&pid);
+                    }
+                }
+            }
+        } else {
+            let listed = reader.pids()?;
+            let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
+            // Not listed now: exited (anything created since is in the next pass's range).
+            snap.procs.retain(|pid, _| keep.contains(pid));
+            for pid in listed {
+                if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {
+                    continue;
+                }
+                match reader.read_after(pid, Detail::Light, None)? {
+                    Some(p) => {
+                        snap.procs.insert(pid, p);
+                    }
+                    None => {
+                        snap.procs.remove(&pid);
+                    }
+                }
+            }
+        }
+        covered = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_wrap() {
+        assert!(allocated_between(10, 20, 11));
+        assert!(allocated_between(10, 20, 20));
+        assert!(!allocated_between(10, 20, 10));
+        assert!(!allocated_between(10, 20, 21));
+        assert!(allocated_between(32000, 305, 32001));
+        assert!(allocated_between(32000, 305, 300));
+        assert!(!allocated_between(32000, 305, 306));
+        assert_eq!(distance(10, 20), 10);
+        assert_eq!(distance(20, 10), u64::MAX);
+    }
+
+    #[test]
+    fn a_quiet_table_is_consistent_at_once_and_a_new_child_is_found() {
+        let r = Reader::default();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let (snap, _) = observe(&r, deadline).unwrap().unwrap();
+        assert!(snap.procs.contains_key(&crate::sys::getpid()));
+        assert!(last_pid(r.root()).unwrap() > 0);
+    }
+}

@@ -12,7 +12,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 pub struct Config {
-    pub cred: sys::CredThread,
+    pub cred: crate::cred::Switcher,
     pub timeout: Duration,
     /// How long to wait for every sandbox thread to show stopped before walking anyway.
     pub stop_wait: Duration,
@@ -154,7 +154,7 @@ fn evidence_of(p: &Proc, tainted: &Tainted) -> Evidence {
 }
 
 struct Run<'a> {
-    cred: &'a sys::CredThread,
+    cred: &'a mut crate::cred::Switcher,
     reader: &'a Reader,
     policy: &'a mut Policy,
     reap: &'a mut dyn FnMut(),
@@ -283,10 +283,10 @@ impl Run<'_> {
 }
 
 /// Run one freeze. `reap` reaps every zombie child of the init (and records the command's status).
-pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn FnMut()) -> Outcome {
+pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn FnMut()) -> Outcome {
     let start = Instant::now();
     let mut run = Run {
-        cred: &cfg.cred,
+        cred: &mut cfg.cred,
         reader,
         policy,
         reap,

@@ -151,7 +151,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
     }
     log::info!("freeze {id}: starting");
     let reader = Reader::default();
-    let out = freeze::run(&sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
+    let out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.len();
     if !out.unstopped.is_empty() {

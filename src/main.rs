@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod consistency;
+mod cred;
 mod freeze;
 mod init;
 mod marker;
@@ -191,7 +192,8 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         key,
         freeze_signal,
         freeze: freeze::Config {
-            cred: sys::CredThread::start().map_err(|e| format!("cannot start the credential thread: {e}"))?,
+            cred: cred::Switcher::start()
+                .map_err(|e| format!("cannot start the credential switcher: {e}"))?,
             timeout,
             stop_wait: Duration::from_millis(500),
         },

@@ -251,53 +251,93 @@ pub fn thread_getresuid() -> io::Result<(u32, u32, u32)> {
     Ok((r, e, s))
 }
 
-type CredJob = (Vec<u32>, i32, std::sync::mpsc::Sender<io::Result<()>>);
-
-/// A thread of the init kept for one job: switch *its own* credentials to a sandbox UID (saved
-/// UID kept 0), send a signal to every process that UID may signal, switch back and prove it is
-/// root again. The process's own credentials never change. It is started before the command
-/// runs, so a fork bomb that exhausts a pids limit cannot keep it from existing at freeze time.
-pub struct CredThread {
-    jobs: std::sync::mpsc::Sender<CredJob>,
-}
-
-impl CredThread {
-    pub fn start() -> io::Result<CredThread> {
-        let (tx, rx) = std::sync::mpsc::channel::<CredJob>();
-        std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
-            for (uids, sig, reply) in rx {
-                let _ = reply.send(kill_all_as_here(&uids, sig));
-            }
-        })?;
-        Ok(CredThread { jobs: tx })
+/// One switch: this thread's real and effective UID become `uid` (saved UID stays 0), it sends
+/// `sig` with kill(-1) — reaching exactly the processes that UID may signal — switches back and
+/// proves it is root again. Only syscalls and no allocation: it also runs in a forked child.
+/// Returns 0 or an errno; ESRCH (nothing of that UID is left) counts as success.
+pub fn kill_all_as_uid(uid: u32, sig: i32) -> i32 {
+    if thread_setresuid(uid, uid, 0).is_err() {
+        return errno_now();
     }
-
-    pub fn kill_all_as(&self, uids: &[u32], sig: i32) -> io::Result<()> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.jobs
-            .send((uids.to_vec(), sig, tx))
-            .map_err(|_| io::Error::other("credential thread is gone"))?;
-        rx.recv().map_err(|_| io::Error::other("credential thread is gone"))?
+    // SAFETY: plain syscall.
+    let sent = unsafe { libc::kill(-1, sig) };
+    let sent_err = if sent < 0 { errno_now() } else { 0 };
+    if thread_setresuid(0, 0, 0).is_err() {
+        return errno_now();
+    }
+    match thread_getresuid() {
+        Ok((0, 0, 0)) => {}
+        // EPERM: "not root again" is the closest errno, and the caller treats it as fatal.
+        _ => return libc::EPERM,
+    }
+    if sent_err == libc::ESRCH {
+        0
+    } else {
+        sent_err
     }
 }
 
-fn kill_all_as_here(uids: &[u32], sig: i32) -> io::Result<()> {
-    for &uid in uids {
-        thread_setresuid(uid, uid, 0)
-            .map_err(|e| io::Error::new(e.kind(), format!("switch thread to uid {uid}: {e}")))?;
-        let sent = kill_all(sig);
-        thread_setresuid(0, 0, 0)?;
-        if thread_getresuid()? != (0, 0, 0) {
-            return Err(io::Error::other("credential switch back to root did not take"));
-        }
-        match sent {
-            Ok(()) => {}
-            // ESRCH: no process of that UID is left.
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(e),
-        }
+fn errno_now() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// A connected pair of SOCK_SEQPACKET sockets: message boundaries kept, close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills two descriptors that we then own.
+    check(unsafe {
+        libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
+    } as _)?;
+    // SAFETY: the kernel just gave us these descriptors.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// fork(2). The child must make only syscalls on memory prepared before the fork: other threads
+/// may hold locks (the allocator's) that nobody releases in the child.
+pub fn fork() -> io::Result<Pid> {
+    // SAFETY: see above; callers keep to it.
+    check(unsafe { libc::fork() } as _).map(|p| p as Pid)
+}
+
+/// Die with SIGKILL when the parent dies.
+pub fn set_parent_death_kill() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } as _).map(|_| ())
+}
+
+/// Send one message; never blocks (the peer reads before the next one is sent).
+pub fn send_msg(fd: RawFd, buf: &[u8]) -> io::Result<()> {
+    // SAFETY: a valid buffer for the call.
+    let n = unsafe {
+        libc::send(fd, buf.as_ptr() as *const libc::c_void, buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != buf.len() {
+        return Err(io::Error::other("short send"));
     }
     Ok(())
+}
+
+/// Receive one message into `buf`; Ok(0) means the peer is gone.
+pub fn recv_msg(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: a valid buffer for the call.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Wait until `fd` is readable or `timeout` passes; Ok(false) on timeout.
+pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    poll_in(fd, Some(timeout))
 }
 
 pub fn set_child_subreaper() -> io::Result<()> {

@@ -1,0 +1,187 @@
+//! Sending a signal with a sandbox UID's permissions: kill(-1) from a context switched to that
+//! UID reaches exactly the processes the UID may signal, atomically with respect to fork.
+//!
+//! The process's own credentials never change; a context of its own is switched instead. While it
+//! is switched, a process of that UID may signal that context, so where it lives matters:
+//! - As PID 1, a thread of the init. The kernel drops SIGKILL and SIGSTOP sent to a namespace's
+//!   init from inside the namespace, whichever thread they name, and every other signal is blocked.
+//! - Otherwise (a subreaper, or beside another PID 1), a child process. A sandbox process can kill
+//!   or stop it during the instant it is switched; then the reply does not come, the helper is
+//!   killed, the freeze fails (never certifies), and the next freeze starts a new helper. A thread
+//!   there would take the whole init down with it.
+//!
+//! Either is started before the command runs, so a fork bomb that exhausts a pids limit cannot
+//! keep it from existing at freeze time.
+
+use crate::sys::{self, Pid};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Most UIDs one request carries (the sandbox UIDs: a handful in practice).
+const MAX_UIDS: usize = 64;
+/// How long a helper may take to answer one request before it is presumed hit.
+const HELPER_ANSWER: Duration = Duration::from_secs(2);
+
+type Job = (Vec<u32>, i32, mpsc::Sender<io::Result<()>>);
+
+pub enum Switcher {
+    Thread(mpsc::Sender<Job>),
+    Helper(Option<Helper>),
+}
+
+pub struct Helper {
+    pid: Pid,
+    handle: OwnedFd,
+    sock: OwnedFd,
+}
+
+fn result_of(errno: i32, uid: u32) -> io::Result<()> {
+    if errno == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::from_raw_os_error(errno);
+        Err(io::Error::new(e.kind(), format!("signal as uid {uid}: {e}")))
+    }
+}
+
+impl Switcher {
+    /// A thread as PID 1, a helper process otherwise.
+    pub fn start() -> io::Result<Switcher> {
+        if sys::getpid() == 1 {
+            Self::start_thread()
+        } else {
+            Ok(Switcher::Helper(Some(Helper::spawn()?)))
+        }
+    }
+
+    fn start_thread() -> io::Result<Switcher> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
+            for (uids, sig, reply) in rx {
+                let r = uids.iter().try_for_each(|&u| result_of(sys::kill_all_as_uid(u, sig), u));
+                // The requester may have given up; nothing to do then.
+                let _ = reply.send(r);
+            }
+        })?;
+        Ok(Switcher::Thread(tx))
+    }
+
+    /// kill(-1, sig) as each of `uids`, in turn.
+    pub fn kill_all_as(&mut self, uids: &[u32], sig: i32) -> io::Result<()> {
+        match self {
+            Switcher::Thread(jobs) => {
+                let (tx, rx) = mpsc::channel();
+                jobs.send((uids.to_vec(), sig, tx))
+                    .map_err(|_| io::Error::other("credential thread is gone"))?;
+                rx.recv().map_err(|_| io::Error::other("credential thread is gone"))?
+            }
+            Switcher::Helper(slot) => {
+                let helper = match slot.take() {
+                    Some(h) => h,
+                    None => Helper::spawn().map_err(|e| {
+                        io::Error::new(e.kind(), format!("cannot start a credential helper: {e}"))
+                    })?,
+                };
+                match helper.request(uids, sig) {
+                    Ok(r) => {
+                        *slot = Some(helper);
+                        r
+                    }
+                    Err(e) => {
+                        helper.kill();
+                        // Start the next one now, while the freeze that failed is reported, so
+                        // that the next freeze need not fork.
+                        *slot = Helper::spawn().ok();
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Helper {
+    fn spawn() -> io::Result<Helper> {
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        let pid = sys::fork()?;
+        if pid == 0 {
+            drop(ours);
+            serve(theirs.as_raw_fd());
+        }
+        drop(theirs);
+        // Our own child cannot be reaped before we look, so its pid is still its own here.
+        let handle = sys::pidfd_open(pid)?;
+        log::debug!("credential helper started as pid {pid}");
+        Ok(Helper { pid, handle, sock: ours })
+    }
+
+    /// Ok(answer), or Err when the helper did not answer (killed, stopped, or gone).
+    fn request(&self, uids: &[u32], sig: i32) -> io::Result<io::Result<()>> {
+        if uids.len() > MAX_UIDS {
+            return Ok(Err(io::Error::other(format!("more than {MAX_UIDS} sandbox UIDs"))));
+        }
+        let mut msg = Vec::with_capacity(4 + 4 * uids.len());
+        msg.extend_from_slice(&sig.to_ne_bytes());
+        for u in uids {
+            msg.extend_from_slice(&u.to_ne_bytes());
+        }
+        let gone = |what: String| {
+            io::Error::other(format!(
+                "credential helper (pid {}) {what}: a sandbox process may have killed or stopped it \
+                 while it held a sandbox UID; a new one is started for the next freeze",
+                self.pid
+            ))
+        };
+        sys::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
+        if !sys::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
+            return Err(gone(format!("did not answer within {HELPER_ANSWER:?}")));
+        }
+        let mut reply = [0u8; 8];
+        let n = sys::recv_msg(self.sock.as_raw_fd(), &mut reply).map_err(|e| gone(format!("{e}")))?;
+        if n != 8 {
+            return Err(gone("died".into()));
+        }
+        let errno = i32::from_ne_bytes([reply[0], reply[1], reply[2], reply[3]]);
+        let uid = u32::from_ne_bytes([reply[4], reply[5], reply[6], reply[7]]);
+        Ok(result_of(errno, uid))
+    }
+
+    fn kill(self) {
+        if let Err(e) = sys::pidfd_send_signal(&self.handle, libc::SIGKILL) {
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                log::error!("cannot kill the credential helper (pid {}): {e}", self.pid);
+            }
+        }
+        // The init's reaper collects it like any other child.
+    }
+}
+
+/// The helper's loop, in the forked child: syscalls on stack buffers only.
+fn serve(fd: i32) -> ! {
+    if sys::set_parent_death_kill().is_err() {
+        sys::exit_now(1);
+    }
+    let mut buf = [0u8; 4 + 4 * MAX_UIDS];
+    loop {
+        let n = match sys::recv_msg(fd, &mut buf) {
+            Ok(n) if n >= 4 && n % 4 == 0 => n,
+            _ => sys::exit_now(0),
+        };
+        let sig = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let mut reply = [0u8; 8];
+        for chunk in buf[4..n].chunks_exact(4) {
+            let uid = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            let errno = sys::kill_all_as_uid(uid, sig);
+            if errno != 0 {
+                reply[..4].copy_from_slice(&errno.to_ne_bytes());
+                reply[4..].copy_from_slice(&uid.to_ne_bytes());
+                break;
+            }
+        }
+        if sys::send_msg(fd, &reply).is_err() {
+            sys::exit_now(0);
+        }
+    }
+}

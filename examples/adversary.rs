@@ -67,6 +67,33 @@ fn any_alive(uid: u32) -> bool {
     false
 }
 
+fn path_c(p: &str) -> CString {
+    CString::new(p).expect("path without NUL")
+}
+
+/// Append this process's pid and a newline to the file, with syscalls only.
+fn append_pid(path: &CString) {
+    let line = format!("{}\n", std::process::id());
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT, 0o666);
+        if fd >= 0 {
+            libc::write(fd, line.as_ptr() as *const libc::c_void, line.len());
+            libc::close(fd);
+        }
+    }
+}
+
+/// Wait (at most 10 s) until the file exists and is not empty.
+fn wait_for_file_growth(path: &str) {
+    for _ in 0..1000 {
+        if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("{path} never grew");
+}
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     match mode.as_str() {
@@ -436,6 +463,90 @@ fn main() {
                         let _ = std::io::stdout().flush();
                         if s == libc::SIGTERM {
                             std::process::exit(0);
+                        }
+                    }
+                }
+            }
+        }
+        // Run from a setuid-root copy: becomes root for good, leaves its parent, then never keeps
+        // a pid: each hop forks, the parent exits, the child appends its pid to FILE and naps.
+        // `hopper FILE [NAP_US] [newgroup]`: each hop naps NAP_US (default 200) microseconds;
+        // with "newgroup" each hop also takes a process group of its own.
+        "hopper" => {
+            let path = std::env::args().nth(2).expect("hopper FILE");
+            let nap = arg(3, 200) as u32;
+            let newgroup = std::env::args().any(|a| a == "newgroup");
+            assert_eq!(raw_setresuid(0, 0, 0), 0, "hopper needs a setuid-root copy");
+            let c = path_c(&path);
+            match fork() {
+                0 => {}
+                p if p < 0 => panic!("fork: {}", std::io::Error::last_os_error()),
+                _ => {
+                    // The first hop says it is running; then this parent leaves.
+                    wait_for_file_growth(&path);
+                    ready();
+                    unsafe { libc::_exit(0) };
+                }
+            }
+            assert!(unsafe { libc::setsid() } > 0, "setsid: {}", std::io::Error::last_os_error());
+            loop {
+                match fork() {
+                    0 => {}
+                    // Fork refused (a limit): try again; never exit without a successor.
+                    p if p < 0 => continue,
+                    _ => unsafe { libc::_exit(0) },
+                }
+                if newgroup {
+                    unsafe { libc::setpgid(0, 0) };
+                }
+                append_pid(&c);
+                if nap > 0 {
+                    unsafe { libc::usleep(nap) };
+                }
+            }
+        }
+        // N processes that each SIGCONT every process of their UID, as fast as they can.
+        "cont-ring" => {
+            let n = arg(2, 20);
+            for _ in 0..n {
+                match fork() {
+                    0 => loop {
+                        unsafe { libc::kill(-1, libc::SIGCONT) };
+                    },
+                    p if p < 0 => panic!("fork: {}", std::io::Error::last_os_error()),
+                    _ => {}
+                }
+            }
+            ready();
+            loop {
+                unsafe { libc::kill(-1, libc::SIGCONT) };
+            }
+        }
+        // Run as root: first seen as root, then real and effective UID become U for HOLD ms
+        // (saved UID stays 0, as in a setuid-root program or a launcher before its final setuid),
+        // then root again for good, with no lineage tag.
+        "late-drop" => {
+            let uid = arg(2, 4242) as u32;
+            let hold = arg(3, 600);
+            std::thread::sleep(Duration::from_millis(300));
+            // One thread: the raw syscall changes the whole (single-threaded) process.
+            assert_eq!(raw_setresuid(uid, uid, 0), 0, "setresuid to {uid}");
+            std::thread::sleep(Duration::from_millis(hold));
+            assert_eq!(raw_setresuid(0, 0, 0), 0, "back to root");
+            ready();
+            forever();
+        }
+        // Sends SIGKILL and SIGSTOP to every thread of process PID, in a loop, for as long as it
+        // lives: whatever it is allowed to hit, it hits.
+        "hammer" => {
+            let target = arg(2, 1) as i32;
+            ready();
+            loop {
+                let Ok(rd) = std::fs::read_dir(format!("/proc/{target}/task")) else { forever() };
+                for e in rd.flatten() {
+                    if let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<i32>().ok()) {
+                        for sig in [libc::SIGKILL, libc::SIGSTOP] {
+                            unsafe { libc::syscall(libc::SYS_tgkill, target, tid, sig) };
                         }
                     }
                 }

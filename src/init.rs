@@ -134,6 +134,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
         reason: None,
         survivors: vec![],
         killed: 0,
+        unstopped: 0,
         phases_ms: Default::default(),
     };
     // The old marker goes before any signal is sent: a failed freeze must not leave one behind.
@@ -154,6 +155,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
     let out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.len();
+    status.unstopped = out.unstopped.len();
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }

@@ -41,6 +41,9 @@ pub struct Status {
     pub reason: Option<String>,
     pub survivors: Vec<Survivor>,
     pub killed: usize,
+    /// Sandbox processes the stop could not bring to a stop before the kill (e.g. in D state).
+    #[serde(default)]
+    pub unstopped: usize,
     pub phases_ms: Phases,
 }
 

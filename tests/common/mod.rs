@@ -71,11 +71,23 @@ pub struct Opts<'a> {
     pub stdout: Stdio,
     pub stdin: Stdio,
     pub env: Vec<(&'a str, String)>,
+    /// A command that execs `unshare ...` (e.g. setpriv dropping a capability).
+    pub prefix: Vec<&'a str>,
+    /// PID 1 of the namespace is a shell that starts the init in the background and forwards
+    /// nothing, as a pod's pause process or a wrapper script would.
+    pub shell_pid1: bool,
 }
 
 impl Default for Opts<'_> {
     fn default() -> Self {
-        Opts { init_args: vec![], stdout: Stdio::null(), stdin: Stdio::null(), env: vec![] }
+        Opts {
+            init_args: vec![],
+            stdout: Stdio::null(),
+            stdin: Stdio::null(),
+            env: vec![],
+            prefix: vec![],
+            shell_pid1: false,
+        }
     }
 }
 
@@ -88,9 +100,19 @@ impl Container {
     pub fn start_with(o: Opts, cmd: &[&str]) -> Container {
         let dir = scratch("ctr");
         let state = dir.join("state");
-        let mut c = Command::new("unshare");
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
-            .arg(quiesce())
+        let mut c = match o.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg("unshare");
+                c
+            }
+            None => Command::new("unshare"),
+        };
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+        if o.shell_pid1 {
+            c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
+        }
+        c.arg(quiesce())
             .arg("--state-dir")
             .arg(&state)
             .args(&o.init_args)
@@ -113,9 +135,14 @@ impl Container {
             if matches!(unshare.try_wait(), Ok(Some(_))) {
                 return true;
             }
-            let kids =
-                std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children")).unwrap_or_default();
-            if let Some(k) = kids.split_whitespace().next() {
+            let kids = |p: &str| {
+                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default()
+            };
+            let mut k = kids(&upid.to_string()).split_whitespace().next().map(str::to_string);
+            if o.shell_pid1 {
+                k = k.and_then(|sh| kids(&sh).split_whitespace().next().map(str::to_string));
+            }
+            if let Some(k) = k {
                 let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).unwrap_or_default();
                 if comm.trim() == "quiesce" {
                     init = k.parse().unwrap();

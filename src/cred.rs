@@ -160,7 +160,9 @@ impl Helper {
 
 /// The helper's loop, in the forked child: syscalls on stack buffers only.
 fn serve(fd: i32) -> ! {
-    if sys::set_parent_death_kill().is_err() {
+    // It dies with the init, and of SIGTERM at shutdown like any other child, which keeps a
+    // subreaper's shutdown from waiting out its grace period for it.
+    if sys::set_parent_death_kill().is_err() || sys::unblock_all_signals().is_err() {
         sys::exit_now(1);
     }
     let mut buf = [0u8; 4 + 4 * MAX_UIDS];

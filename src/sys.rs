@@ -85,6 +85,21 @@ pub fn block_all_signals() -> io::Result<libc::sigset_t> {
     }
 }
 
+/// Unblock every signal in the calling thread (a forked helper that must die of SIGTERM like any
+/// other process when the init shuts down).
+pub fn unblock_all_signals() -> io::Result<()> {
+    // SAFETY: plain sigset manipulation on local storage.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        let r = libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+    }
+    Ok(())
+}
+
 /// Is `sig` pending (blocked and not yet read) for this process?
 pub fn signal_pending(sig: i32) -> bool {
     // SAFETY: sigpending fills a local set.

@@ -21,6 +21,12 @@ pub struct Published {
     pub uids: Vec<u32>,
     /// Whether a loginuid marks a sandbox launch in this container (see taint::Policy).
     pub lineage: bool,
+    /// The init's pid and start time in this PID namespace: where `freeze` sends its signal when
+    /// the init is not PID 1, checked against the start time so a reused pid is never signalled.
+    #[serde(default)]
+    pub pid: i32,
+    #[serde(default)]
+    pub start_time: u64,
 }
 
 /// The sandbox the running init published; None when there is no init with a sandbox here.

@@ -182,7 +182,12 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     }
     write(state::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage);
-    let published = commands::Published { uids: uids.clone(), lineage };
+    let me = sys::getpid();
+    let start_time = procs::Reader::default()
+        .start_time(me)
+        .map_err(|e| format!("cannot read this init's own start time: {e}"))?
+        .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
+    let published = commands::Published { uids: uids.clone(), lineage, pid: me, start_time };
     write(commands::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     Ok(init::Sandbox {

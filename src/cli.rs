@@ -202,3 +202,22 @@ pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
     }
     Ok(std::time::Duration::from_secs_f64(v))
 }
+
+/// The freeze signal. Refused: signals that cannot be caught (KILL, STOP), SIGCHLD (reaping), and
+/// every signal job control sends or that any process of the init's session may send without
+/// permission (CONT): a sandbox process could otherwise request freezes, or a terminal could.
+pub fn freeze_signal(name: &str) -> Result<i32, String> {
+    let sig = crate::sys::parse_signal(name)
+        .ok_or_else(|| format!("--freeze-signal '{name}' is not a signal: use e.g. USR1"))?;
+    let why = match sig {
+        libc::SIGKILL | libc::SIGSTOP => "cannot be caught",
+        libc::SIGCHLD => "is how the init learns of exits",
+        libc::SIGCONT => "may be sent by any process of the init's session, the sandbox's included",
+        libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => "is sent by job control",
+        _ => return Ok(sig),
+    };
+    Err(format!(
+        "--freeze-signal {} {why}: use USR1 (the default), USR2 or a real-time signal",
+        crate::sys::signal_name(sig)
+    ))
+}

@@ -3,10 +3,12 @@
 
 mod cli;
 mod commands;
+mod files;
 mod freeze;
 mod init;
 mod marker;
 mod procs;
+mod requests;
 mod spawn;
 mod state;
 mod sys;
@@ -131,11 +133,7 @@ fn run_init(a: cli::InitArgs) -> i32 {
 }
 
 fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
-    let freeze_signal = sys::parse_signal(&a.freeze_signal)
-        .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP && s != libc::SIGCHLD)
-        .ok_or_else(|| {
-            format!("--freeze-signal '{}' is not a catchable signal: use e.g. USR1", a.freeze_signal)
-        })?;
+    let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
@@ -150,9 +148,10 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
             .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))
     };
     // A marker or status from before this init started proves nothing about this one.
-    for stale in [state::MARKER, state::STATUS, state::REQUEST] {
+    for stale in [state::MARKER, state::STATUS] {
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
+    let intake = requests::Intake::new(&state)?;
     write(state::PUBKEY, pub_pem.as_bytes())?;
     write(commands::SANDBOX_FILE, &serde_json::to_vec(&uids).map_err(|e| e.to_string())?)?;
     if a.no_lineage {
@@ -167,6 +166,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         policy: taint::Policy::new(uids),
         seen: Default::default(),
         state,
+        intake,
         key,
         freeze_signal,
         freeze: freeze::Config {

@@ -335,3 +335,27 @@ pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns.
     unsafe { libc::_exit(code) }
 }
+
+/// openat(2) relative to `dir` (None: the working directory). The flags always gain O_CLOEXEC.
+pub fn openat(dir: Option<RawFd>, name: &std::path::Path, flags: i32) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(name.as_os_str().as_bytes()).map_err(|_| io::Error::other("path with NUL"))?;
+    // SAFETY: valid C string; the kernel returns a new descriptor we own.
+    let fd =
+        check(
+            unsafe { libc::openat(dir.unwrap_or(libc::AT_FDCWD), c.as_ptr(), flags | libc::O_CLOEXEC, 0) }
+                as _,
+        )?;
+    // SAFETY: the kernel just gave us this descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// fstat(2): owner, mode and type of what the descriptor refers to (O_PATH descriptors too).
+pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: a valid descriptor and a local out struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        check(libc::fstat(fd.as_raw_fd(), &mut st) as _)?;
+        Ok(st)
+    }
+}

@@ -171,7 +171,7 @@ fn read_resolved(resolved: &Path, given: &Path, what: &str, rule: Rule) -> Resul
     for name in parents {
         let (next, next_st) = open_subdir(&dir, &name.to_string_lossy())
             .map_err(|e| unsafe_key(format!("{}: {e}", dir_path.join(name).display())))?;
-        check_dir_on_path(&st, &next_st, &dir_path).map_err(unsafe_key)?;
+        check_dir_on_path(&st, &dir_path, &next_st, &dir_path.join(name)).map_err(unsafe_key)?;
         if next_st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             let shown = dir_path.join(name);
             return Err(unsafe_key(format!(
@@ -186,12 +186,18 @@ fn read_resolved(resolved: &Path, given: &Path, what: &str, rule: Rule) -> Resul
     let shown = dir_path.join(last);
     let fd = open_file(Some(&dir), Path::new(last), &shown).map_err(|e| unsafe_key(e.to_string()))?;
     let file_st = sys::fstat(&fd).map_err(|e| unsafe_key(format!("{}: {e}", shown.display())))?;
-    check_dir_on_path(&st, &file_st, &dir_path).map_err(unsafe_key)?;
+    check_dir_on_path(&st, &dir_path, &file_st, &shown).map_err(unsafe_key)?;
     check_and_read(fd, rule, &shown).map_err(|e| unsafe_key(e.to_string()))
 }
 
-/// May anyone but root replace `child`, an entry of the directory `dir` (at `dir_path`)?
-fn check_dir_on_path(dir: &libc::stat, child: &libc::stat, dir_path: &Path) -> Result<(), String> {
+/// May anyone but root replace `child` (at `child_path`), an entry of the directory `dir` (at
+/// `dir_path`)?
+fn check_dir_on_path(
+    dir: &libc::stat,
+    dir_path: &Path,
+    child: &libc::stat,
+    child_path: &Path,
+) -> Result<(), String> {
     let mode = dir.st_mode & 0o7777;
     if dir.st_uid != 0 {
         return Err(format!(
@@ -201,11 +207,21 @@ fn check_dir_on_path(dir: &libc::stat, child: &libc::stat, dir_path: &Path) -> R
             dir.st_uid
         ));
     }
-    let sticky_guarded = mode & libc::S_ISVTX != 0 && child.st_uid == 0;
-    if mode & 0o022 != 0 && !sticky_guarded {
+    if mode & 0o022 == 0 {
+        return Ok(());
+    }
+    if mode & libc::S_ISVTX == 0 {
         return Err(format!(
             "directory {} on its path is writable by group or others (mode {mode:o}): chmod go-w it, \
              or keep the key in a directory only root can write",
+            dir_path.display()
+        ));
+    }
+    if child.st_uid != 0 {
+        return Err(format!(
+            "{} on its path is owned by uid {} in the sticky, world-writable directory {}: chown root it",
+            child_path.display(),
+            child.st_uid,
             dir_path.display()
         ));
     }
@@ -287,7 +303,7 @@ mod tests {
         mode(&vol, 0o1777);
         std::os::unix::fs::chown(&real, Some(4242), None).unwrap();
         let e = read_key(&key, "signing key", PRIVATE_KEY).unwrap_err();
-        assert!(e.contains(&format!("directory {} on its path", vol.display())), "{e}");
+        assert!(e.contains(&format!("{} on its path is owned by uid 4242", real.display())), "{e}");
         std::os::unix::fs::chown(&real, Some(0), None).unwrap();
         assert!(read_key(&key, "signing key", PRIVATE_KEY).is_ok());
         fs::remove_dir_all(root).unwrap();

@@ -236,14 +236,14 @@ pub fn run(mut cfg: Config) -> i32 {
     let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("quiesce: cannot set up signal handling: {e}");
+            crate::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
             return 2;
         }
     };
     let main = match cfg.plan.spawn() {
         Ok(pid) => pid,
         Err(e) => {
-            eprintln!("quiesce: cannot start the command: {e}");
+            crate::logging::line(format_args!("quiesce: cannot start the command: {e}"));
             return 2;
         }
     };

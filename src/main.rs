@@ -6,6 +6,7 @@ mod commands;
 mod files;
 mod freeze;
 mod init;
+mod logging;
 mod marker;
 mod procs;
 mod requests;
@@ -17,25 +18,7 @@ mod users;
 mod verify;
 
 use clap::Parser;
-use std::io::Write;
 use std::time::Duration;
-
-fn setup_logging(verbose: u8) {
-    let level = match std::env::var("QUIESCE_LOG") {
-        Ok(v) if !v.is_empty() => v,
-        _ => match verbose {
-            0 => "error",
-            1 => "info",
-            2 => "debug",
-            _ => "trace",
-        }
-        .to_string(),
-    };
-    env_logger::Builder::new()
-        .parse_filters(&level)
-        .format(|buf, rec| writeln!(buf, "quiesce: {}: {}", rec.level().as_str().to_lowercase(), rec.args()))
-        .init();
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -51,7 +34,7 @@ fn main() {
 }
 
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
-    setup_logging(0);
+    logging::init(0, false);
     match name {
         "ps" => commands::ps(cli::PsArgs::parse_from(argv)),
         "exec" => commands::exec(cli::ExecArgs::parse_from(argv)),
@@ -77,7 +60,7 @@ fn fatal(msg: impl std::fmt::Display) -> i32 {
 
 /// Everything that can be refused is refused here, before the command runs.
 fn run_init(a: cli::InitArgs) -> i32 {
-    setup_logging(a.verbose);
+    logging::init(a.verbose, true);
     if a.command.is_empty() {
         return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
     }

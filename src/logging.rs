@@ -72,14 +72,15 @@ fn level(verbose: u8) -> (LevelFilter, Option<String>) {
 }
 
 /// Install the logger. `private`: the init's non-blocking output; otherwise plain stderr.
-pub fn init(verbose: u8, private: bool) {
+/// Returns what the caller should say before the command runs, when the output had to be
+/// switched off.
+pub fn init(verbose: u8, private: bool) -> Option<String> {
     let (lvl, complaint) = level(verbose);
     let sink = if private { private_sink() } else { Ok(Sink::Shared) };
-    let sink = sink.unwrap_or_else(|why| {
-        // Said once, blocking, before the command runs: it cannot have stopped the output yet.
-        eprintln!("quiesce: warn: {why}: no log output once the command runs");
-        Sink::Off
-    });
+    let (sink, note) = match sink {
+        Ok(s) => (s, None),
+        Err(why) => (Sink::Off, Some(format!("{why}: no log output from the init"))),
+    };
     if let Ok(mut out) = LOGGER.out.lock() {
         out.sink = sink;
     }
@@ -90,6 +91,7 @@ pub fn init(verbose: u8, private: bool) {
     if let Some(c) = complaint {
         log::warn!("{c}");
     }
+    note
 }
 
 /// A descriptor for the init's log lines that no one else's state can block.

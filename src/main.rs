@@ -34,7 +34,7 @@ fn main() {
 }
 
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
-    logging::init(0, false);
+    let _ = logging::init(0, false);
     match name {
         "ps" => commands::ps(cli::PsArgs::parse_from(argv)),
         "exec" => commands::exec(cli::ExecArgs::parse_from(argv)),
@@ -60,7 +60,7 @@ fn fatal(msg: impl std::fmt::Display) -> i32 {
 
 /// Everything that can be refused is refused here, before the command runs.
 fn run_init(a: cli::InitArgs) -> i32 {
-    logging::init(a.verbose, true);
+    let log_note = logging::init(a.verbose, true);
     if a.command.is_empty() {
         return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
     }
@@ -106,6 +106,10 @@ fn run_init(a: cli::InitArgs) -> i32 {
             Err(e) => return fatal(e),
         }
     };
+    if let Some(note) = log_note {
+        // Said before the command runs, when a blocking write cannot hang on what it does.
+        eprintln!("quiesce: warn: {note}");
+    }
     // The key path is no business of the command's.
     std::env::remove_var("QUIESCE_SIGNING_KEY");
     let plan = match spawn::Plan::new(&a.command, drop) {
@@ -116,6 +120,19 @@ fn run_init(a: cli::InitArgs) -> i32 {
 }
 
 fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
+    if sys::geteuid() != 0 {
+        return Err(format!(
+            "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
+             `--user`; a pod with runAsNonRoot cannot use quiesce as its init) with only the \
+             capabilities it needs, and start the agent with --run-as or `quiesce exec --user`",
+            sys::geteuid()
+        ));
+    }
+    if !sys::is_procfs("/proc").unwrap_or(false) {
+        return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
+             it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
+            .into());
+    }
     let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;

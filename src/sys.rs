@@ -401,3 +401,8 @@ pub fn take_pending(sig: i32) -> bool {
         libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == sig
     }
 }
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}

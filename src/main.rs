@@ -9,6 +9,8 @@ mod init;
 mod logging;
 mod marker;
 mod procs;
+#[cfg(test)]
+mod proptests;
 mod requests;
 mod spawn;
 mod state;

@@ -196,23 +196,6 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let request_id = match requests::submit(&dir, args.nonce.clone()) {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
-    if let Err(e) = sys::kill(1, sig) {
-        eprintln!("quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)");
-        return 2;
-    }
-    if !args.wait {
-        if !args.json {
-            eprintln!("quiesce freeze: requested ({request_id})");
-        }
-        return 0;
-    }
     let limit = match crate::cli::seconds("--timeout", args.timeout) {
         Ok(d) => d,
         Err(e) => {
@@ -227,6 +210,27 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
+    let request_id = match requests::submit(&dir, args.nonce.clone()) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    if let Err(e) = sys::kill(1, sig) {
+        // Withdrawn, so that no later freeze answers a client that gave up.
+        if let Err(w) = requests::withdraw(&dir, &request_id) {
+            eprintln!("quiesce freeze: {w}");
+        }
+        eprintln!("quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)");
+        return 2;
+    }
+    if !args.wait {
+        if !args.json {
+            eprintln!("quiesce freeze: requested ({request_id})");
+        }
+        return 0;
+    }
     let until = Instant::now() + limit;
     while Instant::now() < until {
         match requests::read_result(&results, &request_id) {

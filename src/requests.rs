@@ -78,6 +78,12 @@ pub fn submit(state: &StateDir, nonce: Option<String>) -> Result<String, String>
     Ok(id)
 }
 
+/// The client side: take back a request whose signal could not be sent.
+pub fn withdraw(state: &StateDir, id: &str) -> Result<(), String> {
+    let dir = state.sub(REQUESTS)?;
+    dir.remove(id).map_err(|e| format!("cannot withdraw request {}: {e}", dir.file(id).display()))
+}
+
 /// The client side: the final result of request `id`, once the init wrote it.
 pub fn read_result(results: &StateDir, id: &str) -> Result<Option<Status>, String> {
     match results.read(&format!("{id}.json")) {

@@ -326,7 +326,8 @@ pub fn run(mut cfg: Config) -> i32 {
             let periodic = next_track.is_some_and(|t| now >= t);
             // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
             let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
-            if matches!(shutdown, Shutdown::None) && (periodic || on_child) {
+            // Queued freeze requests come first: each freeze makes its own observation.
+            if matches!(shutdown, Shutdown::None) && !sb.intake.busy() && (periodic || on_child) {
                 track(sb);
                 last_track = now;
                 next_track = sb.track_interval.map(|i| now + i);

@@ -552,6 +552,15 @@ fn main() {
                 }
             }
         }
+        // Stop the terminal's output, as a command that owns it can (`docker run -t`), and stay.
+        "tcooff" => {
+            if unsafe { libc::tcflow(1, libc::TCOOFF) } != 0 {
+                eprintln!("tcflow: {}", std::io::Error::last_os_error());
+                std::process::exit(1);
+            }
+            ready();
+            forever();
+        }
         other => {
             eprintln!("adversary: unknown mode '{other}'");
             std::process::exit(2);

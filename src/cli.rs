@@ -24,11 +24,11 @@ pub struct InitArgs {
     pub verbose: u8,
 
     /// Forward signals to the command's process group instead of the command alone
-    #[arg(short = 'g', long, env = "QUIESCE_PGROUP")]
+    #[arg(short = 'g', long, env = "QUIESCE_PGROUP", action = ArgAction::SetTrue, value_parser = boolish)]
     pub pgroup: bool,
 
     /// Register as a child subreaper (automatic when not PID 1)
-    #[arg(short = 's', long, env = "QUIESCE_SUBREAPER")]
+    #[arg(short = 's', long, env = "QUIESCE_SUBREAPER", action = ArgAction::SetTrue, value_parser = boolish)]
     pub subreaper: bool,
 
     /// Treat this exit code of the command as 0 (repeatable)
@@ -53,11 +53,11 @@ pub struct InitArgs {
     pub run_as: Option<String>,
 
     /// Let setuid binaries raise the privilege of --run-as commands (no_new_privs off)
-    #[arg(long, env = "QUIESCE_ALLOW_SETUID")]
+    #[arg(long, env = "QUIESCE_ALLOW_SETUID", action = ArgAction::SetTrue, value_parser = boolish)]
     pub allow_setuid: bool,
 
     /// Do not tag sandbox launches with an audit session (tracking falls back to history)
-    #[arg(long, env = "QUIESCE_NO_LINEAGE")]
+    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub no_lineage: bool,
 
     /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
@@ -124,10 +124,10 @@ pub struct ExecArgs {
     #[arg(short, long, value_name = "USER")]
     pub user: String,
     /// Let setuid binaries raise privilege (no_new_privs off)
-    #[arg(long, env = "QUIESCE_ALLOW_SETUID")]
+    #[arg(long, env = "QUIESCE_ALLOW_SETUID", action = ArgAction::SetTrue, value_parser = boolish)]
     pub allow_setuid: bool,
     /// Do not tag the launch with an audit session
-    #[arg(long, env = "QUIESCE_NO_LINEAGE")]
+    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub no_lineage: bool,
     #[command(flatten)]
     pub state: StateArgs,
@@ -196,9 +196,38 @@ pub struct KeygenArgs {
     pub out: PathBuf,
 }
 
+/// Boolean variables as containers write them: 1/0, true/false, yes/no, on/off, in any case;
+/// an empty value is off, as if unset.
+pub fn boolish(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("not a boolean: use 1/0, true/false, yes/no or on/off".into()),
+    }
+}
+
 pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
     if !v.is_finite() || !(0.0..=1e6).contains(&v) {
         return Err(format!("{what} {v} is out of range: give seconds from 0 to 1000000"));
     }
     Ok(std::time::Duration::from_secs_f64(v))
+}
+
+/// The freeze signal. Refused: signals that cannot be caught (KILL, STOP), SIGCHLD (reaping), and
+/// every signal job control sends or that any process of the init's session may send without
+/// permission (CONT): a sandbox process could otherwise request freezes, or a terminal could.
+pub fn freeze_signal(name: &str) -> Result<i32, String> {
+    let sig = crate::sys::parse_signal(name)
+        .ok_or_else(|| format!("--freeze-signal '{name}' is not a signal: use e.g. USR1"))?;
+    let why = match sig {
+        libc::SIGKILL | libc::SIGSTOP => "cannot be caught",
+        libc::SIGCHLD => "is how the init learns of exits",
+        libc::SIGCONT => "may be sent by any process of the init's session, the sandbox's included",
+        libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => "is sent by job control",
+        _ => return Ok(sig),
+    };
+    Err(format!(
+        "--freeze-signal {} {why}: use USR1 (the default), USR2 or a real-time signal",
+        crate::sys::signal_name(sig)
+    ))
 }

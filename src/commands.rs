@@ -2,8 +2,9 @@
 
 use crate::cli::{ExecArgs, FreezeArgs, KeygenArgs, PsArgs};
 use crate::procs::{Detail, Reader, Snapshot};
+use crate::requests;
 use crate::spawn::{self, Plan};
-use crate::state::{self, Request, StateDir};
+use crate::state::{self, StateDir};
 use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
 use crate::users;
@@ -33,7 +34,7 @@ pub struct Published {
 pub fn published(state_dir: &Path) -> Option<Published> {
     StateDir::open(state_dir)
         .ok()
-        .and_then(|d| state::read_nofollow(&d.file(SANDBOX_FILE)).ok())
+        .and_then(|d| d.read(SANDBOX_FILE).ok())
         .and_then(|b| serde_json::from_slice::<Published>(&b).ok())
 }
 
@@ -197,12 +198,12 @@ pub fn exec(args: ExecArgs) -> i32 {
 }
 
 pub fn freeze(args: FreezeArgs) -> i32 {
-    let Some(sig) = sys::parse_signal(&args.freeze_signal) else {
-        eprintln!(
-            "quiesce freeze: unknown signal '{}': use a name like USR1 or a number",
-            args.freeze_signal
-        );
-        return 2;
+    let sig = match crate::cli::freeze_signal(&args.freeze_signal) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
     };
     let dir = match StateDir::open(&args.state.state_dir) {
         Ok(d) => d,
@@ -211,20 +212,32 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let request_id = match state::new_id() {
+    let limit = match crate::cli::seconds("--timeout", args.timeout) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    let results = match dir.sub(requests::RESULTS) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            return 2;
+        }
+    };
+    let request_id = match requests::submit(&dir, args.nonce.clone()) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");
             return 2;
         }
     };
-    let req = Request { nonce: args.nonce.clone(), request_id: request_id.clone() };
-    let body = serde_json::to_vec(&req).unwrap_or_default();
-    if let Err(e) = dir.write_atomic(state::REQUEST, &body, 0o644) {
-        eprintln!("quiesce freeze: cannot write the request in {}: {e}", dir.path.display());
-        return 2;
-    }
     if let Err(e) = sys::kill(1, sig) {
+        // Withdrawn, so that no later freeze answers a client that gave up.
+        if let Err(w) = requests::withdraw(&dir, &request_id) {
+            eprintln!("quiesce freeze: {w}");
+        }
         eprintln!("quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)");
         return 2;
     }
@@ -234,17 +247,10 @@ pub fn freeze(args: FreezeArgs) -> i32 {
         }
         return 0;
     }
-    let limit = match crate::cli::seconds("--timeout", args.timeout) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
     let until = Instant::now() + limit;
     while Instant::now() < until {
-        if let Ok(Some(st)) = dir.read_status() {
-            if st.request_id.as_deref() == Some(request_id.as_str()) && st.state != "freezing" {
+        match requests::read_result(&results, &request_id) {
+            Ok(Some(st)) => {
                 if args.json {
                     println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
                 } else {
@@ -259,6 +265,11 @@ pub fn freeze(args: FreezeArgs) -> i32 {
                     );
                 }
                 return if st.state == "quiescent" { 0 } else { 1 };
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("quiesce freeze: {e}");
+                return 2;
             }
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -276,12 +287,11 @@ pub fn keygen(args: KeygenArgs) -> i32 {
                 .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
         }
         let key = crate::marker::generate().map_err(|e| e.to_string())?;
-        let dir = StateDir { path: args.out.clone() };
         let priv_pem = crate::marker::private_pem(&key).map_err(|e| e.to_string())?;
         let pub_pem = crate::marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
-        dir.write_atomic("signing.key", priv_pem.as_bytes(), 0o600)
+        state::write_atomic(&args.out, "signing.key", priv_pem.as_bytes(), 0o600)
             .map_err(|e| format!("signing.key: {e}"))?;
-        dir.write_atomic("signing.pub", pub_pem.as_bytes(), 0o644)
+        state::write_atomic(&args.out, "signing.pub", pub_pem.as_bytes(), 0o644)
             .map_err(|e| format!("signing.pub: {e}"))?;
         Ok(())
     };

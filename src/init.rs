@@ -4,6 +4,7 @@
 use crate::freeze;
 use crate::marker::{self, Claims};
 use crate::procs::{self, Detail, Reader};
+use crate::requests::{self, Request};
 use crate::spawn::Plan;
 use crate::state::{self, StateDir, Status};
 use crate::sys::{self, Pid, Reaped, SignalFd};
@@ -16,6 +17,7 @@ pub struct Sandbox {
     /// The last tracking observation.
     pub seen: crate::procs::Snapshot,
     pub state: StateDir,
+    pub intake: requests::Intake,
     pub key: SigningKey,
     pub freeze_signal: i32,
     pub freeze: freeze::Config,
@@ -122,7 +124,7 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<state::Request>) {
+fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>) {
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
     let request_id = pending_request.map(|r| r.request_id);
@@ -142,9 +144,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
         log::error!("freeze {id} failed: cannot remove the old marker: {e}");
         status.state = "failed".into();
         status.reason = Some(format!("cannot remove the old marker: {e}"));
-        if let Err(e) = sb.state.write_status(&status) {
-            log::error!("cannot write status: {e}");
-        }
+        publish(sb, &status);
         return;
     }
     if let Err(e) = sb.state.write_status(&status) {
@@ -203,9 +203,15 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
             names.join(", ")
         );
     }
-    if let Err(e) = sb.state.write_status(&status) {
+    publish(sb, &status);
+}
+
+/// The final status: in status.json, and where the client that asked for this freeze looks.
+fn publish(sb: &Sandbox, status: &Status) {
+    if let Err(e) = sb.state.write_status(status) {
         log::error!("cannot write status: {e}");
     }
+    sb.intake.answer(status);
 }
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
@@ -232,14 +238,14 @@ pub fn run(mut cfg: Config) -> i32 {
     let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("quiesce: cannot set up signal handling: {e}");
+            crate::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
             return 2;
         }
     };
     let main = match cfg.plan.spawn() {
         Ok(pid) => pid,
         Err(e) => {
-            eprintln!("quiesce: cannot start the command: {e}");
+            crate::logging::line(format_args!("quiesce: cannot start the command: {e}"));
             return 2;
         }
     };
@@ -262,14 +268,18 @@ pub fn run(mut cfg: Config) -> i32 {
             Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
             Shutdown::None => next_track,
         };
-        let timeout = deadline.map(|d| d.saturating_duration_since(now));
+        let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
+        if cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy()) {
+            // Freeze requests wait: one freeze per pass, signals and reaping in between.
+            timeout = Some(Duration::ZERO);
+        }
         if let Err(e) = sfd.wait(timeout) {
             log::error!("waiting for signals failed: {e}");
             std::thread::sleep(Duration::from_millis(100));
         }
 
         let mut got_chld = false;
-        let mut freeze_requested = false;
+        let mut freeze_senders: Vec<Pid> = Vec::new();
         // Bounded: standard signals coalesce, so at most one of each plus queued RT signals.
         for _ in 0..4096 {
             let (sig, sender) = match sfd.read() {
@@ -287,7 +297,9 @@ pub fn run(mut cfg: Config) -> i32 {
             if let Some(sb) = cfg.sandbox.as_ref() {
                 if sig == sb.freeze_signal {
                     log::info!("freeze requested by pid {sender}");
-                    freeze_requested = true;
+                    if freeze_senders.len() < 64 {
+                        freeze_senders.push(sender);
+                    }
                     continue;
                 }
             }
@@ -307,15 +319,8 @@ pub fn run(mut cfg: Config) -> i32 {
         reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
-            if freeze_requested {
-                let req = sb.state.read_request().unwrap_or_else(|e| {
-                    log::warn!("ignoring unreadable freeze request: {e}");
-                    None
-                });
-                if let Err(e) = sb.state.remove(state::REQUEST) {
-                    log::warn!("cannot remove the freeze request: {e}");
-                }
-                do_freeze(sb, &mut reaper, req);
+            if let Some(job) = sb.intake.next(&freeze_senders) {
+                do_freeze(sb, &mut reaper, job);
                 frozen = true;
                 reaper.reap();
             }
@@ -323,7 +328,8 @@ pub fn run(mut cfg: Config) -> i32 {
             let periodic = next_track.is_some_and(|t| now >= t);
             // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
             let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
-            if matches!(shutdown, Shutdown::None) && (periodic || on_child) {
+            // Queued freeze requests come first: each freeze makes its own observation.
+            if matches!(shutdown, Shutdown::None) && !sb.intake.busy() && (periodic || on_child) {
                 track(sb);
                 last_track = now;
                 next_track = sb.track_interval.map(|i| now + i);

@@ -5,11 +5,16 @@ mod cli;
 mod commands;
 mod consistency;
 mod cred;
+mod files;
 mod freeze;
 mod init;
+mod logging;
 mod marker;
 mod procs;
 mod proctrust;
+#[cfg(test)]
+mod proptests;
+mod requests;
 mod spawn;
 mod state;
 mod sys;
@@ -18,25 +23,7 @@ mod users;
 mod verify;
 
 use clap::Parser;
-use std::io::Write;
 use std::time::Duration;
-
-fn setup_logging(verbose: u8) {
-    let level = match std::env::var("QUIESCE_LOG") {
-        Ok(v) if !v.is_empty() => v,
-        _ => match verbose {
-            0 => "error",
-            1 => "info",
-            2 => "debug",
-            _ => "trace",
-        }
-        .to_string(),
-    };
-    env_logger::Builder::new()
-        .parse_filters(&level)
-        .format(|buf, rec| writeln!(buf, "quiesce: {}: {}", rec.level().as_str().to_lowercase(), rec.args()))
-        .init();
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -52,7 +39,7 @@ fn main() {
 }
 
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
-    setup_logging(0);
+    let _ = logging::init(0, false);
     match name {
         "ps" => commands::ps(cli::PsArgs::parse_from(argv)),
         "exec" => commands::exec(cli::ExecArgs::parse_from(argv)),
@@ -78,7 +65,7 @@ fn fatal(msg: impl std::fmt::Display) -> i32 {
 
 /// Everything that can be refused is refused here, before the command runs.
 fn run_init(a: cli::InitArgs) -> i32 {
-    setup_logging(a.verbose);
+    let log_note = logging::init(a.verbose, true);
     if a.command.is_empty() {
         return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
     }
@@ -124,6 +111,10 @@ fn run_init(a: cli::InitArgs) -> i32 {
             Err(e) => return fatal(e),
         }
     };
+    if let Some(note) = log_note {
+        // Said before the command runs, when a blocking write cannot hang on what it does.
+        eprintln!("quiesce: warn: {note}");
+    }
     // The key path is no business of the command's.
     std::env::remove_var("QUIESCE_SIGNING_KEY");
     let plan = match spawn::Plan::new(&a.command, drop) {
@@ -158,11 +149,20 @@ fn lineage(off: bool) -> bool {
 }
 
 fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
-    let freeze_signal = sys::parse_signal(&a.freeze_signal)
-        .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP && s != libc::SIGCHLD)
-        .ok_or_else(|| {
-            format!("--freeze-signal '{}' is not a catchable signal: use e.g. USR1", a.freeze_signal)
-        })?;
+    if sys::geteuid() != 0 {
+        return Err(format!(
+            "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
+             `--user`; a pod with runAsNonRoot cannot use quiesce as its init) with only the \
+             capabilities it needs, and start the agent with --run-as or `quiesce exec --user`",
+            sys::geteuid()
+        ));
+    }
+    if !sys::is_procfs("/proc").unwrap_or(false) {
+        return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
+             it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
+            .into());
+    }
+    let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
@@ -177,9 +177,10 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
             .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))
     };
     // A marker or status from before this init started proves nothing about this one.
-    for stale in [state::MARKER, state::STATUS, state::REQUEST] {
+    for stale in [state::MARKER, state::STATUS] {
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
+    let intake = requests::Intake::new(&state)?;
     write(state::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage);
     let me = sys::getpid();
@@ -194,6 +195,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
         state,
+        intake,
         key,
         freeze_signal,
         freeze: freeze::Config {

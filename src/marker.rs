@@ -1,5 +1,6 @@
 //! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
 
+use crate::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
@@ -9,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -92,28 +92,30 @@ pub fn public_pem(key: &VerifyingKey) -> io::Result<String> {
     key.to_public_key_pem(LineEnding::LF).map_err(|e| io::Error::other(e.to_string()))
 }
 
-/// Load a private key, refusing one that anyone but root could read or replace.
+/// Load a private key, refusing one that anyone but root could read or replace (files.rs).
 pub fn load_private(path: &Path) -> Result<SigningKey, String> {
-    let md = fs::metadata(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
-    if md.uid() != 0 {
-        return Err(format!("signing key {} is owned by uid {}: chown root it", path.display(), md.uid()));
-    }
-    if md.mode() & 0o077 != 0 {
-        return Err(format!(
-            "signing key {} is accessible by group or others (mode {:o}): chmod 600 it",
-            path.display(),
-            md.mode() & 0o777
-        ));
-    }
-    let text = fs::read_to_string(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
-    SigningKey::from_pkcs8_pem(&text)
-        .map_err(|e| format!("signing key {} is not an Ed25519 PKCS#8 PEM key: {e}", path.display()))
+    let text = files::read_key(path, "signing key", files::PRIVATE_KEY)?;
+    parse_private(&text).map_err(|e| format!("signing key {}: {e}", path.display()))
 }
 
+/// Load a public key named on the command line (it may be reached through links).
 pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
-    let text = fs::read_to_string(path).map_err(|e| format!("public key {}: {e}", path.display()))?;
-    VerifyingKey::from_public_key_pem(&text)
-        .map_err(|e| format!("public key {} is not an Ed25519 SPKI PEM key: {e}", path.display()))
+    let text = files::read_key(path, "public key", files::PUBLIC_KEY)?;
+    parse_public(&text).map_err(|e| format!("public key {}: {e}", path.display()))
+}
+
+pub fn parse_private(text: &[u8]) -> Result<SigningKey, String> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| SigningKey::from_pkcs8_pem(t).ok())
+        .ok_or_else(|| "not an Ed25519 PKCS#8 PEM private key".to_string())
+}
+
+pub fn parse_public(text: &[u8]) -> Result<VerifyingKey, String> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| VerifyingKey::from_public_key_pem(t).ok())
+        .ok_or_else(|| "not an Ed25519 SPKI PEM public key".to_string())
 }
 
 pub fn sign(key: &SigningKey, claims: &Claims) -> io::Result<String> {

@@ -204,14 +204,15 @@ impl Plan {
         if buf.len() >= 9 {
             let err = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let step = String::from_utf8_lossy(&buf[5..9]).trim_end_matches('\0').to_string();
+            // The child may already have run something that stopped the output: never block.
             if step == "exec" {
-                eprintln!("{}", self.failure(err).1);
+                crate::logging::line(format_args!("{}", self.failure(err).1));
             } else {
-                eprintln!(
+                crate::logging::line(format_args!(
                     "quiesce: cannot run '{}': {step} failed: {}",
                     self.name,
                     io::Error::from_raw_os_error(err)
-                );
+                ));
             }
         }
         Ok(pid)

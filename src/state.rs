@@ -1,17 +1,18 @@
-//! The state directory: status, marker, public key and freeze requests.
-//! Every write is atomic and cannot follow a planted link.
+//! The state directory: status, marker, public key, freeze requests and their results.
+//! Every write is atomic and cannot follow a planted link; every read is checked on its descriptor.
 
+use crate::files::{self, FileError};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_DIR: &str = "/run/quiesce";
 pub const MARKER: &str = "quiescence.jws";
 pub const STATUS: &str = "status.json";
 pub const PUBKEY: &str = "signing.pub";
-pub const REQUEST: &str = "request";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Survivor {
@@ -47,64 +48,81 @@ pub struct Status {
     pub phases_ms: Phases,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Request {
-    pub nonce: Option<String>,
-    pub request_id: String,
-}
-
-#[derive(Debug)]
 pub struct StateDir {
     pub path: PathBuf,
+    /// The directory as opened and checked: every read goes through it.
+    fd: OwnedFd,
+}
+
+impl std::fmt::Debug for StateDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("StateDir").field("path", &self.path).finish()
+    }
 }
 
 /// Refuse a directory that someone other than root could have planted or can write into.
-pub fn check_dir(path: &Path) -> Result<(), String> {
-    let md = fs::symlink_metadata(path)
-        .map_err(|e| format!("state dir {}: {e}: create it or pick another --state-dir", path.display()))?;
-    if md.file_type().is_symlink() {
-        return Err(format!(
-            "state dir {} is a symlink: remove it or pick another --state-dir",
-            path.display()
-        ));
+/// `st` comes from fstat on the descriptor the caller keeps.
+fn check_dir(st: &libc::stat, path: &Path) -> Result<(), String> {
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFDIR => {}
+        libc::S_IFLNK => {
+            return Err(format!(
+                "state dir {} is a symlink: remove it or pick another --state-dir",
+                path.display()
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "state dir {} is not a directory: remove it or pick another --state-dir",
+                path.display()
+            ))
+        }
     }
-    if !md.is_dir() {
-        return Err(format!(
-            "state dir {} is not a directory: remove it or pick another --state-dir",
-            path.display()
-        ));
-    }
-    if md.uid() != 0 {
+    if st.st_uid != 0 {
         return Err(format!(
             "state dir {} is owned by uid {}, not root: chown root it",
             path.display(),
-            md.uid()
+            st.st_uid
         ));
     }
-    if md.mode() & 0o022 != 0 {
+    if st.st_mode & 0o022 != 0 {
         return Err(format!(
             "state dir {} is writable by group or others (mode {:o}): chmod 755 it",
             path.display(),
-            md.mode() & 0o7777
+            st.st_mode & 0o7777
         ));
     }
     Ok(())
 }
 
+/// Why a state dir could not be made, and what to do about it.
+fn create_error(path: &Path, e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EROFS) => format!(
+            "cannot create state dir {}: read-only file system: mount a tmpfs there \
+             (docker run --tmpfs {}) or pick a writable --state-dir",
+            path.display(),
+            path.parent().filter(|p| *p != Path::new("/")).unwrap_or(path).display()
+        ),
+        _ => format!("cannot create state dir {}: {e}: pick another --state-dir", path.display()),
+    }
+}
+
 impl StateDir {
     /// Open an existing, safe state directory (subcommands).
     pub fn open(path: &Path) -> Result<StateDir, String> {
-        check_dir(path)?;
-        Ok(StateDir { path: path.to_path_buf() })
+        let (fd, st) = files::open_dir(path).map_err(|e| {
+            format!("state dir {}: {e}: create it or pick another --state-dir", path.display())
+        })?;
+        check_dir(&st, path)?;
+        Ok(StateDir { path: path.to_path_buf(), fd })
     }
 
     /// Create (mode 0755) if missing, then check (the init).
     pub fn create(path: &Path) -> Result<StateDir, String> {
         if fs::symlink_metadata(path).is_err() {
             if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent).map_err(|e| {
-                    format!("cannot create {}: {e}: pick another --state-dir", parent.display())
-                })?;
+                fs::create_dir_all(parent).map_err(|e| create_error(path, &e))?;
             }
             match fs::create_dir(path) {
                 Ok(()) => {
@@ -112,44 +130,44 @@ impl StateDir {
                         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(format!(
-                        "cannot create state dir {}: {e}: pick another --state-dir",
-                        path.display()
-                    ))
-                }
+                Err(e) => return Err(create_error(path, &e)),
             }
         }
         StateDir::open(path)
+    }
+
+    /// An existing subdirectory, opened through this one and checked like it.
+    pub fn sub(&self, name: &str) -> Result<StateDir, String> {
+        let path = self.path.join(name);
+        let (fd, st) = files::open_subdir(&self.fd, name)
+            .map_err(|e| format!("{}: {e}: is the init running with this --state-dir?", path.display()))?;
+        check_dir(&st, &path)?;
+        Ok(StateDir { path, fd })
+    }
+
+    /// A subdirectory, made (0755) when missing.
+    pub fn ensure_sub(&self, name: &str) -> Result<StateDir, String> {
+        match fs::create_dir(self.path.join(name)) {
+            Ok(()) => fs::set_permissions(self.path.join(name), fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("cannot chmod {}: {e}", self.path.join(name).display()))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("cannot create {}: {e}", self.path.join(name).display())),
+        }
+        self.sub(name)
     }
 
     pub fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
 
-    /// Temp file in the same directory (O_EXCL|O_NOFOLLOW), fsync, rename over the target.
+    /// Read a file of this directory: opened once, no link followed, owner and mode checked on
+    /// the descriptor that is read.
+    pub fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
+        files::read_in(&self.fd, &self.path, name, files::STATE)
+    }
+
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
-        let mut rnd = [0u8; 8];
-        crate::sys::getrandom(&mut rnd)?;
-        let tmp = self.path.join(format!(".{name}.{}", hex(&rnd)));
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)?;
-        let res = (|| {
-            f.write_all(data)?;
-            f.set_permissions(fs::Permissions::from_mode(mode))?;
-            f.sync_all()?;
-            fs::rename(&tmp, self.path.join(name))
-        })();
-        if res.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        res?;
-        // The rename is durable only once the directory is synced.
-        fs::File::open(&self.path)?.sync_all()
+        write_atomic(&self.path, name, data, mode)
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {
@@ -160,36 +178,44 @@ impl StateDir {
     }
 
     pub fn write_status(&self, st: &Status) -> io::Result<()> {
-        let mut text = serde_json::to_vec_pretty(st).map_err(io::Error::other)?;
-        text.push(b'\n');
-        self.write_atomic(STATUS, &text, 0o644)
-    }
-
-    pub fn read_status(&self) -> io::Result<Option<Status>> {
-        match read_nofollow(&self.file(STATUS)) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(io::Error::other),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub fn read_request(&self) -> io::Result<Option<Request>> {
-        match read_nofollow(&self.file(REQUEST)) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(io::Error::other),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.write_atomic(STATUS, &status_json(st)?, 0o644)
     }
 }
 
-/// Read a file without following a link at its last component.
-pub fn read_nofollow(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f =
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
-    let mut b = Vec::new();
-    f.read_to_end(&mut b)?;
-    Ok(b)
+pub fn status_json(st: &Status) -> io::Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(st).map_err(io::Error::other)?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// A status as status.json and the results directory hold it.
+pub fn parse_status(b: &[u8]) -> Result<Status, String> {
+    serde_json::from_slice(b).map_err(|e| format!("not a quiesce status: {e}"))
+}
+
+/// Temp file in the same directory (O_EXCL|O_NOFOLLOW), fsync, rename over the target.
+pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
+    let mut rnd = [0u8; 8];
+    crate::sys::getrandom(&mut rnd)?;
+    let tmp = dir.join(format!(".{name}.{}", hex(&rnd)));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
+    let res = (|| {
+        f.write_all(data)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        fs::rename(&tmp, dir.join(name))
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res?;
+    // The rename is durable only once the directory is synced.
+    fs::File::open(dir)?.sync_all()
 }
 
 pub fn hex(b: &[u8]) -> String {
@@ -205,6 +231,7 @@ pub fn new_id() -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("quiesce-state-{tag}-{}", std::process::id()));
@@ -233,7 +260,7 @@ mod tests {
 
         // A planted link at the read path is not followed.
         std::os::unix::fs::symlink("/etc/passwd", d.join(STATUS)).unwrap();
-        assert!(sd.read_status().is_err());
+        assert!(sd.read(STATUS).is_err());
         fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -434,3 +434,73 @@ pub fn in_group(gid: u32) -> bool {
         n > 0 && groups[..n as usize].contains(&gid)
     }
 }
+/// openat(2) relative to `dir` (None: the working directory). The flags always gain O_CLOEXEC.
+pub fn openat(dir: Option<RawFd>, name: &std::path::Path, flags: i32) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(name.as_os_str().as_bytes()).map_err(|_| io::Error::other("path with NUL"))?;
+    // SAFETY: valid C string; the kernel returns a new descriptor we own.
+    let fd =
+        check(
+            unsafe { libc::openat(dir.unwrap_or(libc::AT_FDCWD), c.as_ptr(), flags | libc::O_CLOEXEC, 0) }
+                as _,
+        )?;
+    // SAFETY: the kernel just gave us this descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// fstat(2): owner, mode and type of what the descriptor refers to (O_PATH descriptors too).
+pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: a valid descriptor and a local out struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        check(libc::fstat(fd.as_raw_fd(), &mut st) as _)?;
+        Ok(st)
+    }
+}
+
+/// fstat(2) of a descriptor we do not own (e.g. 2).
+pub fn fstat_fd(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: fstat only inspects the descriptor; the out struct is local.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        check(libc::fstat(fd, &mut st) as _)?;
+        Ok(st)
+    }
+}
+
+/// One write(2); a non-blocking descriptor that cannot take anything gives EAGAIN.
+pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: a write from a valid buffer of the given length.
+    check(unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) } as _).map(|n| n as usize)
+}
+
+/// One send(2) that never blocks and never raises SIGPIPE.
+pub fn send_nowait(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: a send from a valid buffer of the given length.
+    check(unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    } as _)
+    .map(|n| n as usize)
+}
+
+/// Take a pending (blocked) `sig` without waiting; thread-directed ones go first.
+pub fn take_pending(sig: i32) -> bool {
+    // SAFETY: a local signal set and timeout; sigtimedwait only dequeues.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == sig
+    }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}

@@ -15,15 +15,17 @@ pub struct User {
 /// A numeric UID without a passwd entry is fine (its primary group is then the UID itself).
 pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
     let spec = spec.trim();
+    // Errors quote the argument; control characters in it must not break the one-line error.
+    let shown = spec.escape_debug().to_string();
     if spec.is_empty() {
         return Err("empty user name: give a user name or a numeric UID".into());
     }
     if spec.bytes().all(|b| b.is_ascii_digit()) {
         let uid: u32 = spec
             .parse()
-            .map_err(|_| format!("user '{spec}' is not a valid UID: use a number below 4294967295"))?;
+            .map_err(|_| format!("user '{shown}' is not a valid UID: use a number below 4294967295"))?;
         if uid == u32::MAX {
-            return Err(format!("user '{spec}' is not a valid UID: use a number below 4294967295"));
+            return Err(format!("user '{shown}' is not a valid UID: use a number below 4294967295"));
         }
         return Ok(parse_passwd(passwd).into_iter().find(|u| u.uid == uid).unwrap_or(User {
             name: spec.to_string(),
@@ -33,19 +35,22 @@ pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
         }));
     }
     if !spec.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b)) {
-        return Err(format!("user '{spec}' is malformed: give a user name or a numeric UID"));
+        return Err(format!("user '{shown}' is malformed: give a user name or a numeric UID"));
     }
     parse_passwd(passwd)
         .into_iter()
         .find(|u| u.name == spec)
-        .ok_or_else(|| format!("user '{spec}' is not in /etc/passwd: add it or give a numeric UID"))
+        .ok_or_else(|| format!("user '{shown}' is not in /etc/passwd: add it or give a numeric UID"))
 }
 
 /// Resolve a sandbox user: like `resolve`, but root is refused.
 pub fn resolve_sandbox(spec: &str, passwd: &str) -> Result<User, String> {
     let u = resolve(spec, passwd)?;
     if u.uid == 0 {
-        return Err(format!("sandbox user '{spec}' is UID 0: the sandbox user must not be root"));
+        return Err(format!(
+            "sandbox user '{}' is UID 0: the sandbox user must not be root",
+            spec.escape_debug()
+        ));
     }
     Ok(u)
 }
@@ -58,7 +63,7 @@ pub fn read_group() -> String {
     fs::read_to_string("/etc/group").unwrap_or_default()
 }
 
-fn parse_passwd(text: &str) -> Vec<User> {
+pub(crate) fn parse_passwd(text: &str) -> Vec<User> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {

@@ -2,12 +2,12 @@
 //! code, and the command runs only when all of them pass.
 
 use crate::cli::VerifyArgs;
+use crate::files::{self, FileError};
 use crate::marker::{self, Bad, Claims};
 use crate::procs::{Detail, Reader};
 use crate::state::{self, StateDir};
 use crate::taint::Policy;
 use serde::Serialize;
-use std::path::PathBuf;
 
 /// Exit codes, one per class of failure (docs/marker.md lists them).
 pub mod code {
@@ -45,23 +45,40 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
     } else {
         None
     };
-    let path = |given: &Option<PathBuf>, name: &str| -> PathBuf {
-        given.clone().unwrap_or_else(|| dir.as_ref().map(|d| d.file(name)).unwrap_or_default())
+    // A state-dir file is checked on its descriptor (root-owned, no link); a marker named on
+    // the command line only needs to be a regular file: its signature is what counts.
+    let marker_error = |check: &'static str| {
+        move |e: FileError| match e {
+            FileError::Missing(m) => {
+                Fail(code::MISSING, "marker", format!("no marker at {m}; run 'quiesce freeze --wait' first"))
+            }
+            FileError::Unsafe(m) => Fail(code::UNSAFE, check, m),
+            FileError::Unreadable(m) => Fail(code::MISSING, "marker", m),
+        }
     };
-    let marker_path = path(&args.marker, state::MARKER);
-    let key_path = path(&args.public_key, state::PUBKEY);
-
-    let token = state::read_nofollow(&marker_path).map_err(|e| {
-        Fail(
-            code::MISSING,
-            "marker",
-            format!("no marker at {}: {e}; run 'quiesce freeze --wait' first", marker_path.display()),
-        )
-    })?;
+    let no_dir = || Fail(code::USAGE, "state-dir", "no state dir to read from".into());
+    let (token, marker_path) = match (&args.marker, &dir) {
+        (Some(p), _) => (files::read_path(p, files::ANY).map_err(marker_error("marker"))?, p.clone()),
+        (None, Some(d)) => (d.read(state::MARKER).map_err(marker_error("state-dir"))?, d.file(state::MARKER)),
+        (None, None) => return Err(no_dir()),
+    };
     let token = String::from_utf8(token).map_err(|_| {
         Fail(code::MALFORMED, "marker", format!("marker {} is not text", marker_path.display()))
     })?;
-    let key = marker::load_public(&key_path).map_err(|e| Fail(code::SIGNATURE, "key", e))?;
+    let (key, key_path) = match (&args.public_key, &dir) {
+        (Some(p), _) => (marker::load_public(p).map_err(|e| Fail(code::SIGNATURE, "key", e))?, p.clone()),
+        (None, Some(d)) => {
+            let text = d.read(state::PUBKEY).map_err(|e| match e {
+                FileError::Unsafe(m) => Fail(code::UNSAFE, "state-dir", m),
+                e => Fail(code::SIGNATURE, "key", e.to_string()),
+            })?;
+            let k = marker::parse_public(&text).map_err(|e| {
+                Fail(code::SIGNATURE, "key", format!("public key {}: {e}", d.file(state::PUBKEY).display()))
+            })?;
+            (k, d.file(state::PUBKEY))
+        }
+        (None, None) => return Err(no_dir()),
+    };
     let claims = marker::verify(&token, &key).map_err(|b| match b {
         Bad::Malformed(m) => {
             Fail(code::MALFORMED, "marker", format!("marker {} is malformed: {m}", marker_path.display()))

@@ -1,0 +1,368 @@
+//! Freeze requests and their results. Each `quiesce freeze` writes a request file of its own in
+//! `requests/`, so no request overwrites another; the init takes each away by rename before it
+//! reads it, runs one freeze per request, and answers each in `results/REQUEST_ID.json`, where
+//! that client alone looks. A freeze signal with no request file (`docker kill -s USR1`) makes
+//! one freeze with no nonce.
+
+use crate::files::FileError;
+use crate::state::{self, StateDir, Status};
+use crate::sys::{self, Pid};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::fs;
+use std::io;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub const REQUESTS: &str = "requests";
+pub const RESULTS: &str = "results";
+/// A nonce longer than this is refused: it is carried into the marker.
+pub const MAX_NONCE: usize = 1024;
+/// Requests taken per wake; the rest wait for the next pass of the init's loop.
+const PER_WAKE: usize = 16;
+/// Directory entries looked at per wake, however many there are.
+const SCAN_LIMIT: usize = 4096;
+/// Results kept; older ones are pruned.
+const KEEP_RESULTS: usize = 64;
+/// A request taken by the init; clients never write names starting with a dot.
+const TAKEN: &str = ".taken.";
+/// Client pids of recent requests, remembered to tell their signals from bare ones.
+const SERVED: usize = 64;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Request {
+    pub nonce: Option<String>,
+    pub request_id: String,
+    /// The client's pid: its signal may arrive after its request was taken, and must not then
+    /// count as a bare signal.
+    #[serde(default)]
+    pub pid: Option<Pid>,
+}
+
+/// A request id: 32 lowercase hex digits, the first 16 the client's clock in nanoseconds, so
+/// that names sort by arrival. It is used as a file name, so nothing else is accepted.
+pub fn valid_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn new_request_id() -> io::Result<String> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mut rnd = [0u8; 8];
+    sys::getrandom(&mut rnd)?;
+    Ok(format!("{nanos:016x}{}", state::hex(&rnd)))
+}
+
+/// Parse a request file named `name`: JSON, its id equal to its name, a bounded nonce.
+pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
+    let r: Request = serde_json::from_slice(bytes).map_err(|e| format!("not a freeze request: {e}"))?;
+    if r.request_id != name || !valid_id(&r.request_id) {
+        return Err("its request_id is not its file name".into());
+    }
+    if r.nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
+        return Err(format!("its nonce is longer than {MAX_NONCE} bytes"));
+    }
+    Ok(r)
+}
+
+/// The client side: write a request of our own and return its id.
+pub fn submit(state: &StateDir, nonce: Option<String>) -> Result<String, String> {
+    if nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
+        return Err(format!("--nonce is longer than {MAX_NONCE} bytes: use a shorter one"));
+    }
+    let dir = state.sub(REQUESTS)?;
+    let id = new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
+    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()) };
+    let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
+    // The temp file's name starts with a dot, so the init never takes a half-written request.
+    state::write_atomic(&dir.path, &id, &body, 0o644)
+        .map_err(|e| format!("cannot write the request in {}: {e} (run this as root)", dir.path.display()))?;
+    Ok(id)
+}
+
+/// The client side: take back a request whose signal could not be sent.
+pub fn withdraw(state: &StateDir, id: &str) -> Result<(), String> {
+    let dir = state.sub(REQUESTS)?;
+    dir.remove(id).map_err(|e| format!("cannot withdraw request {}: {e}", dir.file(id).display()))
+}
+
+/// The client side: the final result of request `id`, once the init wrote it.
+pub fn read_result(results: &StateDir, id: &str) -> Result<Option<Status>, String> {
+    match results.read(&format!("{id}.json")) {
+        Ok(b) => state::parse_status(&b).map(Some),
+        Err(FileError::Missing(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The init side.
+pub struct Intake {
+    requests: StateDir,
+    results: StateDir,
+    /// Freezes to run, one per pass of the init's loop: None is a bare signal's.
+    queue: VecDeque<Option<Request>>,
+    /// The last take left requests behind.
+    more: bool,
+    /// Requests must be looked for once the queue is empty.
+    look: bool,
+    /// Senders of freeze signals not yet matched with a take.
+    senders: Vec<Pid>,
+    served: VecDeque<Pid>,
+}
+
+impl Intake {
+    /// Fresh `requests/` and `results/`: what a previous init left answers nothing of ours.
+    pub fn new(state: &StateDir) -> Result<Intake, String> {
+        for sub in [REQUESTS, RESULTS] {
+            let p = state.file(sub);
+            match fs::remove_dir_all(&p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(format!("cannot remove stale {}: {e}", p.display()))
+                }
+                _ => {}
+            }
+        }
+        Ok(Intake {
+            requests: state.ensure_sub(REQUESTS)?,
+            results: state.ensure_sub(RESULTS)?,
+            queue: VecDeque::new(),
+            more: false,
+            look: false,
+            senders: Vec::new(),
+            served: VecDeque::new(),
+        })
+    }
+
+    /// The next freeze to run. `signal_senders` are the pids that sent the freeze signal since
+    /// the last call. Requests are looked for after a signal or when the last take left some,
+    /// and only once the freezes already taken have run. Some(None) is a bare signal's freeze.
+    pub fn next(&mut self, signal_senders: &[Pid]) -> Option<Option<Request>> {
+        for &p in signal_senders {
+            if self.senders.len() < SERVED && !self.senders.contains(&p) {
+                self.senders.push(p);
+            }
+        }
+        self.look |= !signal_senders.is_empty();
+        if self.look && self.queue.is_empty() {
+            let found = self.take();
+            // A signal whose request an earlier take already served is not a bare signal.
+            if found == 0 && self.senders.iter().any(|p| !self.served.contains(p)) {
+                self.queue.push_back(None);
+            }
+            self.senders.clear();
+            self.look = self.more;
+        }
+        self.queue.pop_front()
+    }
+
+    /// Freezes are waiting: the init's loop must come round again without sleeping.
+    pub fn busy(&self) -> bool {
+        !self.queue.is_empty() || self.look
+    }
+
+    /// Take up to PER_WAKE requests, oldest first; returns how many were found.
+    fn take(&mut self) -> usize {
+        let mut names = Vec::new();
+        let mut scanned = 0;
+        match fs::read_dir(&self.requests.path) {
+            Ok(rd) => {
+                for e in rd {
+                    scanned += 1;
+                    if scanned > SCAN_LIMIT {
+                        break;
+                    }
+                    match e {
+                        Ok(e) => names.push(e.file_name().to_string_lossy().into_owned()),
+                        Err(e) => log::warn!("listing {}: {e}", self.requests.path.display()),
+                    }
+                }
+            }
+            Err(e) => {
+                log::error!("cannot list freeze requests in {}: {e}", self.requests.path.display());
+                self.more = false;
+                return 0;
+            }
+        }
+        // Leftovers of a take that failed half-way are removed; clients' temp files are theirs.
+        for n in names.iter().filter(|n| n.starts_with(TAKEN)) {
+            self.remove(n);
+        }
+        names.retain(|n| !n.starts_with('.'));
+        names.sort();
+        self.more = names.len() > PER_WAKE || scanned > SCAN_LIMIT;
+        let mut found = 0;
+        for name in names.into_iter().take(PER_WAKE) {
+            let taken = format!("{TAKEN}{name}");
+            // Taken away before it is read: what is read is what was there, once.
+            match fs::rename(self.requests.file(&name), self.requests.file(&taken)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    log::error!("cannot take freeze request {name}: {e}");
+                    continue;
+                }
+            }
+            found += 1;
+            let parsed =
+                self.requests.read(&taken).map_err(|e| e.to_string()).and_then(|b| parse_request(&b, &name));
+            self.remove(&taken);
+            match parsed {
+                Ok(req) => {
+                    if let Some(pid) = req.pid {
+                        if self.served.len() >= SERVED {
+                            self.served.pop_front();
+                        }
+                        self.served.push_back(pid);
+                    }
+                    self.queue.push_back(Some(req));
+                }
+                Err(e) => {
+                    log::warn!("freeze request {name} refused: {e}");
+                    if valid_id(&name) {
+                        self.answer(&refusal(&name, &e));
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    fn remove(&self, name: &str) {
+        if let Err(e) = self.requests.remove(name) {
+            log::warn!("cannot remove {}: {e}", self.requests.file(name).display());
+        }
+    }
+
+    /// Write a final status where the client that asked for it looks, then prune old results.
+    pub fn answer(&self, st: &Status) {
+        let Some(id) = st.request_id.as_deref().filter(|i| valid_id(i)) else { return };
+        let name = format!("{id}.json");
+        let written = state::status_json(st).and_then(|b| self.results.write_atomic(&name, &b, 0o644));
+        if let Err(e) = written {
+            log::error!("cannot write {}: {e}", self.results.file(&name).display());
+        }
+        self.prune();
+    }
+
+    fn prune(&self) {
+        let Ok(rd) = fs::read_dir(&self.results.path) else { return };
+        let mut all: Vec<(SystemTime, std::path::PathBuf)> = rd
+            .flatten()
+            .take(SCAN_LIMIT)
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if all.len() <= KEEP_RESULTS {
+            return;
+        }
+        all.sort();
+        for (_, p) in &all[..all.len() - KEEP_RESULTS] {
+            if let Err(e) = fs::remove_file(p) {
+                log::warn!("cannot prune {}: {e}", p.display());
+            }
+        }
+    }
+}
+
+/// The answer to a request that could not be read.
+fn refusal(request_id: &str, why: &str) -> Status {
+    Status {
+        id: state::new_id().unwrap_or_default(),
+        request_id: Some(request_id.to_string()),
+        nonce: None,
+        state: "failed".into(),
+        reason: Some(format!("request refused: {why}")),
+        survivors: vec![],
+        killed: 0,
+        unstopped: 0,
+        phases_ms: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn state_dir(tag: &str) -> (PathBuf, StateDir) {
+        let d = std::env::temp_dir().join(format!("quiesce-req-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let sd = StateDir::create(&d).unwrap();
+        (d, sd)
+    }
+
+    fn done(req: &Request) -> Status {
+        Status { state: "quiescent".into(), ..refusal(&req.request_id, "") }
+    }
+
+    #[test]
+    fn every_request_is_taken_once_and_answered_on_its_own() {
+        let (d, sd) = state_dir("many");
+        let mut intake = Intake::new(&sd).unwrap();
+        let ids: Vec<String> = (0..40).map(|i| submit(&sd, Some(format!("n{i}"))).unwrap()).collect();
+        let me = sys::getpid();
+        let mut got = Vec::new();
+        let mut senders = vec![me];
+        for _ in 0..100 {
+            match intake.next(&senders) {
+                Some(Some(r)) => got.push(r),
+                Some(None) => panic!("a bare freeze while requests waited"),
+                None => break,
+            }
+            senders.clear();
+            assert!(intake.queue.len() < PER_WAKE, "at most one take's worth waits");
+        }
+        assert!(!intake.busy());
+        let got_ids: Vec<&str> = got.iter().map(|r| r.request_id.as_str()).collect();
+        assert_eq!(got_ids, ids.iter().map(String::as_str).collect::<Vec<_>>(), "oldest first, each once");
+        // The client's late signal is not a bare one; a signal from elsewhere is.
+        assert_eq!(intake.next(&[me]), None);
+        assert_eq!(intake.next(&[0]), Some(None));
+        for r in &got {
+            intake.answer(&done(r));
+        }
+        let results = sd.sub(RESULTS).unwrap();
+        let last = &got[got.len() - 1];
+        assert_eq!(
+            read_result(&results, &last.request_id).unwrap().unwrap().request_id,
+            Some(last.request_id.clone())
+        );
+        // Old results are pruned.
+        assert!(fs::read_dir(&results.path).unwrap().count() <= KEEP_RESULTS);
+        assert_eq!(fs::read_dir(sd.file(REQUESTS)).unwrap().count(), 0);
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn a_bad_request_is_answered_as_refused() {
+        let (d, sd) = state_dir("bad");
+        let mut intake = Intake::new(&sd).unwrap();
+        let id = "00000000000000010000000000000001";
+        fs::write(sd.file(REQUESTS).join(id), b"{not json").unwrap();
+        let other = "00000000000000020000000000000002";
+        fs::write(sd.file(REQUESTS).join(other), format!(r#"{{"nonce":null,"request_id":"{id}"}}"#)).unwrap();
+        assert_eq!(intake.next(&[0]), None);
+        let results = sd.sub(RESULTS).unwrap();
+        for i in [id, other] {
+            let st = read_result(&results, i).unwrap().unwrap();
+            assert_eq!(st.state, "failed");
+            assert!(st.reason.unwrap().contains("request refused"));
+        }
+        // A link planted as a request is refused, not followed.
+        let third = "00000000000000030000000000000003";
+        std::os::unix::fs::symlink("/etc/passwd", sd.file(REQUESTS).join(third)).unwrap();
+        assert_eq!(intake.next(&[0]), None);
+        assert!(read_result(&results, third).unwrap().unwrap().reason.unwrap().contains("symlink"));
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn ids_and_nonces_are_checked() {
+        assert!(valid_id(&new_request_id().unwrap()));
+        assert!(!valid_id("../../etc/passwd000000000000000000"));
+        assert!(!valid_id("ABCDEF00000000000000000000000000"));
+        let id = "0123456789abcdef0123456789abcdef";
+        let long = "x".repeat(MAX_NONCE + 1);
+        let body =
+            serde_json::to_vec(&Request { nonce: Some(long), request_id: id.into(), pid: None }).unwrap();
+        assert!(parse_request(&body, id).unwrap_err().contains("nonce"));
+    }
+}

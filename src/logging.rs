@@ -26,9 +26,9 @@ enum Sink {
     /// A socket (fd 2): each write is a non-blocking send. Re-opening a socket through /proc
     /// fails (ENXIO), and send needs no descriptor of its own to be non-blocking.
     Socket(RawFd),
-    /// Where stderr cannot be re-opened (no /proc; in a user namespace, a pipe whose owner is
-    /// not mapped gives EACCES): a thread of its own writes, and may block; the init only
-    /// hands it lines through a bounded queue, never waiting.
+    /// Where stderr cannot be re-opened (no /proc, or a file the init may not open again): a
+    /// thread of its own writes, and may block; the init only hands it lines through a bounded
+    /// queue, never waiting.
     Writer(SyncSender<Vec<u8>>),
     /// Nowhere: no stderr, or one the init cannot write to without risking a hang.
     Off,

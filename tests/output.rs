@@ -267,8 +267,8 @@ fn a_socket_nobody_reads_does_not_stall_the_init() {
 
 #[test]
 fn a_pipe_nobody_reads_does_not_stall_an_init_that_cannot_reopen_stderr() {
-    // Without /proc (or, in a user namespace, for a pipe whose owner is not mapped) stderr
-    // cannot be re-opened: a thread of the init's own then writes, and the init never waits.
+    // Without /proc stderr cannot be re-opened: a thread of the init's own then writes, and
+    // the init never waits.
     let mut fds = [0; 2];
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };

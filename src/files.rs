@@ -137,8 +137,8 @@ pub fn open_dir(path: &Path) -> io::Result<(OwnedFd, libc::stat)> {
 }
 
 /// Open a subdirectory of an open directory, the same way.
-pub fn open_subdir(dir: &OwnedFd, name: &str) -> io::Result<(OwnedFd, libc::stat)> {
-    let fd = sys::openat(Some(dir.as_raw_fd()), Path::new(name), libc::O_PATH | libc::O_NOFOLLOW)?;
+pub fn open_subdir(dir: &OwnedFd, name: &Path) -> io::Result<(OwnedFd, libc::stat)> {
+    let fd = sys::openat(Some(dir.as_raw_fd()), name, libc::O_PATH | libc::O_NOFOLLOW)?;
     let st = sys::fstat(&fd)?;
     Ok((fd, st))
 }
@@ -169,7 +169,7 @@ fn read_resolved(resolved: &Path, given: &Path, what: &str, rule: Rule) -> Resul
         return Err(unsafe_key("names a directory, not a key file".into()));
     };
     for name in parents {
-        let (next, next_st) = open_subdir(&dir, &name.to_string_lossy())
+        let (next, next_st) = open_subdir(&dir, Path::new(name))
             .map_err(|e| unsafe_key(format!("{}: {e}", dir_path.join(name).display())))?;
         check_dir_on_path(&st, &dir_path, &next_st, &dir_path.join(name)).map_err(unsafe_key)?;
         if next_st.st_mode & libc::S_IFMT != libc::S_IFDIR {

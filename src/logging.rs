@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Mutex;
 
 /// Longer lines are cut: a pipe takes a write of at most PIPE_BUF bytes whole or not at all.
@@ -25,6 +26,10 @@ enum Sink {
     /// A socket (fd 2): each write is a non-blocking send. Re-opening a socket through /proc
     /// fails (ENXIO), and send needs no descriptor of its own to be non-blocking.
     Socket(RawFd),
+    /// Where stderr cannot be re-opened (no /proc, or a file the init may not open again): a
+    /// thread of its own writes, and may block; the init only hands it lines through a bounded
+    /// queue, never waiting.
+    Writer(SyncSender<Vec<u8>>),
     /// Nowhere: no stderr, or one the init cannot write to without risking a hang.
     Off,
 }
@@ -104,14 +109,47 @@ fn private_sink() -> Result<Sink, String> {
     match fd2.st_mode & libc::S_IFMT {
         libc::S_IFREG => Ok(Sink::Shared),
         libc::S_IFSOCK => Ok(Sink::Socket(2)),
-        _ => crate::sys::openat(
+        _ => match crate::sys::openat(
             None,
             Path::new("/proc/self/fd/2"),
             libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
-        )
-        .map(Sink::Own)
-        .map_err(|e| format!("cannot re-open stderr through /proc/self/fd/2 ({e})")),
+        ) {
+            Ok(fd) => Ok(Sink::Own(fd)),
+            Err(e) => writer(2).map_err(|t| {
+                format!("cannot re-open stderr through /proc/self/fd/2 ({e}) nor start a log thread ({t})")
+            }),
+        },
     }
+}
+
+/// Lines the writer thread may hold before the init drops new ones.
+const QUEUE: usize = 64;
+
+/// Start the writer thread for `fd`. It starts with every signal blocked, as all of the init's
+/// threads must: one that took a process-directed signal would keep it from the signalfd.
+fn writer(fd: RawFd) -> std::io::Result<Sink> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(QUEUE);
+    let old = crate::sys::block_all_signals()?;
+    let started =
+        std::thread::Builder::new().name("quiesce-log".into()).stack_size(64 * 1024).spawn(move || {
+            for line in rx {
+                let mut rest = &line[..];
+                while !rest.is_empty() {
+                    match crate::sys::write(fd, rest) {
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
+                            // Nobody reads again: stop, and take the SIGPIPE this thread raised.
+                            crate::sys::take_pending(libc::SIGPIPE);
+                            return;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+        });
+    crate::sys::set_signal_mask(&old)?;
+    started.map(|_| Sink::Writer(tx))
 }
 
 /// What a write did.
@@ -130,6 +168,14 @@ impl Out {
             Sink::Shared => crate::sys::write(2, buf),
             Sink::Own(fd) => crate::sys::write(fd.as_raw_fd(), buf),
             Sink::Socket(fd) => crate::sys::send_nowait(*fd, buf),
+            Sink::Writer(tx) => match tx.try_send(buf.to_vec()) {
+                Ok(()) => Ok(buf.len()),
+                Err(TrySendError::Full(_)) => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
+                Err(TrySendError::Disconnected(_)) => {
+                    self.sink = Sink::Off;
+                    return Wrote::Nothing;
+                }
+            },
         };
         match n {
             Ok(n) if n >= buf.len() => Wrote::All,
@@ -272,6 +318,41 @@ mod tests {
         out.emit(b"after\n");
         assert_eq!(drain(&r), "quiesce: warn: 3 log lines dropped\nafter\n");
         assert_eq!(out.dropped, 0);
+    }
+
+    #[test]
+    fn the_writer_thread_takes_lines_until_its_queue_is_full() {
+        let (r, w) = pipe();
+        // The write end blocks, as a shared stderr would.
+        assert_eq!(unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, 0) }, 0);
+        let mut out = Out { sink: writer(w.as_raw_fd()).unwrap(), pending: Vec::new(), dropped: 0 };
+        let line = [b'x'; 1023];
+        let mut n = 0;
+        while out.dropped == 0 {
+            out.emit(&line);
+            n += 1;
+            assert!(n < 10_000, "the queue never filled");
+        }
+        // The pipe took what it could (the thread is blocked on the rest), the queue the next.
+        assert!(n > QUEUE);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = String::new();
+        while seen.len() < (n - 1) * line.len() && std::time::Instant::now() < until {
+            seen += &drain(&r);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(seen.len(), (n - 1) * line.len(), "every queued line arrives whole");
+        out.emit(b"after\n");
+        while !seen.contains("after") && std::time::Instant::now() < until {
+            seen += &drain(&r);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            seen.ends_with("quiesce: warn: 1 log lines dropped\nafter\n"),
+            "{}",
+            &seen[seen.len().saturating_sub(200)..]
+        );
+        drop(w);
     }
 
     #[test]

@@ -169,8 +169,10 @@ impl Intake {
                     if scanned > SCAN_LIMIT {
                         break;
                     }
-                    match e {
-                        Ok(e) => names.push(e.file_name().to_string_lossy().into_owned()),
+                    match e.map(|e| e.file_name().into_string()) {
+                        Ok(Ok(name)) => names.push(name),
+                        // Not a name a client writes: left alone (only root can write here).
+                        Ok(Err(_)) => {}
                         Err(e) => log::warn!("listing {}: {e}", self.requests.path.display()),
                     }
                 }

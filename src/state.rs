@@ -139,7 +139,7 @@ impl StateDir {
     /// An existing subdirectory, opened through this one and checked like it.
     pub fn sub(&self, name: &str) -> Result<StateDir, String> {
         let path = self.path.join(name);
-        let (fd, st) = files::open_subdir(&self.fd, name)
+        let (fd, st) = files::open_subdir(&self.fd, Path::new(name))
             .map_err(|e| format!("{}: {e}: is the init running with this --state-dir?", path.display()))?;
         check_dir(&st, &path)?;
         Ok(StateDir { path, fd })

@@ -504,3 +504,13 @@ pub fn geteuid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// Restore a signal mask `block_all_signals` returned.
+pub fn set_signal_mask(mask: &libc::sigset_t) -> io::Result<()> {
+    // SAFETY: a valid mask from pthread_sigmask.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(())
+}

@@ -29,7 +29,6 @@ impl Init {
     fn start(args: &[&str], cmd: &[&str], stdio: [Stdio; 3], ctty: bool) -> Init {
         let dir = scratch("out");
         let state = dir.join("state");
-        let [i, o, e] = stdio;
         let mut c = Command::new("unshare");
         c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
             .arg(quiesce())
@@ -37,11 +36,14 @@ impl Init {
             .arg(&state)
             .args(args)
             .arg("--")
-            .args(cmd)
-            .env("ADV_READY", dir.join("ready"))
-            .stdin(i)
-            .stdout(o)
-            .stderr(e);
+            .args(cmd);
+        Init::launch(c, dir, state, stdio, ctty)
+    }
+
+    /// Start `c` (which makes the namespace and ends up exec'ing the init) in `dir`.
+    fn launch(mut c: Command, dir: PathBuf, state: PathBuf, stdio: [Stdio; 3], ctty: bool) -> Init {
+        let [i, o, e] = stdio;
+        c.env("ADV_READY", dir.join("ready")).env("Q", quiesce()).stdin(i).stdout(o).stderr(e);
         if ctty {
             unsafe {
                 c.pre_exec(|| {
@@ -190,8 +192,43 @@ fn fionread(fd: &OwnedFd) -> i32 {
     n
 }
 
-/// The init's stderr is `w`, whose other end `r` nobody reads: fill it with the init's own
-/// debug lines, freeze, then drain it and see the count of dropped lines; SIGTERM ends it.
+/// Fill `r`'s other end, the init's stderr, with the init's own debug lines (one per forwarded
+/// SIGWINCH) until at least `full_at` bytes wait and no more line fits (a pipe fills page by
+/// page and a socket counts each send's overhead, so some bytes stay free), and more were
+/// logged than it took.
+fn fill(init: &Init, r: &OwnedFd, full_at: i32) {
+    let (mut last, mut unchanged, mut sent) = (0, 0, 0);
+    while !(last >= full_at && unchanged >= 500) {
+        init.signal(libc::SIGWINCH);
+        sent += 1;
+        assert!(sent < 200_000, "the output did not fill: {last} bytes");
+        std::thread::sleep(Duration::from_micros(200));
+        let n = fionread(r);
+        unchanged = if n == last { unchanged + 1 } else { 0 };
+        last = n;
+    }
+}
+
+/// Drain `r`; the next lines report what was dropped.
+fn dropped_lines_are_reported(init: &Init, r: OwnedFd) {
+    assert_eq!(unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) }, 0);
+    let mut f = std::fs::File::from(r);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut later = String::new();
+    wait_for("the count of dropped lines", BOUND, || {
+        init.signal(libc::SIGWINCH);
+        while let Ok(n) = f.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            later.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        later.contains("log lines dropped")
+    });
+}
+
+/// The init's stderr is `w`, whose other end `r` nobody reads: fill it, freeze, see the count
+/// of dropped lines once it is drained; SIGTERM ends the init.
 fn full_output_does_not_stall_the_init(r: OwnedFd, w: OwnedFd, full_at: i32) {
     let mut init = Init::start(
         &["-vv", "--sandbox-user", "4262"],
@@ -199,42 +236,10 @@ fn full_output_does_not_stall_the_init(r: OwnedFd, w: OwnedFd, full_at: i32) {
         [Stdio::null(), Stdio::null(), Stdio::from(w)],
         false,
     );
-    // One debug line per forwarded SIGWINCH, until at least `full_at` bytes wait and no more
-    // line fits (a pipe fills page by page and a socket counts each send's overhead, so some
-    // bytes stay free), and more were logged than it took.
-    let (mut last, mut unchanged, mut sent) = (0, 0, 0);
-    while !(last >= full_at && unchanged >= 500) {
-        init.signal(libc::SIGWINCH);
-        sent += 1;
-        assert!(sent < 200_000, "the output did not fill: {last} bytes");
-        std::thread::sleep(Duration::from_micros(200));
-        let n = fionread(&r);
-        unchanged = if n == last { unchanged + 1 } else { 0 };
-        last = n;
-    }
+    fill(&init, &r, full_at);
     let (code, out) = init.freeze();
     assert_eq!(code, 0, "the freeze did not complete: {out}");
-
-    assert_eq!(unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) }, 0);
-    let mut f = std::fs::File::from(r);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut drain = |f: &mut std::fs::File| {
-        let mut s = String::new();
-        while let Ok(n) = f.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            s.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-        s
-    };
-    drain(&mut f);
-    let mut later = String::new();
-    wait_for("the count of dropped lines", BOUND, || {
-        init.signal(libc::SIGWINCH);
-        later.push_str(&drain(&mut f));
-        later.contains("log lines dropped")
-    });
+    dropped_lines_are_reported(&init, r);
     init.terminate();
 }
 
@@ -258,4 +263,24 @@ fn a_socket_nobody_reads_does_not_stall_the_init() {
     let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
     // Each small send costs the socket far more than its bytes: it is full at about 10 KiB.
     full_output_does_not_stall_the_init(r, w, 4096);
+}
+
+#[test]
+fn a_pipe_nobody_reads_does_not_stall_an_init_that_cannot_reopen_stderr() {
+    // Without /proc stderr cannot be re-opened: a thread of the init's own then writes, and
+    // the init never waits.
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let dir = scratch("noproc");
+    let state = dir.join("state");
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--pid", "--fork", "--kill-child", "sh", "-c"]).arg(
+        "mount -t tmpfs tmpfs /proc && exec \"$Q\" -vv -- sh -c 'touch \"$ADV_READY\"; exec sleep 1000000'",
+    );
+    let mut init = Init::launch(c, dir, state, [Stdio::null(), Stdio::null(), Stdio::from(w)], false);
+    fill(&init, &r, 60_000);
+    // With the pipe still full, SIGTERM is handled: forwarded to the command, which ends.
+    init.terminate();
+    drop(r);
 }

@@ -197,6 +197,32 @@ pub fn exec(args: ExecArgs) -> i32 {
     }
 }
 
+/// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is
+/// not PID 1 (a pod's pause process or a wrapper shell is PID 1 there). The published start time
+/// must match, so a pid reused since is never signalled; a pidfd closes the gap between the check
+/// and the signal.
+fn signal_init(state_dir: &Path, sig: i32) -> Result<(), String> {
+    let target = published(state_dir).filter(|p| p.pid > 1);
+    let Some(p) = target else {
+        return sys::kill(1, sig)
+            .map_err(|e| format!("cannot signal PID 1: {e} (run this as root inside the container)"));
+    };
+    let gone = || {
+        format!(
+            "the init that published {} (pid {}) is gone: is quiesce running with this --state-dir?",
+            SANDBOX_FILE, p.pid
+        )
+    };
+    let fd = sys::pidfd_open(p.pid).map_err(|_| gone())?;
+    match Reader::default().start_time(p.pid) {
+        Ok(Some(t)) if t == p.start_time => {}
+        _ => return Err(gone()),
+    }
+    sys::pidfd_send_signal(&fd, sig).map_err(|e| {
+        format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
+    })
+}
+
 pub fn freeze(args: FreezeArgs) -> i32 {
     let sig = match crate::cli::freeze_signal(&args.freeze_signal) {
         Ok(s) => s,
@@ -233,12 +259,12 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    if let Err(e) = sys::kill(1, sig) {
+    if let Err(e) = signal_init(&args.state.state_dir, sig) {
         // Withdrawn, so that no later freeze answers a client that gave up.
         if let Err(w) = requests::withdraw(&dir, &request_id) {
             eprintln!("quiesce freeze: {w}");
         }
-        eprintln!("quiesce freeze: cannot signal PID 1: {e} (run this as root inside the container)");
+        eprintln!("quiesce freeze: {e}");
         return 2;
     }
     if !args.wait {
@@ -274,7 +300,10 @@ pub fn freeze(args: FreezeArgs) -> i32 {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    eprintln!("quiesce freeze: no final status within {:?}: is quiesce PID 1 with a --sandbox-user?", limit);
+    eprintln!(
+        "quiesce freeze: no final status within {:?}: is quiesce running here with a --sandbox-user?",
+        limit
+    );
     2
 }
 

@@ -319,7 +319,8 @@ pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dy
             Ok(Ok(x)) => x,
             Ok(Err(churn)) => {
                 run.phases.probe = ms(t.elapsed());
-                let n = if churn.created == u64::MAX { "many".to_string() } else { churn.created.to_string() };
+                let n =
+                    if churn.created == u64::MAX { "many".to_string() } else { churn.created.to_string() };
                 return run.fail(
                     format!(
                         "processes kept appearing: {n} pid(s) created during the last of {} passes \

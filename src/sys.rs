@@ -324,7 +324,12 @@ pub fn set_parent_death_kill() -> io::Result<()> {
 pub fn send_msg(fd: RawFd, buf: &[u8]) -> io::Result<()> {
     // SAFETY: a valid buffer for the call.
     let n = unsafe {
-        libc::send(fd, buf.as_ptr() as *const libc::c_void, buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        libc::send(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
     };
     if n < 0 {
         return Err(io::Error::last_os_error());

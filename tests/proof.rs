@@ -279,10 +279,15 @@ fn p07_sigcont_ring_ends_stopped() {
 fn p08_hidepid_without_cap_sys_ptrace_fails_and_with_it_works() {
     let uid = 4608;
     let u = uid.to_string();
-    for (prefix, ok) in [(vec!["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"], false), (vec![], true)]
+    for (prefix, ok) in
+        [(vec!["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"], false), (vec![], true)]
     {
         let c = Container::start_with(
-            Opts { init_args: vec!["--sandbox-user", &u, "--freeze-timeout", "3"], prefix, ..Default::default() },
+            Opts {
+                init_args: vec!["--sandbox-user", &u, "--freeze-timeout", "3"],
+                prefix,
+                ..Default::default()
+            },
             &["sleep", "1000000"],
         );
         let _w = c.launch(uid, &["sleepers", "5"]);

@@ -145,3 +145,27 @@ fn a_bare_signal_freezes_once_with_no_nonce() {
     c.signal(libc::SIGTERM);
     c.wait_code(T);
 }
+
+#[test]
+fn freeze_finds_the_init_when_a_shell_is_pid_1() {
+    // A shell as PID 1 that forwards nothing, as a pod's pause process: `quiesce freeze` must
+    // reach the init through the pid it published, not PID 1.
+    let uid = 4751;
+    let u = uid.to_string();
+    let c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], shell_pid1: true, ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    let _w = c.launch(uid, &["sleepers", "20"]);
+    let (code, st) = c.freeze("n-1");
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(st["state"], "quiescent");
+    assert_eq!(st["killed"], 21, "{st}");
+    let out = c.verify(&["--nonce", "n-1", "--", "echo", "scored"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

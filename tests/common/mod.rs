@@ -135,9 +135,8 @@ impl Container {
             if matches!(unshare.try_wait(), Ok(Some(_))) {
                 return true;
             }
-            let kids = |p: &str| {
-                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default()
-            };
+            let kids =
+                |p: &str| std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
             let mut k = kids(&upid.to_string()).split_whitespace().next().map(str::to_string);
             if o.shell_pid1 {
                 k = k.and_then(|sh| kids(&sh).split_whitespace().next().map(str::to_string));

@@ -103,28 +103,46 @@ fn signal_each(
     Ok(n)
 }
 
-/// Process groups all of whose live members are sandbox processes. kill(-pgid) reaches a whole
-/// group at once, and a fork in progress cannot slip past it (the kernel restarts a fork that a
-/// group signal interrupts): the one channel that catches a root-owned escapee that hops to a
-/// new pid faster than a pidfd can follow, as long as it stays in its group.
-fn sandbox_groups(snap: &Snapshot, tainted: &Tainted) -> Vec<Pid> {
-    let me = sys::getpid();
+/// Process groups all of whose live members are sandbox processes, led by a sandbox process the
+/// observation saw. A group signal reaches the whole group at once, and a fork in progress cannot
+/// slip past it (the kernel restarts a fork that a group signal interrupts): the one channel that
+/// catches a root-owned escapee that hops to a new pid faster than a pidfd can follow, as long as
+/// it stays in its group.
+fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted) -> Vec<&'a Proc> {
     let own = sys::getpgrp();
     let mut clean: BTreeMap<Pid, bool> = BTreeMap::new();
     for p in snap.procs.values().filter(|p| p.alive()) {
         let ok = tainted.contains_key(&p.pid);
         clean.entry(p.pgid).and_modify(|c| *c &= ok).or_insert(ok);
     }
-    clean.into_iter().filter(|&(g, all)| all && g > 1 && g != me && g != own).map(|(g, _)| g).collect()
+    clean
+        .into_iter()
+        .filter(|&(g, all)| all && g != own)
+        .filter_map(|(g, _)| snap.procs.get(&g).filter(|l| tainted.contains_key(&l.pid)))
+        .collect()
 }
 
-fn kill_groups(snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
+/// Signal whole sandbox process groups through a pidfd of each leader (checked against its
+/// start time), never by number: a group number can be reused by a root session between the
+/// observation and the signal, the leader's kernel pid object cannot. Kernels before 6.9 cannot
+/// signal a group through a pidfd; there only the per-process channels act.
+fn kill_groups(reader: &Reader, snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
     let mut n = 0;
-    for g in sandbox_groups(snap, tainted) {
-        match sys::kill(-g, sig) {
-            Ok(()) => n += 1,
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => return Err(io::Error::new(e.kind(), format!("signal process group {g}: {e}"))),
+    for leader in sandbox_groups(snap, tainted) {
+        let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
+            Ok(h) => h,
+            Err(_) => continue,
+        };
+        match h.signal_group(sig) {
+            Ok(true) => n += 1,
+            Ok(false) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                log::debug!("this kernel cannot signal a process group through a pidfd");
+                return Ok(n);
+            }
+            Err(e) => {
+                return Err(io::Error::new(e.kind(), format!("signal process group {}: {e}", leader.pid)))
+            }
         }
     }
     Ok(n)
@@ -195,7 +213,7 @@ impl Run<'_> {
         let only = if all { None } else { Some(uids.as_slice()) };
         signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
         if sig == libc::SIGKILL {
-            kill_groups(snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
+            kill_groups(self.reader, snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
         }
         Ok(())
     }

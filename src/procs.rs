@@ -438,6 +438,16 @@ impl Handle {
         }
     }
 
+    /// Signal the process group this process leads. Ok(false): the group has no member left.
+    /// Err with EINVAL: the kernel cannot (before 6.9).
+    pub fn signal_group(&self, sig: i32) -> io::Result<bool> {
+        match sys::pidfd_send_signal_group(&self.fd, sig) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Ok(false): the process has already exited.
     pub fn signal(&self, sig: i32) -> io::Result<bool> {
         match sys::pidfd_send_signal(&self.fd, sig) {

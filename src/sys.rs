@@ -219,9 +219,8 @@ pub fn wait_child(pid: Pid) -> io::Result<i32> {
 }
 
 /// Signal a process or a process group (negative) with kill(2).
-/// The init's forwarding to its own command and the freeze's kill of whole sandbox process
-/// groups use this; everything that acts on one observed process goes through a pidfd
-/// (`procs::Handle`).
+/// Only the init's forwarding to its own command uses this; everything that acts on observed
+/// processes goes through a pidfd (`procs::Handle`).
 pub fn kill(pid: Pid, sig: i32) -> io::Result<()> {
     // SAFETY: plain syscall.
     check(unsafe { libc::kill(pid, sig) } as _).map(|_| ())
@@ -237,6 +236,24 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
     let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
     // SAFETY: the kernel just gave us this descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Signal the whole process group led by the pidfd's process (PIDFD_SIGNAL_PROCESS_GROUP,
+/// Linux 6.9): the group is named by the leader's kernel pid object, which a reused number can
+/// never alias. EINVAL on older kernels.
+pub fn pidfd_send_signal_group(fd: &OwnedFd, sig: i32) -> io::Result<()> {
+    const PIDFD_SIGNAL_PROCESS_GROUP: u32 = 1 << 2;
+    // SAFETY: raw syscall on a pidfd we own.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            PIDFD_SIGNAL_PROCESS_GROUP,
+        )
+    })
+    .map(|_| ())
 }
 
 pub fn pidfd_send_signal(fd: &OwnedFd, sig: i32) -> io::Result<()> {

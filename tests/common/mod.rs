@@ -71,11 +71,13 @@ pub struct Opts<'a> {
     pub stdout: Stdio,
     pub stdin: Stdio,
     pub env: Vec<(&'a str, String)>,
+    /// A command that runs the init (e.g. setpriv dropping capabilities); it must exec it.
+    pub wrap: Vec<&'a str>,
 }
 
 impl Default for Opts<'_> {
     fn default() -> Self {
-        Opts { init_args: vec![], stdout: Stdio::null(), stdin: Stdio::null(), env: vec![] }
+        Opts { init_args: vec![], stdout: Stdio::null(), stdin: Stdio::null(), env: vec![], wrap: vec![] }
     }
 }
 
@@ -90,6 +92,7 @@ impl Container {
         let state = dir.join("state");
         let mut c = Command::new("unshare");
         c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .args(&o.wrap)
             .arg(quiesce())
             .arg("--state-dir")
             .arg(&state)

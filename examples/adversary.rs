@@ -575,7 +575,19 @@ fn main() {
             }
             static WRITER: AtomicI32 = AtomicI32::new(0);
             static PREPARED: AtomicI32 = AtomicI32::new(0);
-            let path = std::env::args().nth(2).expect("fuse-mmap-victim PATH");
+            let path = std::env::args().nth(2).expect("fuse-mmap-victim PATH [mbind]");
+            // mbind() waits for the lock without a way out for SIGKILL; mmap() can be killed.
+            let unkillable = std::env::args().nth(3).as_deref() == Some("mbind");
+            let anon = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            } as usize;
             let f = std::fs::File::open(&path).expect("open the FUSE file");
             let addr = unsafe {
                 libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
@@ -590,17 +602,25 @@ fn main() {
                     unsafe { libc::usleep(5000) };
                 }
                 unsafe { libc::usleep(100_000) };
-                let p = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        4096,
-                        libc::PROT_READ,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    )
-                };
-                eprintln!("fuse-mmap-victim: mmap returned {p:?}: the lock was free");
+                if unkillable {
+                    let node0: u64 = 1;
+                    let r = unsafe {
+                        libc::syscall(libc::SYS_mbind, anon, 4096usize, 2usize, &node0, 64usize, 0usize)
+                    };
+                    eprintln!("fuse-mmap-victim: mbind returned {r}: the lock was free");
+                } else {
+                    let p = unsafe {
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            4096,
+                            libc::PROT_READ,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        )
+                    };
+                    eprintln!("fuse-mmap-victim: mmap returned {p:?}: the lock was free");
+                }
                 forever();
             });
             while WRITER.load(Ordering::SeqCst) == 0 {

@@ -1,7 +1,7 @@
 //! The freeze: stop every sandbox process, walk them, kill them, then prove with an
 //! observation taken after the last kill that none is alive. Bounded by one budget.
 
-use crate::marker::Evidence;
+use crate::evidence::{self, Gathered};
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
@@ -21,7 +21,7 @@ pub struct Outcome {
     pub ok: bool,
     pub reason: Option<String>,
     pub survivors: Vec<Survivor>,
-    pub evidence: Vec<Evidence>,
+    pub evidence: Gathered,
     pub phases: Phases,
     /// Processes that never showed stopped (e.g. uninterruptible sleep).
     pub unstopped: Vec<Pid>,
@@ -102,7 +102,7 @@ struct Run<'a> {
     start: Instant,
     deadline: Instant,
     phases: Phases,
-    evidence: Vec<Evidence>,
+    evidence: Gathered,
     unstopped: Vec<Pid>,
 }
 
@@ -189,35 +189,12 @@ impl Run<'_> {
         Ok(last)
     }
 
-    /// Record the evidence of every sandbox process while it is stopped.
-    fn walk(&mut self, mut snap: Snapshot, tainted: &Tainted) -> Snapshot {
+    /// Record the evidence of every sandbox process while it is stopped. The reads that can
+    /// wait on the target run on a reader thread with a deadline, within a share of the budget.
+    fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
         let t = Instant::now();
-        let pids: Vec<Pid> = live(&snap, tainted).map(|p| p.pid).collect();
-        for pid in pids {
-            if let Some(p) = snap.procs.get_mut(&pid) {
-                // Evidence is best effort: a process that vanished keeps what stat and status said.
-                if let Err(e) = self.reader.add_evidence(p) {
-                    log::debug!("evidence of {pid}: {e}");
-                }
-            }
-        }
-        self.evidence = live(&snap, tainted)
-            .map(|p| Evidence {
-                pid: p.pid,
-                ppid: p.ppid,
-                uids: {
-                    let mut u: Vec<u32> = p.all_uids().collect();
-                    u.sort();
-                    u.dedup();
-                    u
-                },
-                comm: p.comm.clone(),
-                cmdline: p.cmdline.clone(),
-                exe: p.exe.clone(),
-                start_time: p.start_time,
-                reason: tainted[&p.pid].iter().map(|r| r.as_str().to_string()).collect(),
-            })
-            .collect();
+        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid]));
+        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline));
         self.phases.walk = ms(t.elapsed());
         snap
     }
@@ -234,7 +211,7 @@ pub fn run(cfg: &Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn Fn
         start,
         deadline: start + cfg.timeout,
         phases: Phases::default(),
-        evidence: Vec::new(),
+        evidence: Gathered::default(),
         unstopped: Vec::new(),
     };
     let (snap, tainted) = match run.stop(cfg.stop_wait) {

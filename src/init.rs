@@ -38,11 +38,20 @@ struct Reaper {
     childless: bool,
 }
 
+/// Children reaped per call at most: a sandbox process that hands the init zombies as fast as
+/// a pids limit lets it (clone(CLONE_PARENT) from a process reparented to PID 1) would otherwise
+/// keep it in this loop for as long as it likes, away from a pending freeze or SIGTERM.
+const REAP_BATCH: usize = 256;
+
 impl Reaper {
-    fn reap(&mut self) {
-        // Bounded by the number of children, which is finite at any instant; a child that exits
-        // while we loop is picked up on this or the next SIGCHLD.
-        loop {
+    /// Reap a batch of exited children; true when more may be waiting. The batch ends early
+    /// when a signal other than SIGCHLD is pending: the main loop handles that first, then
+    /// comes back for the rest without sleeping.
+    fn reap(&mut self) -> bool {
+        for i in 0..REAP_BATCH {
+            if i % 16 == 15 && sys::other_signal_pending(libc::SIGCHLD) {
+                return true;
+            }
             match sys::reap_one() {
                 Ok(Some(r)) => {
                     self.childless = false;
@@ -57,18 +66,19 @@ impl Reaper {
                 }
                 Ok(None) => {
                     self.childless = false;
-                    return;
+                    return false;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
                     self.childless = true;
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     log::error!("waitpid failed: {e}; retrying on the next signal");
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 }
 
@@ -135,6 +145,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
         survivors: vec![],
         killed: 0,
         phases_ms: Default::default(),
+        history: sb.policy.history.len(),
     };
     // The old marker goes before any signal is sent: a failed freeze must not leave one behind.
     if let Err(e) = sb.state.remove(state::MARKER) {
@@ -151,9 +162,12 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
     }
     log::info!("freeze {id}: starting");
     let reader = Reader::default();
-    let out = freeze::run(&sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
+    let mut out = freeze::run(&sb.freeze, &mut sb.policy, &reader, &mut || {
+        reaper.reap();
+    });
     status.phases_ms = out.phases.clone();
-    status.killed = out.evidence.len();
+    status.killed = out.evidence.count();
+    status.history = sb.policy.history.len();
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
@@ -168,7 +182,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
                 result: "quiescent".into(),
                 survivors: 0,
                 container,
-                processes: out.evidence.clone(),
+                // Moved, not copied: it may be a megabyte.
+                processes: std::mem::take(&mut out.evidence.processes),
+                processes_omitted: out.evidence.omitted,
                 phases_ms: out.phases.clone(),
                 version: env!("CARGO_PKG_VERSION").into(),
             };
@@ -179,7 +195,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
                 status.state = "quiescent".into();
                 log::info!(
                     "freeze {id}: quiescent, {} process(es) killed in {} ms",
-                    out.evidence.len(),
+                    status.killed,
                     out.phases.total
                 );
             }
@@ -248,6 +264,8 @@ pub fn run(mut cfg: Config) -> i32 {
     let mut term_after_freeze = false;
     let mut next_track: Option<Instant> = None;
     let mut last_track = Instant::now();
+    // Children left to reap after a full batch: the next turn does not wait.
+    let mut backlog = false;
     if let Some(sb) = cfg.sandbox.as_mut() {
         track(sb);
         next_track = sb.track_interval.map(|i| Instant::now() + i);
@@ -260,7 +278,8 @@ pub fn run(mut cfg: Config) -> i32 {
             Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
             Shutdown::None => next_track,
         };
-        let timeout = deadline.map(|d| d.saturating_duration_since(now));
+        let timeout =
+            if backlog { Some(Duration::ZERO) } else { deadline.map(|d| d.saturating_duration_since(now)) };
         if let Err(e) = sfd.wait(timeout) {
             log::error!("waiting for signals failed: {e}");
             std::thread::sleep(Duration::from_millis(100));
@@ -302,7 +321,7 @@ pub fn run(mut cfg: Config) -> i32 {
             }
         }
 
-        reaper.reap();
+        backlog = reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
             if freeze_requested {
@@ -315,7 +334,7 @@ pub fn run(mut cfg: Config) -> i32 {
                 }
                 do_freeze(sb, &mut reaper, req);
                 frozen = true;
-                reaper.reap();
+                backlog = reaper.reap();
             }
             let now = Instant::now();
             let periodic = next_track.is_some_and(|t| now >= t);

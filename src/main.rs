@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod evidence;
 mod freeze;
 mod init;
 mod marker;
@@ -139,6 +140,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
+    evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = match &a.signing_key {
         Some(path) => marker::load_private(path)?,
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,

@@ -281,14 +281,6 @@ impl Reader {
         }
     }
 
-    /// Add cmdline and exe to an observed process (the walk, while it is stopped).
-    pub fn add_evidence(&self, p: &mut Proc) -> io::Result<()> {
-        let (cmdline, exe) = self.evidence(&self.root.join(p.pid.to_string()))?;
-        p.cmdline = cmdline;
-        p.exe = exe;
-        Ok(())
-    }
-
     fn threads(&self, dir: &Path) -> io::Result<Read<Vec<Thread>>> {
         let task = dir.join("task");
         let rd = match fs::read_dir(&task) {

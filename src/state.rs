@@ -42,6 +42,10 @@ pub struct Status {
     pub survivors: Vec<Survivor>,
     pub killed: usize,
     pub phases_ms: Phases,
+    /// Identities in the init's history table after the freeze (it should stay as small as the
+    /// namespace; the soak watches it).
+    #[serde(default)]
+    pub history: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

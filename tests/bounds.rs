@@ -73,7 +73,7 @@ fn claims(c: &Container) -> serde_json::Value {
         .unwrap()
 }
 
-/// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
+/// A number field of /proc/PID/status (VmRSS and VmHWM in KiB, Threads).
 fn status_kib(pid: i32, field: &str) -> u64 {
     read(std::path::Path::new(&format!("/proc/{pid}/status")))
         .lines()
@@ -153,8 +153,8 @@ fn marker_evidence_is_capped_with_a_count_of_the_rest() {
 }
 
 /// A FUSE daemon (as `daemon_uid`, or root) and a sandbox process that holds its own mmap lock
-/// in a read from that file system while another of its threads waits to mmap: reading its
-/// cmdline now waits for as long as the daemon stays silent.
+/// in a read from that file system while another of its threads waits for it in mbind(), which
+/// SIGKILL does not interrupt: reading its cmdline now waits for as long as the daemon is silent.
 fn fuse_lock_holder(c: &Container, uid: u32, daemon_uid: Option<u32>) -> (Guard, Guard, i32) {
     let mnt = c.path("fuse");
     std::fs::create_dir(&mnt).unwrap();
@@ -164,7 +164,7 @@ fn fuse_lock_holder(c: &Container, uid: u32, daemon_uid: Option<u32>) -> (Guard,
     args.extend(du.as_deref());
     let (d, _) = launch_root(c, "daemon", &args);
     let file = mnt.join("x");
-    let (v, pid) = launch_as(c, uid, "victim", &["fuse-mmap-victim", file.to_str().unwrap()]);
+    let (v, pid) = launch_as(c, uid, "victim", &["fuse-mmap-victim", file.to_str().unwrap(), "mbind"]);
     (d, v, pid)
 }
 
@@ -196,8 +196,9 @@ fn a_read_that_waits_on_the_sandbox_cannot_stall_the_freeze() {
 
 #[test]
 fn a_read_that_waits_on_an_unkillable_process_is_a_bounded_failure() {
-    // A root daemon never answers: the victim stays in D state after SIGKILL. The freeze must
-    // fail within its budget naming it, and the init must answer the next request the same way.
+    // A root daemon never answers: the victim stays in D state after SIGKILL, and so does the
+    // init's reader of its cmdline. The freeze must fail within its budget naming it, and the
+    // init must answer the next request the same way, without stranding a second reader on it.
     let uid = 4504;
     if !std::path::Path::new("/dev/fuse").exists() {
         eprintln!("skipped: no /dev/fuse on this machine");
@@ -205,6 +206,7 @@ fn a_read_that_waits_on_an_unkillable_process_is_a_bounded_failure() {
     }
     let c = sandbox(uid, &["--freeze-timeout", "3"]);
     let (_d, _v, victim) = fuse_lock_holder(&c, uid, None);
+    let mut threads = vec![status_kib(c.init, "Threads")];
     for round in ["n-1", "n-2"] {
         let t = Instant::now();
         let (code, st) = freeze_waiting(&c, round, 30);
@@ -216,7 +218,12 @@ fn a_read_that_waits_on_an_unkillable_process_is_a_bounded_failure() {
         assert_eq!(survivors[0]["pid"], victim, "{st}");
         assert_eq!(survivors[0]["state"], "D", "{st}");
         assert!(!c.marker_exists());
+        threads.push(status_kib(c.init, "Threads"));
     }
+    // The reader started with the init is stuck on the victim after the first freeze; the second
+    // freeze does not start another for it.
+    eprintln!("unkillable lock holder: init threads {threads:?}");
+    assert_eq!(threads[1], threads[2], "threads of the init: {threads:?}");
 }
 
 /// Latency from `send` to `done()`, polled every millisecond up to `bound`.

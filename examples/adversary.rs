@@ -658,14 +658,18 @@ fn main() {
             eprintln!("fuse-mmap-victim: the read returned {n}: the daemon answered or went away");
             forever();
         }
-        // A storm of zombies for PID 1: THREADS processes, reparented to PID 1 by a double
+        // A storm of zombies for PID 1: CREATORS processes, reparented to PID 1 by a double
         // fork, each creating children with clone(CLONE_PARENT) (children of PID 1) that exit
-        // at once, as fast as RLIMIT_NPROC (LIMIT) lets them, for SECS seconds.
+        // at once, as fast as RLIMIT_NPROC (LIMIT) lets them, for SECS seconds. ORPHANS sleepers
+        // reparented to PID 1 first sit ahead of the zombies in its list of children, which
+        // every waitpid() walks: each reap costs the init more than each zombie costs the storm.
         "zombie-storm" => {
             let creators = arg(2, 16);
             nproc_cap(arg(3, 200));
             let secs = arg(4, 20);
+            let orphans = arg(5, 0);
             if fork() == 0 {
+                spawn_sleepers(orphans);
                 for _ in 0..creators {
                     if fork() == 0 {
                         // Wait to be reparented to PID 1 before cloning siblings of ours.

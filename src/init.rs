@@ -49,7 +49,7 @@ impl Reaper {
     /// comes back for the rest without sleeping.
     fn reap(&mut self) -> bool {
         for i in 0..REAP_BATCH {
-            if i % 16 == 15 && sys::other_signal_pending(libc::SIGCHLD) {
+            if i % 4 == 3 && sys::other_signal_pending(libc::SIGCHLD) {
                 return true;
             }
             match sys::reap_one() {
@@ -226,17 +226,17 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<stat
 /// are re-read from their stat line only, which keeps the periodic cost small.
 ///
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
-/// pending freeze request interrupts it: the stop must come first.
+/// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
+/// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
 fn track(sb: &mut Sandbox) {
     let reader = Reader::default();
-    let sig = sb.freeze_signal;
-    match reader.snapshot_since(&sb.seen, &|| sys::signal_pending(sig)) {
+    match reader.snapshot_since(&sb.seen, &|| sys::other_signal_pending(libc::SIGCHLD)) {
         Ok(Some(snap)) => {
             let tainted = sb.policy.classify(&snap);
             sb.policy.remember(&snap, &tainted);
             sb.seen = snap;
         }
-        Ok(None) => log::debug!("tracking interrupted by a freeze request"),
+        Ok(None) => log::debug!("tracking interrupted by a pending signal"),
         Err(e) => log::warn!("tracking: {e}"),
     }
 }
@@ -321,7 +321,9 @@ pub fn run(mut cfg: Config) -> i32 {
             }
         }
 
-        backlog = reaper.reap();
+        // A freeze request goes first: one batch of reaping costs milliseconds when the init has
+        // thousands of children (each waitpid walks them all). The freeze reaps as it kills.
+        backlog = freeze_requested || reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
             if freeze_requested {
@@ -340,7 +342,12 @@ pub fn run(mut cfg: Config) -> i32 {
             let periodic = next_track.is_some_and(|t| now >= t);
             // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
             let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
-            if matches!(shutdown, Shutdown::None) && (periodic || on_child) {
+            // A signal that came in meanwhile is handled first: a refresh lists all of /proc
+            // before it can notice one.
+            if matches!(shutdown, Shutdown::None)
+                && (periodic || on_child)
+                && !sys::other_signal_pending(libc::SIGCHLD)
+            {
                 track(sb);
                 last_track = now;
                 next_track = sb.track_interval.map(|i| now + i);

@@ -80,15 +80,6 @@ pub fn block_all_signals() -> io::Result<libc::sigset_t> {
     }
 }
 
-/// Is `sig` pending (blocked and not yet read) for this process?
-pub fn signal_pending(sig: i32) -> bool {
-    // SAFETY: sigpending fills a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigpending(&mut set) == 0 && libc::sigismember(&set, sig) == 1
-    }
-}
-
 /// Is any signal other than `except` pending (blocked and not yet read) for this process?
 pub fn other_signal_pending(except: i32) -> bool {
     // SAFETY: sigpending fills a local set; sigismember only reads it.

@@ -418,8 +418,8 @@ impl Walk<'_> {
             s.abandoned = true;
             if !s.done {
                 log::warn!(
-                    "evidence: reading pid {pid} did not finish in {READ_WAIT:?} (it may wait on a lock the \
-                     process holds); recorded as unreadable, that reader is left behind"
+                    "evidence: reading pid {pid} did not finish in time (it may wait on a lock the process \
+                     holds); recorded as unreadable, that reader is left behind"
                 );
                 drop(s);
                 self.pool.stuck.push(w.slot.clone());

@@ -33,8 +33,10 @@ pub const CMDLINE_KEEP: usize = 4096;
 pub const EXE_KEEP: usize = 1024;
 /// Bytes of JSON of the whole `processes` list of a marker.
 pub const MARKER_BUDGET: usize = 1 << 20;
-/// How long the walk waits for one answer before it leaves the reader behind.
-pub const READ_WAIT: Duration = Duration::from_millis(250);
+/// How long the walk waits for one answer before it leaves the reader behind: a healthy read
+/// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
+/// walk's most.
+pub const READ_WAIT: Duration = Duration::from_millis(500);
 /// The walk's share of what is left of the freeze budget, and its most.
 const WALK_SHARE: u32 = 4;
 const WALK_MAX: Duration = Duration::from_secs(2);

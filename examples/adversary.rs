@@ -561,6 +561,300 @@ fn main() {
             ready();
             forever();
         }
+        // Run as root: a FUSE file system at MNT that serves one 1 MiB file under every name
+        // (INIT, LOOKUP, GETATTR, OPEN are answered) and never answers a READ, so whoever
+        // faults a page of that file waits in the kernel until the daemon dies. With UID it
+        // drops to that UID after mounting (the sandbox user runs its own FUSE daemon).
+        "fuse-serve" => {
+            fn attr(out: &mut Vec<u8>, ino: u64, mode: u32, size: u64) {
+                // fuse_attr: ino, size, blocks, atime, mtime, ctime, three nsec, mode, nlink,
+                // uid, gid, rdev, blksize, flags.
+                for v in [ino, size, size / 512, 0, 0, 0] {
+                    out.extend_from_slice(&v.to_ne_bytes());
+                }
+                for v in [0u32, 0, 0, mode, 1, 0, 0, 0, 4096, 0] {
+                    out.extend_from_slice(&v.to_ne_bytes());
+                }
+            }
+            fn reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
+                let mut out = Vec::with_capacity(16 + body.len());
+                out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+                out.extend_from_slice(&error.to_ne_bytes());
+                out.extend_from_slice(&unique.to_ne_bytes());
+                out.extend_from_slice(body);
+                unsafe { libc::write(fd, out.as_ptr() as *const libc::c_void, out.len()) };
+            }
+            let mnt = std::env::args().nth(2).expect("fuse-serve MNT [UID]");
+            let drop_to = std::env::args().nth(3).and_then(|s| s.parse::<u32>().ok());
+            let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
+            let opts =
+                CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
+            let target = CString::new(mnt).unwrap();
+            let r = unsafe {
+                libc::mount(
+                    c"quiesce-test".as_ptr(),
+                    target.as_ptr(),
+                    c"fuse".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    opts.as_ptr() as *const libc::c_void,
+                )
+            };
+            assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+            if let Some(uid) = drop_to {
+                unsafe {
+                    assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+                    assert_eq!(libc::setresgid(uid, uid, uid), 0);
+                    assert_eq!(libc::setresuid(uid, uid, uid), 0);
+                }
+            }
+            ready();
+            let mut buf = vec![0u8; 1 << 20];
+            loop {
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+                if n < 40 {
+                    if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV) {
+                        std::process::exit(0); // unmounted
+                    }
+                    continue;
+                }
+                let opcode = u32::from_ne_bytes(buf[4..8].try_into().unwrap());
+                let unique = u64::from_ne_bytes(buf[8..16].try_into().unwrap());
+                let nodeid = u64::from_ne_bytes(buf[16..24].try_into().unwrap());
+                let mut body = Vec::with_capacity(128);
+                match opcode {
+                    // INIT: major, minor, max_readahead, flags (no async read), max_background,
+                    // congestion_threshold, max_write, time_gran, zeros to 64 bytes.
+                    26 => {
+                        for v in [7u32, 31, 65536, 0] {
+                            body.extend_from_slice(&v.to_ne_bytes());
+                        }
+                        body.extend_from_slice(&0u16.to_ne_bytes());
+                        body.extend_from_slice(&0u16.to_ne_bytes());
+                        body.extend_from_slice(&4096u32.to_ne_bytes());
+                        body.extend_from_slice(&1u32.to_ne_bytes());
+                        body.resize(64, 0);
+                        reply(fd, unique, 0, &body);
+                    }
+                    // LOOKUP: every name is the file, inode 2; valid for an hour.
+                    1 => {
+                        for v in [2u64, 0, 3600, 3600] {
+                            body.extend_from_slice(&v.to_ne_bytes());
+                        }
+                        body.extend_from_slice(&[0u8; 8]);
+                        attr(&mut body, 2, 0o100644, 1 << 20);
+                        reply(fd, unique, 0, &body);
+                    }
+                    // GETATTR
+                    3 => {
+                        body.extend_from_slice(&3600u64.to_ne_bytes());
+                        body.extend_from_slice(&[0u8; 8]);
+                        if nodeid == 1 {
+                            attr(&mut body, 1, 0o40755, 0);
+                        } else {
+                            attr(&mut body, 2, 0o100644, 1 << 20);
+                        }
+                        reply(fd, unique, 0, &body);
+                    }
+                    // OPEN, OPENDIR: file handle 1.
+                    14 | 27 => {
+                        body.extend_from_slice(&1u64.to_ne_bytes());
+                        body.extend_from_slice(&[0u8; 8]);
+                        reply(fd, unique, 0, &body);
+                    }
+                    // READ and INTERRUPT stay unanswered; FORGET and BATCH_FORGET take no answer.
+                    15 | 36 | 2 | 42 => {}
+                    _ => reply(fd, unique, -libc::ENOSYS, &[]),
+                }
+            }
+        }
+        // Map PATH (a file of `fuse-serve`) and read its first page through /proc/self/mem,
+        // which faults it in while holding this process's mmap lock: the read never completes.
+        // A second thread then calls mmap() and waits for that lock, and from then on anyone
+        // who reads this process's cmdline, environ or maps waits too. The main thread is the
+        // one stuck in the read, so after SIGKILL the process stays alive in D state.
+        "fuse-mmap-victim" => {
+            use std::ffi::CStr;
+            use std::os::fd::AsRawFd;
+            use std::sync::atomic::{AtomicI32, Ordering};
+            // Once the lock is held no thread may allocate: a new malloc arena is an mmap() that
+            // would wait for the lock too. Everything the helpers need is prepared first.
+            fn state_of(stat: &CStr) -> u8 {
+                let mut b = [0u8; 512];
+                let fd = unsafe { libc::open(stat.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                if fd < 0 {
+                    return b'?';
+                }
+                let n = unsafe { libc::read(fd, b.as_mut_ptr() as *mut libc::c_void, b.len()) };
+                unsafe { libc::close(fd) };
+                let b = &b[..n.max(0) as usize];
+                match b.iter().rposition(|&c| c == b')') {
+                    Some(i) if i + 2 < b.len() => b[i + 2],
+                    _ => b'?',
+                }
+            }
+            static WRITER: AtomicI32 = AtomicI32::new(0);
+            static PREPARED: AtomicI32 = AtomicI32::new(0);
+            let path = std::env::args().nth(2).expect("fuse-mmap-victim PATH [mbind]");
+            // mbind() waits for the lock without a way out for SIGKILL; mmap() can be killed.
+            let unkillable = std::env::args().nth(3).as_deref() == Some("mbind");
+            let anon = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            } as usize;
+            let f = std::fs::File::open(&path).expect("open the FUSE file");
+            let addr = unsafe {
+                libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+            };
+            assert_ne!(addr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+            let mem = std::fs::File::open("/proc/self/mem").expect("open /proc/self/mem");
+            let leader_stat = CString::new(format!("/proc/self/task/{}/stat", std::process::id())).unwrap();
+            std::thread::spawn(move || {
+                WRITER.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+                // Wait until the leader sleeps in the fault, then ask for the lock for writing.
+                while !matches!(state_of(&leader_stat), b'S' | b'D') {
+                    unsafe { libc::usleep(5000) };
+                }
+                unsafe { libc::usleep(100_000) };
+                if unkillable {
+                    let node0: u64 = 1;
+                    let r = unsafe {
+                        libc::syscall(libc::SYS_mbind, anon, 4096usize, 2usize, &node0, 64usize, 0usize)
+                    };
+                    eprintln!("fuse-mmap-victim: mbind returned {r}: the lock was free");
+                } else {
+                    let p = unsafe {
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            4096,
+                            libc::PROT_READ,
+                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        )
+                    };
+                    eprintln!("fuse-mmap-victim: mmap returned {p:?}: the lock was free");
+                }
+                forever();
+            });
+            while WRITER.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let writer_stat =
+                CString::new(format!("/proc/self/task/{}/stat", WRITER.load(Ordering::SeqCst))).unwrap();
+            let ready_paths = std::env::var("ADV_READY").ok().map(|p| {
+                let tmp = CString::new(format!("{p}.tmp.{}", std::process::id())).unwrap();
+                (tmp, CString::new(p).unwrap(), std::process::id().to_string().into_bytes())
+            });
+            std::thread::spawn(move || {
+                PREPARED.store(1, Ordering::SeqCst);
+                while state_of(&writer_stat) != b'D' {
+                    unsafe { libc::usleep(5000) };
+                }
+                if let Some((tmp, path, pid)) = &ready_paths {
+                    unsafe {
+                        let fd =
+                            libc::open(tmp.as_ptr(), libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC, 0o644);
+                        assert!(fd >= 0);
+                        libc::write(fd, pid.as_ptr() as *const libc::c_void, pid.len());
+                        libc::close(fd);
+                        assert_eq!(libc::rename(tmp.as_ptr(), path.as_ptr()), 0);
+                    }
+                }
+                forever();
+            });
+            while PREPARED.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut b = [0u8; 1];
+            let n =
+                unsafe { libc::pread(mem.as_raw_fd(), b.as_mut_ptr() as *mut libc::c_void, 1, addr as i64) };
+            eprintln!("fuse-mmap-victim: the read returned {n}: the daemon answered or went away");
+            forever();
+        }
+        // A storm of zombies for PID 1: CREATORS processes, reparented to PID 1 by a double
+        // fork, each creating children with clone(CLONE_PARENT) (children of PID 1) that exit
+        // at once, as fast as RLIMIT_NPROC (LIMIT) lets them, for SECS seconds. ORPHANS sleepers
+        // reparented to PID 1 first sit ahead of the zombies in its list of children, which
+        // every waitpid() walks: each reap costs the init more than each zombie costs the storm.
+        "zombie-storm" => {
+            let creators = arg(2, 16);
+            nproc_cap(arg(3, 200));
+            let secs = arg(4, 20);
+            let orphans = arg(5, 0);
+            if fork() == 0 {
+                spawn_sleepers(orphans);
+                for _ in 0..creators {
+                    if fork() == 0 {
+                        // Wait to be reparented to PID 1 before cloning siblings of ours.
+                        while unsafe { libc::getppid() } != 1 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        let until = std::time::Instant::now() + Duration::from_secs(secs);
+                        while std::time::Instant::now() < until {
+                            let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong;
+                            let r = unsafe {
+                                libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize)
+                            };
+                            if r == 0 {
+                                unsafe { libc::syscall(libc::SYS_exit_group, 0) };
+                            }
+                        }
+                        std::process::exit(0);
+                    }
+                }
+                std::process::exit(0);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            ready();
+            forever();
+        }
+        // N children that each run `sh -c 'sleep 1000; :'` with K more arguments of SIZE bytes
+        // of 0xFF (K = 0: an ordinary command line), then the parent waits.
+        "argv-hog" => {
+            let n = arg(2, 30);
+            let k = arg(3, 15) as usize;
+            let size = arg(4, 120 * 1024) as usize;
+            let junk = CString::new(vec![0xFFu8; size.max(1)]).unwrap();
+            let mut argv: Vec<CString> = vec![
+                CString::new("sh").unwrap(),
+                CString::new("-c").unwrap(),
+                CString::new("sleep 1000; :").unwrap(),
+            ];
+            argv.extend(std::iter::repeat_n(junk, k));
+            let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            let mut kids = Vec::new();
+            for _ in 0..n {
+                match fork() {
+                    0 => {
+                        unsafe { libc::execv(c"/bin/sh".as_ptr(), ptrs.as_ptr()) };
+                        unsafe { libc::_exit(127) };
+                    }
+                    p if p < 0 => panic!("fork: {}", std::io::Error::last_os_error()),
+                    p => kids.push(p),
+                }
+            }
+            // Ready once every child runs sh and has started its sleep.
+            for p in kids {
+                loop {
+                    let kids_of =
+                        std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+                    if !kids_of.trim().is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            ready();
+            forever();
+        }
         other => {
             eprintln!("adversary: unknown mode '{other}'");
             std::process::exit(2);

@@ -2,12 +2,12 @@
 //! observation taken after the last kill that none is alive. Bounded by one budget.
 
 use crate::consistency;
-use crate::marker::Evidence;
+use crate::evidence::{self, Gathered};
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ pub struct Outcome {
     pub ok: bool,
     pub reason: Option<String>,
     pub survivors: Vec<Survivor>,
-    pub evidence: Vec<Evidence>,
+    pub evidence: Gathered,
     pub phases: Phases,
     /// Processes that never showed stopped (e.g. uninterruptible sleep).
     pub unstopped: Vec<Pid>,
@@ -154,23 +154,6 @@ fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
         .collect()
 }
 
-fn evidence_of(p: &Proc, tainted: &Tainted) -> Evidence {
-    let uids: BTreeSet<u32> = p.all_uids().collect();
-    Evidence {
-        pid: p.pid,
-        ppid: p.ppid,
-        uids: uids.into_iter().collect(),
-        comm: p.comm.clone(),
-        cmdline: p.cmdline.clone(),
-        exe: p.exe.clone(),
-        start_time: p.start_time,
-        reason: tainted
-            .get(&p.pid)
-            .map(|r| r.iter().map(|r| r.as_str().to_string()).collect())
-            .unwrap_or_default(),
-    }
-}
-
 struct Run<'a> {
     cred: &'a mut crate::cred::Switcher,
     reader: &'a Reader,
@@ -179,7 +162,9 @@ struct Run<'a> {
     start: Instant,
     deadline: Instant,
     phases: Phases,
-    evidence: Vec<Evidence>,
+    evidence: Gathered,
+    /// Every (pid, start time) the evidence has seen, kept or only counted.
+    recorded: HashSet<(Pid, u64)>,
     unstopped: Vec<Pid>,
 }
 
@@ -220,11 +205,11 @@ impl Run<'_> {
 
     /// Add to the evidence every live sandbox process not in it yet: those created after the
     /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
+    /// They are recorded from the observation alone (no command line: they are running).
     fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted) {
-        let known: HashSet<(Pid, u64)> = self.evidence.iter().map(|e| (e.pid, e.start_time)).collect();
         for p in live(snap, tainted) {
-            if !known.contains(&(p.pid, p.start_time)) {
-                self.evidence.push(evidence_of(p, tainted));
+            if self.recorded.insert((p.pid, p.start_time)) {
+                evidence::add_late(&mut self.evidence, evidence::Target::of(p, &tainted[&p.pid]));
             }
         }
     }
@@ -282,19 +267,13 @@ impl Run<'_> {
         Ok(last)
     }
 
-    /// Record the evidence of every sandbox process while it is stopped.
-    fn walk(&mut self, mut snap: Snapshot, tainted: &Tainted) -> Snapshot {
+    /// Record the evidence of every sandbox process after the stop. The reads that can wait on
+    /// the target run on a reader thread with a deadline, within a share of the budget.
+    fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
         let t = Instant::now();
-        let pids: Vec<Pid> = live(&snap, tainted).map(|p| p.pid).collect();
-        for pid in pids {
-            if let Some(p) = snap.procs.get_mut(&pid) {
-                // Evidence is best effort: a process that vanished keeps what stat and status said.
-                if let Err(e) = self.reader.add_evidence(p) {
-                    log::debug!("evidence of {pid}: {e}");
-                }
-            }
-        }
-        self.evidence = live(&snap, tainted).map(|p| evidence_of(p, tainted)).collect();
+        self.recorded = live(&snap, tainted).map(|p| (p.pid, p.start_time)).collect();
+        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid]));
+        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline));
         self.phases.walk = ms(t.elapsed());
         snap
     }
@@ -311,7 +290,8 @@ pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dy
         start,
         deadline: start + cfg.timeout,
         phases: Phases::default(),
-        evidence: Vec::new(),
+        evidence: Gathered::default(),
+        recorded: HashSet::new(),
         unstopped: Vec::new(),
     };
     let (snap, tainted) = match run.stop(cfg.stop_wait) {

@@ -40,11 +40,20 @@ struct Reaper {
     childless: bool,
 }
 
+/// Children reaped per call at most: a sandbox process that hands the init zombies as fast as
+/// a pids limit lets it (clone(CLONE_PARENT) from a process reparented to PID 1) would otherwise
+/// keep it in this loop for as long as it likes, away from a pending freeze or SIGTERM.
+const REAP_BATCH: usize = 256;
+
 impl Reaper {
-    fn reap(&mut self) {
-        // Bounded by the number of children, which is finite at any instant; a child that exits
-        // while we loop is picked up on this or the next SIGCHLD.
-        loop {
+    /// Reap a batch of exited children; true when more may be waiting. The batch ends early
+    /// when a signal other than SIGCHLD is pending: the main loop handles that first, then
+    /// comes back for the rest without sleeping.
+    fn reap(&mut self) -> bool {
+        for i in 0..REAP_BATCH {
+            if i % 4 == 3 && sys::other_signal_pending(libc::SIGCHLD) {
+                return true;
+            }
             match sys::reap_one() {
                 Ok(Some(r)) => {
                     self.childless = false;
@@ -59,18 +68,19 @@ impl Reaper {
                 }
                 Ok(None) => {
                     self.childless = false;
-                    return;
+                    return false;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
                     self.childless = true;
-                    return;
+                    return false;
                 }
                 Err(e) => {
                     log::error!("waitpid failed: {e}; retrying on the next signal");
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 }
 
@@ -138,6 +148,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         killed: 0,
         unstopped: 0,
         phases_ms: Default::default(),
+        history: sb.policy.history.len(),
     };
     // The old marker goes before any signal is sent: a failed freeze must not leave one behind.
     if let Err(e) = sb.state.remove(state::MARKER) {
@@ -152,10 +163,13 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     }
     log::info!("freeze {id}: starting");
     let reader = Reader::default();
-    let out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut || reaper.reap());
+    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut || {
+        reaper.reap();
+    });
     status.phases_ms = out.phases.clone();
-    status.killed = out.evidence.len();
+    status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
+    status.history = sb.policy.history.len();
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
@@ -170,7 +184,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 result: "quiescent".into(),
                 survivors: 0,
                 container,
-                processes: out.evidence.clone(),
+                // Moved, not copied: it may be a megabyte.
+                processes: std::mem::take(&mut out.evidence.processes),
+                processes_omitted: out.evidence.omitted,
                 phases_ms: out.phases.clone(),
                 version: env!("CARGO_PKG_VERSION").into(),
             };
@@ -181,7 +197,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 status.state = "quiescent".into();
                 log::info!(
                     "freeze {id}: quiescent, {} process(es) killed in {} ms",
-                    out.evidence.len(),
+                    status.killed,
                     out.phases.total
                 );
             }
@@ -218,17 +234,17 @@ fn publish(sb: &Sandbox, status: &Status) {
 /// are re-read from their stat line only, which keeps the periodic cost small.
 ///
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
-/// pending freeze request interrupts it: the stop must come first.
+/// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
+/// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
 fn track(sb: &mut Sandbox) {
     let reader = Reader::default();
-    let sig = sb.freeze_signal;
-    match reader.snapshot_since(&sb.seen, &|| sys::signal_pending(sig)) {
+    match reader.snapshot_since(&sb.seen, &|| sys::other_signal_pending(libc::SIGCHLD)) {
         Ok(Some(snap)) => {
             let tainted = sb.policy.classify(&snap);
             sb.policy.remember(&snap, &tainted);
             sb.seen = snap;
         }
-        Ok(None) => log::debug!("tracking interrupted by a freeze request"),
+        Ok(None) => log::debug!("tracking interrupted by a pending signal"),
         Err(e) => log::warn!("tracking: {e}"),
     }
 }
@@ -256,6 +272,8 @@ pub fn run(mut cfg: Config) -> i32 {
     let mut term_after_freeze = false;
     let mut next_track: Option<Instant> = None;
     let mut last_track = Instant::now();
+    // Children left to reap after a full batch: the next turn does not wait.
+    let mut backlog = false;
     if let Some(sb) = cfg.sandbox.as_mut() {
         track(sb);
         next_track = sb.track_interval.map(|i| Instant::now() + i);
@@ -269,8 +287,9 @@ pub fn run(mut cfg: Config) -> i32 {
             Shutdown::None => next_track,
         };
         let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
-        if cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy()) {
-            // Freeze requests wait: one freeze per pass, signals and reaping in between.
+        // Children left to reap, or freeze requests waiting (one freeze per pass): come back at
+        // once, with signals read in between.
+        if backlog || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy()) {
             timeout = Some(Duration::ZERO);
         }
         if let Err(e) = sfd.wait(timeout) {
@@ -316,20 +335,30 @@ pub fn run(mut cfg: Config) -> i32 {
             }
         }
 
-        reaper.reap();
+        // A freeze request goes first: one batch of reaping costs milliseconds when the init has
+        // thousands of children (each waitpid walks them all). The freeze reaps as it kills.
+        let freeze_waiting =
+            !freeze_senders.is_empty() || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy());
+        backlog = freeze_waiting || reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
             if let Some(job) = sb.intake.next(&freeze_senders) {
                 do_freeze(sb, &mut reaper, job);
                 frozen = true;
-                reaper.reap();
+                backlog = reaper.reap();
             }
             let now = Instant::now();
             let periodic = next_track.is_some_and(|t| now >= t);
             // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
             let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
-            // Queued freeze requests come first: each freeze makes its own observation.
-            if matches!(shutdown, Shutdown::None) && !sb.intake.busy() && (periodic || on_child) {
+            // Queued freeze requests come first (each freeze makes its own observation), and so
+            // does a signal that came in meanwhile: a refresh lists all of /proc before it can
+            // notice one.
+            if matches!(shutdown, Shutdown::None)
+                && !sb.intake.busy()
+                && (periodic || on_child)
+                && !sys::other_signal_pending(libc::SIGCHLD)
+            {
                 track(sb);
                 last_track = now;
                 next_track = sb.track_interval.map(|i| now + i);

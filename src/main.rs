@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod consistency;
 mod cred;
+mod evidence;
 mod files;
 mod freeze;
 mod init;
@@ -166,6 +167,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
+    evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = match &a.signing_key {
         Some(path) => marker::load_private(path)?,
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,

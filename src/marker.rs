@@ -20,16 +20,24 @@ pub struct Container {
     pub init_start: u64,
 }
 
+/// One killed process as the walk recorded it (see `evidence` for the bounds).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Evidence {
     pub pid: i32,
     pub ppid: i32,
     pub uids: Vec<u32>,
     pub comm: String,
-    pub cmdline: Vec<String>,
+    /// None: not read (`unreadable`).
+    pub cmdline: Option<Vec<String>>,
     pub exe: Option<String>,
     pub start_time: u64,
     pub reason: Vec<String>,
+    /// The command line or the exe path was cut to its cap.
+    #[serde(default)]
+    pub truncated: bool,
+    /// The command line could not be read in time (or at all).
+    #[serde(default)]
+    pub unreadable: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,6 +51,9 @@ pub struct Claims {
     pub survivors: u64,
     pub container: Container,
     pub processes: Vec<Evidence>,
+    /// Processes killed but left out of `processes`, which is capped in size.
+    #[serde(default)]
+    pub processes_omitted: u64,
     pub phases_ms: crate::state::Phases,
     pub version: String,
 }
@@ -121,11 +132,18 @@ pub fn parse_public(text: &[u8]) -> Result<VerifyingKey, String> {
 pub fn sign(key: &SigningKey, claims: &Claims) -> io::Result<String> {
     let header =
         Header { alg: "EdDSA".into(), typ: Some("JWT".into()), kid: Some(kid(&key.verifying_key())) };
-    let h = B64.encode(serde_json::to_vec(&header).map_err(io::Error::other)?);
-    let p = B64.encode(serde_json::to_vec(claims).map_err(io::Error::other)?);
-    let input = format!("{h}.{p}");
-    let sig = key.sign(input.as_bytes());
-    Ok(format!("{input}.{}", B64.encode(sig.to_bytes())))
+    // One buffer for the whole token: the claims may hold a megabyte of evidence.
+    let header = serde_json::to_vec(&header).map_err(io::Error::other)?;
+    let payload = serde_json::to_vec(claims).map_err(io::Error::other)?;
+    let mut token = String::with_capacity((header.len() + payload.len()) * 4 / 3 + 100);
+    B64.encode_string(&header, &mut token);
+    token.push('.');
+    B64.encode_string(&payload, &mut token);
+    drop(payload);
+    let sig = key.sign(token.as_bytes());
+    token.push('.');
+    B64.encode_string(sig.to_bytes(), &mut token);
+    Ok(token)
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -179,6 +197,7 @@ mod tests {
             survivors: 0,
             container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
             processes: vec![],
+            processes_omitted: 0,
             phases_ms: Default::default(),
             version: "0".into(),
         }

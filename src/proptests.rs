@@ -129,6 +129,7 @@ fn status() -> impl Strategy<Value = Status> {
             killed,
             unstopped: killed / 2,
             phases_ms,
+            history: killed / 3,
         })
 }
 
@@ -147,6 +148,7 @@ fn token() -> String {
         survivors: 0,
         container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
         processes: vec![],
+        processes_omitted: 0,
         phases_ms: Default::default(),
         version: "0".into(),
     };

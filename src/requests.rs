@@ -276,6 +276,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
         killed: 0,
         unstopped: 0,
         phases_ms: Default::default(),
+        history: 0,
     }
 }
 

@@ -46,6 +46,10 @@ pub struct Status {
     #[serde(default)]
     pub unstopped: usize,
     pub phases_ms: Phases,
+    /// Identities in the init's history table after the freeze (it should stay as small as the
+    /// namespace; the soak watches it).
+    #[serde(default)]
+    pub history: usize,
 }
 
 pub struct StateDir {

@@ -101,11 +101,24 @@ pub fn unblock_all_signals() -> io::Result<()> {
 }
 
 /// Is `sig` pending (blocked and not yet read) for this process?
+#[cfg(test)]
 pub fn signal_pending(sig: i32) -> bool {
     // SAFETY: sigpending fills a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigpending(&mut set) == 0 && libc::sigismember(&set, sig) == 1
+    }
+}
+
+/// Is any signal other than `except` pending (blocked and not yet read) for this process?
+pub fn other_signal_pending(except: i32) -> bool {
+    // SAFETY: sigpending fills a local set; sigismember only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        if libc::sigpending(&mut set) != 0 {
+            return false;
+        }
+        (1..=libc::SIGRTMAX()).any(|s| s != except && libc::sigismember(&set, s) == 1)
     }
 }
 
@@ -535,4 +548,38 @@ pub fn set_signal_mask(mask: &libc::sigset_t) -> io::Result<()> {
         return Err(io::Error::from_raw_os_error(r));
     }
     Ok(())
+}
+
+fn setfsuid(id: u32) -> u32 {
+    // SAFETY: raw syscall with an integer; it changes only this thread's credentials.
+    unsafe { libc::syscall(libc::SYS_setfsuid, id) as u32 }
+}
+
+fn setfsgid(id: u32) -> u32 {
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_setfsgid, id) as u32 }
+}
+
+/// This thread's filesystem UID and GID: setfs*id with an invalid id changes nothing and
+/// returns the current one.
+fn fs_ids() -> (u32, u32) {
+    (setfsuid(u32::MAX), setfsgid(u32::MAX))
+}
+
+/// Run `f` with this thread's filesystem UID and GID switched to `uid` and `gid`, then switch
+/// back and prove it. Only file access checks change: real, effective and saved IDs (signals,
+/// process limits) stay. Ok(None): the switch did not take (no CAP_SETUID/CAP_SETGID), `f` did
+/// not run. Err: the switch back did not take, and this thread must do nothing more.
+pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<Option<T>> {
+    let before = fs_ids();
+    setfsgid(gid);
+    setfsuid(uid);
+    let out = (fs_ids() == (uid, gid)).then(f);
+    setfsuid(before.0);
+    setfsgid(before.1);
+    let now = fs_ids();
+    if now != before {
+        return Err(io::Error::other(format!("filesystem ids {now:?} after switching back to {before:?}")));
+    }
+    Ok(out)
 }

@@ -76,6 +76,8 @@ pub struct Opts<'a> {
     /// PID 1 of the namespace is a shell that starts the init in the background and forwards
     /// nothing, as a pod's pause process or a wrapper script would.
     pub shell_pid1: bool,
+    /// A command that runs the init (e.g. setpriv dropping capabilities); it must exec it.
+    pub wrap: Vec<&'a str>,
 }
 
 impl Default for Opts<'_> {
@@ -87,6 +89,7 @@ impl Default for Opts<'_> {
             env: vec![],
             prefix: vec![],
             shell_pid1: false,
+            wrap: vec![],
         }
     }
 }
@@ -112,7 +115,8 @@ impl Container {
         if o.shell_pid1 {
             c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
         }
-        c.arg(quiesce())
+        c.args(&o.wrap)
+            .arg(quiesce())
             .arg("--state-dir")
             .arg(&state)
             .args(&o.init_args)

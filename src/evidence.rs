@@ -1,0 +1,586 @@
+//! The walk's evidence: what a person needs to recognise each killed process (its command line
+//! and executable), read with a bound on size and a bound on time. Evidence never decides
+//! anything: the stop, the kills and the proof read stat, status and loginuid only.
+//!
+//! Size. The sandbox chooses its command lines: at most `CMDLINE_READ` bytes of each are read,
+//! and at most `CMDLINE_KEEP` bytes of JSON kept (marked `truncated`); the whole list is at most
+//! `MARKER_BUDGET` bytes of JSON, and what does not fit is only counted.
+//!
+//! Time. Reading /proc/PID/cmdline takes the target's mmap lock, which the target can make
+//! wait forever (a thread faulting on a file of its own FUSE mount while another waits in
+//! mmap()). So the reads run on a reader thread of the init, started before the command; the
+//! walk waits for each answer at most `READ_WAIT` and never past its own deadline. A reader that
+//! does not answer is left where it is stuck, its target is recorded as unreadable and never
+//! read again while that reader is stuck on it, and a new reader takes the rest. At most
+//! `MAX_STUCK` readers may be stuck at once; past that, or when no thread can be started (a
+//! pids limit), evidence is recorded as unreadable.
+
+use crate::marker::Evidence;
+use crate::procs::{Proc, Reader};
+use crate::sys::{self, Pid};
+use crate::taint::Reason;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes of /proc/PID/cmdline read per process.
+pub const CMDLINE_READ: usize = 4096;
+/// Bytes of JSON kept of a command line, and of an executable's path.
+pub const CMDLINE_KEEP: usize = 4096;
+pub const EXE_KEEP: usize = 1024;
+/// Bytes of JSON of the whole `processes` list of a marker.
+pub const MARKER_BUDGET: usize = 1 << 20;
+/// How long the walk waits for one answer before it leaves the reader behind: a healthy read
+/// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
+/// walk's most.
+pub const READ_WAIT: Duration = Duration::from_millis(500);
+/// The walk's share of what is left of the freeze budget, and its most.
+const WALK_SHARE: u32 = 4;
+const WALK_MAX: Duration = Duration::from_secs(2);
+/// Readers left stuck in the kernel at once; each holds a small stack.
+const MAX_STUCK: usize = 4;
+/// Reads handed to a reader ahead of the answers.
+const WINDOW: usize = 64;
+
+/// What the walk gathered: the entries kept, and how many did not fit the marker.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    pub processes: Vec<Evidence>,
+    pub omitted: u64,
+    /// Bytes of JSON `processes` takes.
+    pub bytes: usize,
+}
+
+impl Gathered {
+    /// Every process the walk recorded, kept or only counted.
+    pub fn count(&self) -> usize {
+        self.processes.len() + self.omitted as usize
+    }
+}
+
+/// One stopped sandbox process, as the light observation saw it.
+pub struct Target {
+    evidence: Evidence,
+    /// The leader's UID and GID when its real, effective and saved IDs agree: the kernel then
+    /// shows its exe link to a reader with those filesystem IDs, CAP_SYS_PTRACE or not.
+    creds: Option<(u32, u32)>,
+}
+
+impl Target {
+    pub fn of(p: &Proc, reasons: &[Reason]) -> Target {
+        let mut uids: Vec<u32> = p.all_uids().collect();
+        uids.sort();
+        uids.dedup();
+        let creds = p.threads.iter().find(|t| t.tid == p.pid).and_then(|l| {
+            let same = |ids: &[u32; 4]| ids[0] == ids[1] && ids[1] == ids[2];
+            (same(&l.uids) && same(&l.gids)).then_some((l.uids[0], l.gids[0]))
+        });
+        Target {
+            evidence: Evidence {
+                pid: p.pid,
+                ppid: p.ppid,
+                uids,
+                comm: p.comm.clone(),
+                cmdline: None,
+                exe: None,
+                start_time: p.start_time,
+                reason: reasons.iter().map(|r| r.as_str().to_string()).collect(),
+                truncated: false,
+                unreadable: true,
+            },
+            creds,
+        }
+    }
+
+    /// The most JSON this entry can take once read.
+    fn reserve(&self) -> usize {
+        json_size(&self.evidence) + CMDLINE_KEEP + EXE_KEEP + 1
+    }
+
+    fn key(&self) -> (Pid, u64) {
+        (self.evidence.pid, self.evidence.start_time)
+    }
+}
+
+/// When the walk must end, given the freeze's deadline.
+pub fn walk_deadline(now: Instant, freeze_deadline: Instant) -> Instant {
+    now + (freeze_deadline.saturating_duration_since(now) / WALK_SHARE).min(WALK_MAX)
+}
+
+struct Job {
+    pid: Pid,
+    start_time: u64,
+    creds: Option<(u32, u32)>,
+}
+
+struct Reply {
+    key: (Pid, u64),
+    /// The first bytes of the command line and whether there was more; None: not read.
+    cmdline: Option<(Vec<u8>, bool)>,
+    exe: Option<String>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// The target the reader is reading right now.
+    current: Option<(Pid, u64)>,
+    /// The walk stopped waiting for this reader: it ends once it is back.
+    abandoned: bool,
+    done: bool,
+}
+
+/// What a reader thread and the walk share about it.
+#[derive(Default)]
+struct Slot(Mutex<SlotState>);
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, SlotState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+    replies: mpsc::Receiver<Reply>,
+    slot: Arc<Slot>,
+}
+
+struct Pool {
+    worker: Option<Worker>,
+    /// Readers left behind, still in the kernel or on their way out.
+    stuck: Vec<Arc<Slot>>,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool { worker: None, stuck: Vec::new() });
+
+fn pool() -> MutexGuard<'static, Pool> {
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Start the reader thread; the init does this before the command runs, so that a fork bomb
+/// at a pids limit cannot keep it from existing at freeze time.
+pub fn start() -> io::Result<()> {
+    let mut p = pool();
+    if p.worker.is_none() {
+        p.worker = Some(spawn()?);
+    }
+    Ok(())
+}
+
+fn spawn() -> io::Result<Worker> {
+    let (jobs, jobs_rx) = mpsc::channel::<Job>();
+    let (replies_tx, replies) = mpsc::channel::<Reply>();
+    let slot = Arc::new(Slot::default());
+    let mine = slot.clone();
+    // The thread inherits the init's mask: every signal blocked.
+    std::thread::Builder::new()
+        .name("quiesce-evidence".into())
+        .stack_size(64 * 1024)
+        .spawn(move || serve(jobs_rx, replies_tx, &mine))?;
+    Ok(Worker { jobs, replies, slot })
+}
+
+fn serve(jobs: mpsc::Receiver<Job>, replies: mpsc::Sender<Reply>, slot: &Slot) {
+    for job in jobs {
+        {
+            let mut s = slot.lock();
+            if s.abandoned {
+                break;
+            }
+            s.current = Some((job.pid, job.start_time));
+        }
+        let read = read(&job);
+        {
+            let mut s = slot.lock();
+            s.current = None;
+            if s.abandoned {
+                break;
+            }
+        }
+        match read {
+            Ok(r) => {
+                if replies.send(r).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                // This thread's filesystem IDs may be wrong now: it must do nothing more.
+                log::error!("evidence reader: {e}; that reader stops");
+                break;
+            }
+        }
+    }
+    slot.lock().done = true;
+}
+
+/// Read one process. Err only when this thread's credentials could not be restored.
+fn read(job: &Job) -> io::Result<Reply> {
+    let dir = format!("/proc/{}", job.pid);
+    let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
+    let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
+    // What was read belongs to the target only if the pid still names it: a pid is reused only
+    // after its process is gone, so a match now means the reads above saw the target.
+    let same = Reader::default().start_time(job.pid).ok().flatten() == Some(job.start_time);
+    let key = (job.pid, job.start_time);
+    Ok(if same { Reply { key, cmdline, exe } } else { Reply { key, cmdline: None, exe: None } })
+}
+
+/// The first `limit` bytes of a file, and whether there was more; reads no further.
+fn read_prefix(path: &str, limit: usize) -> io::Result<(Vec<u8>, bool)> {
+    let f = std::fs::File::open(path)?;
+    let mut buf = Vec::with_capacity(limit + 1);
+    f.take(limit as u64 + 1).read_to_end(&mut buf)?;
+    let more = buf.len() > limit;
+    buf.truncate(limit);
+    Ok((buf, more))
+}
+
+/// The exe link. Root without CAP_SYS_PTRACE (Docker's default) may not read another user's;
+/// with this thread's filesystem IDs switched to the process's own it may, if the process is
+/// dumpable. None: no exe (zombie, kernel thread), not shown, or gone.
+fn read_exe(link: &str, creds: Option<(u32, u32)>) -> io::Result<Option<String>> {
+    let lossy = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    match std::fs::read_link(link) {
+        Ok(p) => Ok(Some(lossy(p))),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
+            Some((uid, gid)) => {
+                Ok(sys::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
+            }
+            None => Ok(None),
+        },
+        Err(_) => Ok(None),
+    }
+}
+
+/// The arguments of a command line, decoded lossily, in at most `budget` bytes of JSON;
+/// true when something was cut.
+fn keep_args(raw: &[u8], budget: usize) -> (Vec<String>, bool) {
+    let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
+    let mut out = Vec::new();
+    if raw.is_empty() {
+        return (out, false);
+    }
+    let mut used = 2; // []
+    for arg in raw.split(|&b| b == 0) {
+        let comma = usize::from(!out.is_empty());
+        let s = String::from_utf8_lossy(arg);
+        let (kept, cut) = keep_str(&s, budget.saturating_sub(used + comma));
+        if cut && kept.is_empty() {
+            return (out, true);
+        }
+        used += comma + json_str_len(&kept);
+        out.push(kept);
+        if cut {
+            return (out, true);
+        }
+    }
+    (out, false)
+}
+
+/// The longest prefix of `s` that takes at most `budget` bytes as a JSON string; true if cut.
+fn keep_str(s: &str, budget: usize) -> (String, bool) {
+    if json_str_len(s) <= budget {
+        return (s.to_string(), false);
+    }
+    let mut used = 2;
+    let mut end = 0;
+    for (i, c) in s.char_indices() {
+        used += json_char_len(c);
+        if used > budget {
+            break;
+        }
+        end = i + c.len_utf8();
+    }
+    (s[..end].to_string(), true)
+}
+
+/// Bytes of one character in a JSON string as serde_json writes it.
+fn json_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\u{8}' | '\u{c}' | '\n' | '\r' | '\t' => 2,
+        c if (c as u32) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+fn json_str_len(s: &str) -> usize {
+    2 + s.chars().map(json_char_len).sum::<usize>()
+}
+
+struct Count(usize);
+
+impl io::Write for Count {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0 += b.len();
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Bytes of compact JSON, counted without building it.
+fn json_size<T: Serialize>(v: &T) -> usize {
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX / 4,
+    }
+}
+
+fn finish(t: Target, reply: Option<Reply>) -> Evidence {
+    let mut e = t.evidence;
+    let Some(r) = reply else { return e };
+    if r.key != (e.pid, e.start_time) {
+        log::error!(
+            "evidence reader answered for {:?} when {} was asked; recorded as unreadable",
+            r.key,
+            e.pid
+        );
+        return e;
+    }
+    if let Some(exe) = r.exe {
+        let (exe, cut) = keep_str(&exe, EXE_KEEP);
+        e.exe = Some(exe);
+        e.truncated |= cut;
+    }
+    if let Some((raw, more)) = r.cmdline {
+        let (args, cut) = keep_args(&raw, CMDLINE_KEEP);
+        e.cmdline = Some(args);
+        e.truncated |= more || cut;
+        e.unreadable = false;
+    }
+    e
+}
+
+/// A target waiting for its answer; `sent` is false when it will not be read.
+struct InFlight {
+    target: Target,
+    reserve: usize,
+    sent: bool,
+}
+
+struct Walk<'a> {
+    pool: MutexGuard<'a, Pool>,
+    until: Instant,
+    /// A thread could not be started during this walk: do not try again for every target.
+    spawn_failed: bool,
+}
+
+impl Walk<'_> {
+    /// The reader to hand jobs to, started if there is none and the limits allow.
+    fn worker(&mut self) -> Option<&Worker> {
+        if self.pool.worker.is_none() && !self.spawn_failed {
+            self.pool.stuck.retain(|s| !s.lock().done);
+            if self.pool.stuck.len() >= MAX_STUCK {
+                log::warn!("evidence: {MAX_STUCK} readers are stuck in the kernel; the rest is unreadable");
+                self.spawn_failed = true;
+            } else {
+                match spawn() {
+                    Ok(w) => self.pool.worker = Some(w),
+                    Err(e) => {
+                        log::warn!("evidence: cannot start a reader thread ({e}); the rest is unreadable");
+                        self.spawn_failed = true;
+                    }
+                }
+            }
+        }
+        self.pool.worker.as_ref()
+    }
+
+    /// A reader left behind is stuck on this target: reading it again would only strand another.
+    fn stuck_on(&self, key: (Pid, u64)) -> bool {
+        self.pool.stuck.iter().any(|s| {
+            let s = s.lock();
+            !s.done && s.current == Some(key)
+        })
+    }
+
+    /// Hand a target to the reader; false when it will not be read.
+    fn send(&mut self, t: &Target) -> bool {
+        if Instant::now() >= self.until || self.stuck_on(t.key()) {
+            return false;
+        }
+        let job = Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
+        let Some(w) = self.worker() else { return false };
+        if w.jobs.send(job).is_ok() {
+            return true;
+        }
+        // The reader ended (it could not restore its credentials): once more with a new one.
+        self.pool.worker = None;
+        let job = Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
+        self.worker().is_some_and(|w| w.jobs.send(job).is_ok())
+    }
+
+    /// Stop waiting for the current reader; it is left where it is.
+    fn abandon(&mut self, pid: Pid) {
+        if let Some(w) = self.pool.worker.take() {
+            let mut s = w.slot.lock();
+            s.abandoned = true;
+            if !s.done {
+                log::warn!(
+                    "evidence: reading pid {pid} did not finish in time (it may wait on a lock the process \
+                     holds); recorded as unreadable, that reader is left behind"
+                );
+                drop(s);
+                self.pool.stuck.push(w.slot.clone());
+            }
+        }
+    }
+}
+
+/// Read the evidence of every target, in order, within the bounds above and before `until`.
+pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant) -> Gathered {
+    let mut walk = Walk { pool: pool(), until, spawn_failed: false };
+    let mut targets = targets.into_iter().peekable();
+    let mut out = Gathered::default();
+    let mut used = 2; // []
+    let mut reserved = 0;
+    let mut flight: VecDeque<InFlight> = VecDeque::new();
+    loop {
+        while flight.len() < WINDOW {
+            let Some(next) = targets.peek() else { break };
+            let reserve = next.reserve();
+            if used + reserved + reserve > MARKER_BUDGET {
+                break;
+            }
+            let Some(target) = targets.next() else { break };
+            let sent = walk.send(&target);
+            reserved += reserve;
+            flight.push_back(InFlight { target, reserve, sent });
+        }
+        let Some(head) = flight.pop_front() else {
+            // Nothing in flight and the next does not fit (or there is none): the rest is counted.
+            out.omitted = targets.count() as u64;
+            break;
+        };
+        let reply = if head.sent { wait(&mut walk, &head, &mut flight) } else { None };
+        reserved -= head.reserve;
+        let e = finish(head.target, reply);
+        used += json_size(&e) + usize::from(!out.processes.is_empty());
+        out.processes.push(e);
+    }
+    out.bytes = used;
+    out
+}
+
+/// Record a process first seen alive after the walk, from the observation alone, within the
+/// same budget (what does not fit is counted).
+pub fn add_late(g: &mut Gathered, t: Target) {
+    let size = json_size(&t.evidence) + usize::from(!g.processes.is_empty());
+    if g.bytes.max(2) + size > MARKER_BUDGET {
+        g.omitted += 1;
+        return;
+    }
+    g.bytes = g.bytes.max(2) + size;
+    g.processes.push(t.evidence);
+}
+
+/// The answer for `head`, or None once its reader is left behind; what was handed to that
+/// reader after it goes to a new one.
+fn wait(walk: &mut Walk, head: &InFlight, flight: &mut VecDeque<InFlight>) -> Option<Reply> {
+    let left = walk.until.saturating_duration_since(Instant::now());
+    let got = match walk.pool.worker.as_ref() {
+        Some(w) => w.replies.recv_timeout(READ_WAIT.min(left)),
+        None => Err(RecvTimeoutError::Disconnected),
+    };
+    match got {
+        Ok(r) => Some(r),
+        Err(_) => {
+            walk.abandon(head.target.evidence.pid);
+            for f in flight.iter_mut().filter(|f| f.sent) {
+                f.sent = walk.send(&f.target);
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_lengths_match_serde_json() {
+        for s in
+            ["", "a", "é", "\u{fffd}\u{fffd}", "\"\\", "\n\t\r\u{8}\u{c}", "\u{1}\u{1f}\u{7f}", "\u{2028}x"]
+        {
+            assert_eq!(json_str_len(s), serde_json::to_string(s).unwrap().len(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn command_lines_are_cut_to_the_budget() {
+        assert_eq!(keep_args(b"", 100), (vec![], false));
+        assert_eq!(
+            keep_args(b"sh\0-c\0\0x\0", 100),
+            (vec!["sh".into(), "-c".into(), "".into(), "x".into()], false)
+        );
+        // 0xFF decodes to U+FFFD, three bytes of JSON each.
+        let raw: Vec<u8> = [b"sh\0".as_slice(), &[0xFF; 5000]].concat();
+        let (args, cut) = keep_args(&raw, CMDLINE_KEEP);
+        assert!(cut);
+        let json = serde_json::to_string(&args).unwrap();
+        assert!(json.len() <= CMDLINE_KEEP && json.len() > CMDLINE_KEEP - 4, "{}", json.len());
+        assert_eq!(args[0], "sh");
+        // Control bytes take six bytes of JSON each.
+        let (args, cut) = keep_args(&[1u8; 3000], 1000);
+        assert!(cut && serde_json::to_string(&args).unwrap().len() <= 1000);
+        // Nothing fits: nothing kept.
+        assert_eq!(keep_args(b"abc", 3), (vec![], true));
+    }
+
+    #[test]
+    fn prefix_reads_stop_at_the_limit() {
+        let p = std::env::temp_dir().join(format!("quiesce-prefix-{}", std::process::id()));
+        std::fs::write(&p, vec![7u8; 10_000]).unwrap();
+        let (b, more) = read_prefix(p.to_str().unwrap(), 4096).unwrap();
+        assert_eq!((b.len(), more), (4096, true));
+        std::fs::write(&p, vec![7u8; 4096]).unwrap();
+        assert!(!read_prefix(p.to_str().unwrap(), 4096).unwrap().1);
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn filesystem_ids_switch_for_one_thread_and_come_back() {
+        let fs_line = || {
+            let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+            let uid = st.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
+            let gid = st.lines().find(|l| l.starts_with("Gid:")).unwrap().to_string();
+            (
+                uid.split_whitespace().nth(4).unwrap().to_string(),
+                gid.split_whitespace().nth(4).unwrap().to_string(),
+            )
+        };
+        std::thread::spawn(move || {
+            let inside = sys::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
+            assert_eq!(inside, ("4242".to_string(), "4343".to_string()));
+            assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
+        })
+        .join()
+        .unwrap();
+        // The process's other threads never changed.
+        assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
+        let got = gather([Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5));
+        assert_eq!(got.omitted, 0);
+        let e = &got.processes[0];
+        assert!(!e.unreadable && e.cmdline.as_ref().is_some_and(|c| !c.is_empty()), "{e:?}");
+        assert!(e.exe.is_some(), "{e:?}");
+    }
+
+    #[test]
+    fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
+        let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
+        let got = gather((0..3).map(|_| Target::of(&me, &[])), Instant::now());
+        assert_eq!(got.processes.len(), 3);
+        assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));
+    }
+}

@@ -95,6 +95,17 @@ fn read_file(path: &Path) -> io::Result<Read<Vec<u8>>> {
     }
 }
 
+fn read_prefix(path: &Path, max: usize) -> io::Result<Read<Vec<u8>>> {
+    use std::io::Read as _;
+    let mut b = Vec::new();
+    let r = fs::File::open(path).and_then(|f| f.take(max as u64).read_to_end(&mut b));
+    match r {
+        Ok(_) => Ok(Read::Ok(b)),
+        Err(e) if is_gone(&e) => Ok(Read::Gone),
+        Err(e) => Err(unknown(path, e)),
+    }
+}
+
 pub struct Stat {
     pub pid: Pid,
     pub comm: String,
@@ -286,7 +297,9 @@ impl Reader {
     /// cmdline and exe of a process: what a person needs to recognise it.
     fn evidence(&self, dir: &Path) -> io::Result<(Vec<String>, Option<String>)> {
         {
-            let cmdline = match read_file(&dir.join("cmdline"))? {
+            // The process chooses its command line's size (even terabytes, through
+            // PR_SET_MM): only the first bytes are read.
+            let cmdline = match read_prefix(&dir.join("cmdline"), crate::evidence::CMDLINE_READ)? {
                 Read::Gone => Vec::new(),
                 Read::Ok(b) => b
                     .split(|&c| c == 0)

@@ -399,7 +399,13 @@ impl Container {
 
     /// Start `cmd` (an adversary mode) with a ready file and wait until it says it is ready.
     /// Fails at once if it ends first: an adversary that could not reach its state exits non-zero.
-    pub fn start_ready(&self, mut cmd: Command, what: &str) -> Workload {
+    pub fn start_ready(&self, cmd: Command, what: &str) -> Workload {
+        self.try_start_ready(cmd, what)
+            .unwrap_or_else(|s| panic!("workload {what} ended ({s}) before it was ready"))
+    }
+
+    /// Like `start_ready`, for a workload that may be killed before it is ready (by a freeze).
+    pub fn try_start_ready(&self, mut cmd: Command, what: &str) -> Result<Workload, ExitStatus> {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         let ready = self.dir.join(format!("ready-{n}"));
         cmd.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());
@@ -407,14 +413,14 @@ impl Container {
         let until = Instant::now() + READY_TIMEOUT;
         while !ready.exists() {
             if let Some(s) = child.0.try_wait().expect("try_wait") {
-                panic!("workload {what} ended ({s}) before it was ready");
+                return Err(s);
             }
             assert!(Instant::now() < until, "workload {what} was not ready within {READY_TIMEOUT:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
         let text = read(&ready);
         let pid = text.trim().parse().unwrap_or_else(|_| panic!("ready file of {what} says '{text}'"));
-        Workload { pid, _guard: child }
+        Ok(Workload { pid, _guard: child })
     }
 
     /// Start a workload as `uid` through `quiesce exec`, and wait until it says it is ready.

@@ -317,3 +317,14 @@ fn no_command_and_bad_options_are_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--grace"));
 }
+
+/// The harness signals only the init it saw, through a pidfd: for an init that has ended (or
+/// that it never saw) it fails the test, where `kill(0, sig)` would have hit the test runner's
+/// own process group.
+#[test]
+#[should_panic(expected = "cannot signal the init")]
+fn harness_refuses_to_signal_an_ended_init() {
+    let mut c = Container::start(&[], &["true"]);
+    assert_eq!(c.wait_code(T), 0);
+    c.signal(libc::SIGTERM);
+}

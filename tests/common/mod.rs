@@ -454,9 +454,9 @@ impl Container {
 
     /// Signal the init. Only ever the init: never a pid <= 0, never a recycled pid.
     pub fn signal(&self, sig: i32) {
-        let fd = self.pidfd.as_ref().expect("no init to signal: it exited before the harness saw it");
+        let fd = self.pidfd.as_ref().expect("cannot signal the init: it exited before the harness saw it");
         if let Err(e) = pidfd_signal(fd, sig) {
-            panic!("signal {sig} to the init: {e}");
+            panic!("cannot signal the init (signal {sig}): {e}");
         }
     }
 

@@ -453,7 +453,7 @@ fn t13_vfork_parent_and_child() {
     let w = c.launch(uid, &["vfork"]);
     // The parent is suspended in vfork (D, in the vfork syscall); its vfork child and the
     // watcher that wrote the ready file are its children.
-    assert_eq!(c.stat(w.pid).map(|s| s.state), Some('D'));
+    assert_eq!(c.stat(w.pid).map(|s| s.state), Some('D'), "the parent is not suspended in vfork");
     let syscall = c.proc_read(w.pid, "syscall").unwrap_or_default();
     assert_eq!(syscall.split_whitespace().next(), Some(libc::SYS_vfork.to_string().as_str()), "{syscall}");
     let kids = c.children_of(w.pid);
@@ -617,7 +617,7 @@ fn t22_leader_thread_exited() {
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["leader-exit"]);
     // From /proc: the leader is a zombie, and the process lives on in its other thread.
-    assert_eq!(c.stat(w.pid).map(|s| s.state), Some('Z'));
+    assert_eq!(c.stat(w.pid).map(|s| s.state), Some('Z'), "the leader is not a zombie");
     let tasks = std::fs::read_dir(c.proc_dir().join(w.pid.to_string()).join("task")).unwrap();
     let live =
         tasks.flatten().filter(|t| Stat::parse(&read(&t.path().join("stat"))).is_some_and(|s| s.live()));

@@ -76,6 +76,14 @@ fn exited_ok_unreaped(c: i32) {
     }
 }
 
+/// Is `pid` suspended in vfork: in the vfork syscall, waiting (D) for its child to exec or exit?
+fn in_vfork(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let waiting = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('D'));
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    waiting && syscall.split_whitespace().next() == Some(&libc::SYS_vfork.to_string())
+}
+
 fn forever() -> ! {
     loop {
         unsafe { libc::pause() };
@@ -103,14 +111,6 @@ fn spawn_sleepers(n: u64) {
             _ => {}
         }
     }
-}
-
-/// Is `pid` suspended in vfork: in the vfork syscall, waiting (D) for its child to exec or exit?
-fn in_vfork(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let waiting = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('D'));
-    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
-    waiting && syscall.split_whitespace().next() == Some(&libc::SYS_vfork.to_string())
 }
 
 fn raw_setresuid(r: u32, e: u32, s: u32) -> i64 {

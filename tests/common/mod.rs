@@ -53,7 +53,17 @@ impl AsRef<OsStr> for Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                // A directory left behind fails the test, unless it is failing already.
+                let msg = format!("harness: cannot remove {}: {e}", self.0.display());
+                if std::thread::panicking() {
+                    eprintln!("{msg}");
+                } else {
+                    panic!("{msg}");
+                }
+            }
+        }
     }
 }
 
@@ -652,9 +662,29 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        // Killing PID 1 ends every process of the namespace; unshare (--kill-child) would too.
+        // Killing PID 1 ends every process of the namespace, and PID 1 exits (its pidfd turns
+        // readable) only once all of them are gone: wait for that, bounded, so that nothing still
+        // writes into the scratch directory while it is removed.
         if let Some(fd) = &self.pidfd {
             let _ = pidfd_signal(fd, libc::SIGKILL);
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    eprintln!("harness: the namespace of init {} did not end within 30 s", self.init);
+                    break;
+                }
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let r = unsafe { libc::poll(&mut p, 1, left.as_millis().min(1000) as i32) };
+                if r > 0 || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+                    break;
+                }
+            }
+        }
+        // unshare ends with its child; it is killed (and --kill-child ends the rest) only if not.
+        let until = Instant::now() + Duration::from_secs(10);
+        while matches!(self.unshare.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
         }
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();

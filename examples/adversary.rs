@@ -6,11 +6,82 @@ use std::ffi::CString;
 use std::time::Duration;
 
 fn ready() {
+    ready_as(std::process::id());
+}
+
+/// The ready file names `pid`, the process the test is to look at.
+fn ready_as(pid: u32) {
     if let Ok(p) = std::env::var("ADV_READY") {
         let tmp = format!("{p}.tmp.{}", std::process::id());
-        std::fs::write(&tmp, std::process::id().to_string()).expect("write ready file");
+        std::fs::write(&tmp, pid.to_string()).expect("write ready file");
         std::fs::rename(&tmp, &p).expect("rename ready file");
     }
+}
+
+/// An adversary that cannot reach the state its test is about exits non-zero, never ready.
+fn fail(what: &str) -> ! {
+    eprintln!("adversary: {what}: {}", std::io::Error::last_os_error());
+    std::process::exit(1);
+}
+
+/// fork, or fail.
+fn fork_checked() -> i32 {
+    match fork() {
+        p if p < 0 => fail("fork"),
+        p => p,
+    }
+}
+
+fn pipe_checked() -> (i32, i32) {
+    let mut fds = [0; 2];
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        fail("pipe");
+    }
+    (fds[0], fds[1])
+}
+
+/// Tell the parent over the pipe that this process is in place, and let go of the write end.
+fn report(wr: i32) {
+    if unsafe { libc::write(wr, b"x".as_ptr() as *const libc::c_void, 1) } != 1 {
+        fail("report over the pipe");
+    }
+    unsafe { libc::close(wr) };
+}
+
+/// Read `n` reports; EOF first means a child failed (every write end is gone).
+fn await_reports(rd: i32, wr: i32, n: usize) {
+    unsafe { libc::close(wr) };
+    let mut got = 0;
+    while got < n {
+        let mut b = [0u8; 16];
+        match unsafe { libc::read(rd, b.as_mut_ptr() as *mut libc::c_void, b.len()) } {
+            r if r > 0 => got += r as usize,
+            r if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+            _ => fail(&format!("only {got} of {n} children reported in place")),
+        }
+    }
+    unsafe { libc::close(rd) };
+}
+
+/// Wait for child `c` to exit without reaping it; fail unless it exited with status 0.
+fn exited_ok_unreaped(c: i32) {
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::waitid(libc::P_PID, c as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) } != 0 {
+        fail("waitid");
+    }
+    let status = unsafe { info.si_status() };
+    if info.si_code != libc::CLD_EXITED || status != 0 {
+        eprintln!("adversary: child {c} ended with code {} status {status}", info.si_code);
+        std::process::exit(1);
+    }
+}
+
+/// Is `pid` suspended in vfork: in the vfork syscall, waiting (D) for its child to exec or exit?
+fn in_vfork(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let waiting = stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('D'));
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    waiting && syscall.split_whitespace().next() == Some(&libc::SYS_vfork.to_string())
 }
 
 fn forever() -> ! {
@@ -36,10 +107,7 @@ fn spawn_sleepers(n: u64) {
     for _ in 0..n {
         match fork() {
             0 => forever(),
-            p if p < 0 => {
-                eprintln!("fork failed: {}", std::io::Error::last_os_error());
-                break;
-            }
+            p if p < 0 => fail("fork"),
             _ => {}
         }
     }
@@ -120,23 +188,43 @@ fn main() {
             }
         }
         // A double-forked daemon (reparented to PID 1), a setsid and a setpgid escapee.
+        // Ready once each is in place: the daemon reparented, the others leaders of their own.
         "daemon" => {
-            if fork() == 0 {
-                unsafe { libc::setsid() };
-                if fork() == 0 {
+            let (rd, wr) = pipe_checked();
+            let middle = fork_checked();
+            if middle == 0 {
+                if unsafe { libc::setsid() } < 0 {
+                    fail("setsid");
+                }
+                if fork_checked() == 0 {
+                    report(wr);
                     forever();
                 }
                 std::process::exit(0);
             }
-            if fork() == 0 {
-                unsafe { libc::setsid() };
+            if fork_checked() == 0 {
+                if unsafe { libc::setsid() } < 0 {
+                    fail("setsid");
+                }
+                report(wr);
                 forever();
             }
-            if fork() == 0 {
-                unsafe { libc::setpgid(0, 0) };
+            if fork_checked() == 0 {
+                if unsafe { libc::setpgid(0, 0) } != 0 {
+                    fail("setpgid");
+                }
+                report(wr);
                 forever();
             }
-            std::thread::sleep(Duration::from_millis(100));
+            // Reaping the middle process means its child was already handed to PID 1.
+            let mut st = 0;
+            if unsafe { libc::waitpid(middle, &mut st, 0) } != middle
+                || !libc::WIFEXITED(st)
+                || libc::WEXITSTATUS(st) != 0
+            {
+                fail("the middle of the double fork");
+            }
+            await_reports(rd, wr, 3);
             ready();
             forever();
         }
@@ -169,11 +257,15 @@ fn main() {
         // Run as root: one thread switches to UID U with the raw syscall; the leader stays root.
         "thread-uid" => {
             let uid = arg(2, 4242) as u32;
+            let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
-                assert_eq!(raw_setresuid(uid, uid, uid), 0);
+                let r = raw_setresuid(uid, uid, uid);
+                let _ = tx.send(r);
                 forever();
             });
-            std::thread::sleep(Duration::from_millis(50));
+            if rx.recv() != Ok(0) {
+                fail("setresuid in the thread");
+            }
             ready();
             forever();
         }
@@ -222,21 +314,23 @@ fn main() {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
+        // Stopped, and stops itself again whenever it is continued.
         "stopped" => {
             ready();
-            unsafe { libc::raise(libc::SIGSTOP) };
-            forever();
+            loop {
+                if unsafe { libc::raise(libc::SIGSTOP) } != 0 {
+                    fail("raise SIGSTOP");
+                }
+            }
         }
         // A tracer attached to its own child, continuing it forever.
         "ptrace" => {
-            let c = fork();
+            let c = fork_checked();
             if c == 0 {
                 forever();
             }
-            unsafe {
-                if libc::ptrace(libc::PTRACE_SEIZE, c, 0, 0) != 0 {
-                    eprintln!("ptrace: {}", std::io::Error::last_os_error());
-                }
+            if unsafe { libc::ptrace(libc::PTRACE_SEIZE, c, 0, 0) } != 0 {
+                fail("PTRACE_SEIZE");
             }
             ready();
             loop {
@@ -247,15 +341,31 @@ fn main() {
                 unsafe { libc::ptrace(libc::PTRACE_CONT, c, 0, 0) };
             }
         }
-        // A vfork child that never execs: the parent stays suspended in vfork.
+        // A vfork child that never execs: the parent stays suspended in vfork. Neither can say
+        // so itself, so a watcher forked first writes the ready file (naming the parent) once it
+        // sees the parent in vfork, or exits non-zero after 10 s.
         "vfork" => {
-            ready();
+            let parent = std::process::id();
+            if fork_checked() == 0 {
+                for _ in 0..2000 {
+                    if in_vfork(parent) {
+                        ready_as(parent);
+                        forever();
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                eprintln!("adversary: never saw {parent} suspended in vfork");
+                std::process::exit(1);
+            }
             #[allow(deprecated)]
             let c = unsafe { libc::vfork() };
             if c == 0 {
                 loop {
                     unsafe { libc::pause() };
                 }
+            }
+            if c < 0 {
+                fail("vfork");
             }
             forever();
         }
@@ -286,14 +396,27 @@ fn main() {
             ready();
             forever();
         }
-        // Attacks PID 1 with SIGSTOP/SIGKILL and kill(-1, SIGKILL) in a loop.
+        // Attacks PID 1 in a loop: SIGSTOP, SIGKILL and SIGTERM to it and to each of its threads
+        // (one that switches to our UID for a moment is in reach), and SIGCONT to every process
+        // of ours, which undoes a freeze's stop. Ready after the first full round.
         "attack-init" => {
-            ready();
+            let mut first = true;
             loop {
-                unsafe {
-                    libc::kill(1, libc::SIGSTOP);
-                    libc::kill(1, libc::SIGKILL);
-                    libc::kill(-1, libc::SIGKILL);
+                for sig in [libc::SIGSTOP, libc::SIGKILL, libc::SIGTERM] {
+                    unsafe { libc::kill(1, sig) };
+                }
+                let tids: Vec<i64> = std::fs::read_dir("/proc/1/task")
+                    .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+                    .unwrap_or_default();
+                for tid in tids {
+                    for sig in [libc::SIGSTOP, libc::SIGKILL, libc::SIGTERM] {
+                        unsafe { libc::syscall(libc::SYS_tgkill, 1, tid, sig) };
+                    }
+                }
+                unsafe { libc::kill(-1, libc::SIGCONT) };
+                if first {
+                    ready();
+                    first = false;
                 }
                 std::thread::sleep(Duration::from_micros(500));
             }
@@ -301,20 +424,22 @@ fn main() {
         // Run as root: a child drops to UID U and exits; the root parent never reaps it.
         "zombie-root" => {
             let uid = arg(2, 4242) as u32;
-            if fork() == 0 {
-                unsafe { libc::setresuid(uid, uid, uid) };
-                unsafe { libc::_exit(0) };
+            let c = fork_checked();
+            if c == 0 {
+                let r = unsafe { libc::setresuid(uid, uid, uid) };
+                unsafe { libc::_exit(if r == 0 { 0 } else { 1 }) };
             }
-            std::thread::sleep(Duration::from_millis(50));
+            exited_ok_unreaped(c);
             ready();
             forever();
         }
         // A child of ours that exits; we never reap it.
         "zombie" => {
-            if fork() == 0 {
+            let c = fork_checked();
+            if c == 0 {
                 unsafe { libc::_exit(0) };
             }
-            std::thread::sleep(Duration::from_millis(50));
+            exited_ok_unreaped(c);
             ready();
             forever();
         }
@@ -325,11 +450,13 @@ fn main() {
                 eprintln!("unshare: {}", std::io::Error::last_os_error());
                 std::process::exit(3);
             }
-            if fork() == 0 {
+            let (rd, wr) = pipe_checked();
+            if fork_checked() == 0 {
                 spawn_sleepers(3);
+                report(wr);
                 forever();
             }
-            std::thread::sleep(Duration::from_millis(50));
+            await_reports(rd, wr, 1);
             ready();
             forever();
         }
@@ -337,17 +464,18 @@ fn main() {
         "leader-exit" => {
             let pid = std::process::id();
             std::thread::spawn(move || {
-                // Ready only once the leader really is a zombie.
+                // Ready only once the leader really is a zombie; never, if it does not become one.
                 for _ in 0..1000 {
                     let st =
                         std::fs::read_to_string(format!("/proc/self/task/{pid}/stat")).unwrap_or_default();
                     if st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')) {
-                        break;
+                        ready();
+                        forever();
                     }
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                ready();
-                forever();
+                eprintln!("adversary: the leader never showed Z");
+                unsafe { libc::_exit(1) };
             });
             // The raw exit ends this thread only, without unwinding through the runtime.
             unsafe { libc::syscall(libc::SYS_exit, 0) };

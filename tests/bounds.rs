@@ -279,24 +279,15 @@ fn a_zombie_storm_does_not_hold_back_sigterm() {
         },
         &[&a, "signals"],
     );
-    let out = c.take_stdout().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = c.stdout_lines();
     let _w = launch_as(&c, uid, "storm", &["zombie-storm", "8", "3000", "20", "2000"]);
     std::thread::sleep(Duration::from_millis(500));
     let t = Instant::now();
     c.signal(libc::SIGTERM);
-    let got = rx.recv_timeout(Duration::from_secs(5));
+    let got = lines.next_within(Duration::from_secs(5));
     let took = t.elapsed();
     eprintln!("zombie storm: SIGTERM reached the command after {took:?}");
-    assert_eq!(got.as_deref(), Ok("got 15"), "SIGTERM was not forwarded within 5 s");
+    assert_eq!(got, "got 15", "SIGTERM was not forwarded within 5 s");
     // The command ended, so the init ends the rest (the storm included) and exits.
     assert_eq!(c.wait_code(Duration::from_secs(15)), 0);
 }

@@ -2,15 +2,25 @@
 
 mod common;
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const T: Duration = Duration::from_secs(20);
 
-/// Shell that writes the number of zombies in the namespace to $D/zombies.
-const COUNT_ZOMBIES: &str = r#"n=0; for f in /proc/[0-9]*/stat; do read -r l < $f 2>/dev/null || continue;
-    case "$l" in *") Z "*) n=$((n+1));; esac; done; echo $n > $D/zombies"#;
+/// Shell that waits (up to 10 s) until no process but PID 1 and itself is left in the namespace,
+/// dead or alive, then writes how many are left to $D/left and lists them in $D/left-ps.
+const COUNT_LEFT: &str = r#"i=0; while :; do n=0; : > $D/left-ps
+    for f in /proc/[0-9]*/stat; do read -r l < $f 2>/dev/null || continue; p=${l%% *}
+        [ "$p" = 1 ] || [ "$p" = $$ ] && continue; n=$((n+1)); echo "$l" >> $D/left-ps; done
+    [ $n = 0 ] || [ $i -ge 200 ] && break; i=$((i+1)); sleep 0.05; done; echo $n > $D/left"#;
+
+/// `unshare --pid --fork --mount-proc --kill-child ARGS`, bounded: whatever it leaves behind
+/// ends with its PID namespace.
+fn in_namespace(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).args(args);
+    output_within(&mut c, Duration::from_secs(30))
+}
 
 fn run(args: &[&str], cmd: &[&str]) -> i32 {
     Container::start(args, cmd).wait_code(T)
@@ -32,12 +42,8 @@ fn killed_by_signal_is_128_plus_n() {
 
 #[test]
 fn exec_failures_are_127_and_126_with_one_line() {
-    let out = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(quiesce())
-        .args(["--", "no-such-command-here"])
-        .output()
-        .unwrap();
+    let q = quiesce();
+    let out = in_namespace(&[q.as_ref(), "--".as_ref(), "no-such-command-here".as_ref()]);
     assert_eq!(out.status.code(), Some(127));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -46,28 +52,17 @@ fn exec_failures_are_127_and_126_with_one_line() {
     let d = scratch("noexec");
     let f = d.join("script");
     std::fs::write(&f, "#!/bin/sh\nexit 0\n").unwrap();
-    let out = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(quiesce())
-        .arg("--")
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = in_namespace(&[q.as_ref(), "--".as_ref(), f.as_ref()]);
     assert_eq!(out.status.code(), Some(126));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("permission denied"), "{err}");
-    std::fs::remove_dir_all(d).unwrap();
 }
 
 #[test]
 fn a_child_exiting_127_is_not_an_exec_failure() {
     // catatonit#5: a command that itself exits 127 is reported as its status, silently.
-    let out = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(quiesce())
-        .args(["--", "sh", "-c", "exit 127"])
-        .output()
-        .unwrap();
+    let q = quiesce();
+    let out = in_namespace(&[q.as_ref(), "--".as_ref(), "sh".as_ref(), "-c".as_ref(), "exit 127".as_ref()]);
     assert_eq!(out.status.code(), Some(127));
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -82,54 +77,71 @@ fn remap_exit_code() {
 fn every_catchable_signal_is_forwarded() {
     let adv = adversary();
     let mut c = Container::start_with(
-        Opts { stdout: Stdio::piped(), ..Default::default() },
+        Opts { stdout: Stdio::piped(), ready: true, ..Default::default() },
         &[adv.to_str().unwrap(), "signals"],
     );
-    let mut lines = BufReader::new(c.take_stdout().unwrap()).lines();
-    std::thread::sleep(Duration::from_millis(300));
+    let lines = c.stdout_lines();
     let mut sigs: Vec<i32> = (1..=31).filter(|&s| ![9, 19, 17, 15].contains(&s)).collect();
     sigs.push(libc::SIGRTMIN() + 2);
     sigs.push(15);
     for s in sigs {
         c.signal(s);
-        let line = lines.next().expect("child output").unwrap();
-        assert_eq!(line, format!("got {s}"), "signal {s}");
+        assert_eq!(lines.next_within(Duration::from_secs(10)), format!("got {s}"), "signal {s}");
     }
     assert_eq!(c.wait_code(T), 0);
 }
 
 #[test]
 fn pgroup_mode_signals_the_whole_pipeline() {
-    // The sleeps ignore TERM, so only the forwarded USR2 can end them quickly.
-    let pipeline = "(trap '' TERM; sleep 100) | (trap '' TERM; sleep 100)";
-    let mut with = Container::start(&["-g", "--grace", "30"], &["sh", "-c", pipeline]);
-    std::thread::sleep(Duration::from_millis(300));
+    // The sleeps ignore TERM, so only the forwarded USR2 can end them before the grace (60 s,
+    // past the 10 s bound below). Each stage says when it has set its trap.
+    let pipeline = "(trap '' TERM; touch $D/a; exec sleep 100) | (trap '' TERM; touch $D/b; exec sleep 100)";
+    let started = |c: &Container| {
+        wait_for("the pipeline", Duration::from_secs(10), || c.path("a").exists() && c.path("b").exists());
+        let sh = c.children_of(1);
+        assert_eq!(sh.len(), 1, "{sh:?}");
+        let stages = c.children_of(sh[0]);
+        assert_eq!(stages.len(), 2, "{stages:?}");
+        (sh[0], stages)
+    };
+    let mut with = Container::start(&["-g", "--grace", "60"], &["sh", "-c", pipeline]);
+    started(&with);
     with.signal(libc::SIGUSR2);
     assert_eq!(with.wait_code(Duration::from_secs(10)), 128 + libc::SIGUSR2);
 
-    let mut without = Container::start(&["--grace", "30"], &["sh", "-c", pipeline]);
-    std::thread::sleep(Duration::from_millis(300));
+    let mut without = Container::start(&["--grace", "60"], &["sh", "-c", pipeline]);
+    let (sh, stages) = started(&without);
     without.signal(libc::SIGUSR2);
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(without.alive(), "without -g the pipeline should have outlived the signal");
+    // The shell dies of it and is reaped; the stages were never signalled and live on.
+    wait_for("the shell to end", Duration::from_secs(10), || without.stat(sh).is_none());
+    for p in stages {
+        assert!(
+            without.stat(p).is_some_and(|s| s.live()),
+            "without -g stage {p} should have outlived the signal"
+        );
+    }
+    assert!(without.alive());
 }
 
-/// Run `prelude` as the command, then count the zombies left in the namespace.
-fn zombies_after(prelude: &str) -> String {
-    let script = format!("{prelude}; {COUNT_ZOMBIES}");
+/// Run `prelude` as the command, then wait until nothing else is left in the namespace: no
+/// live process and no zombie. Returns how many were left (after 10 s at most), and which.
+fn left_after(prelude: &str) -> (String, String) {
+    let script = format!("{prelude}; {COUNT_LEFT}");
     let mut c = Container::start(&[], &["sh", "-c", &script]);
     assert_eq!(c.wait_code(T), 0);
-    read(&c.path("zombies")).trim().to_string()
+    (read(&c.path("left")).trim().to_string(), read(&c.path("left-ps")))
 }
 
 #[test]
-fn thousand_orphans_are_reaped_within_a_second() {
-    assert_eq!(zombies_after("$ADV orphans 1000; sleep 1"), "0");
+fn thousand_orphans_are_reaped() {
+    let (n, ps) = left_after("$ADV orphans 1000 > /dev/null");
+    assert_eq!(n, "0", "{ps}");
 }
 
 #[test]
 fn grandchild_orphan_is_reaped() {
-    assert_eq!(zombies_after("(sh -c 'exit 0' &) ; sleep 0.5"), "0");
+    let (n, ps) = left_after("(sh -c 'exit 0' &)");
+    assert_eq!(n, "0", "{ps}");
 }
 
 #[test]
@@ -151,7 +163,8 @@ fn child_killing_itself_while_a_sibling_exits() {
 
 #[test]
 fn shutdown_terms_then_kills_after_grace_and_waits() {
-    let script = "(trap '' TERM; exec sleep 100) & echo $! > $D/bg; sleep 0.2; exit 7";
+    let script = "(trap '' TERM; touch $D/trapped; exec sleep 100) & \
+                  while [ ! -e $D/trapped ]; do sleep 0.01; done; exit 7";
     let mut c = Container::start(&["--grace", "1"], &["sh", "-c", script]);
     let t = Instant::now();
     assert_eq!(c.wait_code(T), 7);
@@ -161,30 +174,41 @@ fn shutdown_terms_then_kills_after_grace_and_waits() {
 
 #[test]
 fn subreaper_when_not_pid_1() {
+    // quiesce as a child of a shell that is PID 1 of a namespace of its own: not PID 1, so a
+    // subreaper, and nothing it leaves behind can reach the host. The subshell orphans a sleep,
+    // which must reparent to quiesce; when the command ends quiesce TERMs it and waits, well
+    // within a 60 s grace the 30 s bound cuts short. The outer shell then records whether the
+    // sleep outlived quiesce.
     let d = scratch("subreaper");
-    let script = "(sleep 30 & echo $! > $D/pid); sleep 0.3; read -r l < /proc/$(cat $D/pid)/stat; \
-                  set -- ${l##*) }; echo $2 > $D/ppid; exit 5";
-    let child = Command::new(quiesce())
-        .args(["-vv", "--grace", "5", "--", "sh", "-c", script])
+    let inner = "echo $PPID > $D/qpid; (sleep 30 & echo $! > $D/pid); read -r l < /proc/$(cat $D/pid)/stat; \
+                 set -- ${l##*) }; echo $2 > $D/ppid; exit 5";
+    let outer = r#""$Q" -vv --grace 60 -- sh -c "$INNER"; echo $? > $D/code
+        if read -r l 2>/dev/null < /proc/$(cat $D/pid)/stat; then set -- ${l##*) }; echo $1 > $D/after
+        else echo gone > $D/after; fi"#;
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", outer])
+        .env("Q", quiesce())
         .env("D", &d)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let t = Instant::now();
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(5));
-    assert_eq!(read(&d.join("ppid")).trim(), pid.to_string(), "the orphan reparents to quiesce");
-    assert!(t.elapsed() < Duration::from_secs(4), "the orphan should have died of SIGTERM");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("subreaper"));
-    std::fs::remove_dir_all(d).unwrap();
+        .env("INNER", inner);
+    let out = output_within(&mut c, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(read(&d.join("code")).trim(), "5", "{err}");
+    assert_eq!(read(&d.join("ppid")).trim(), read(&d.join("qpid")).trim(), "the orphan reparents to quiesce");
+    let after = read(&d.join("after"));
+    assert!(matches!(after.trim(), "gone" | "Z"), "the orphan outlived quiesce (state {after})");
+    assert!(err.contains("subreaper"), "{err}");
 }
 
 #[test]
 fn command_starts_with_a_clean_signal_state() {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("unshare");
-    cmd.args(["--pid", "--fork", "--mount-proc"]).arg(quiesce()).args(["--", "cat", "/proc/self/status"]);
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(quiesce()).args([
+        "--",
+        "cat",
+        "/proc/self/status",
+    ]);
     // The init itself inherits SIGINT and SIGQUIT ignored, as under nohup-like launchers.
     unsafe {
         cmd.pre_exec(|| {
@@ -193,7 +217,7 @@ fn command_starts_with_a_clean_signal_state() {
             Ok(())
         });
     }
-    let out = cmd.output().unwrap();
+    let out = output(&mut cmd);
     let status = String::from_utf8_lossy(&out.stdout);
     for field in ["SigBlk:", "SigIgn:"] {
         let line = status.lines().find(|l| l.starts_with(field)).unwrap();
@@ -203,18 +227,37 @@ fn command_starts_with_a_clean_signal_state() {
 
 #[test]
 fn idle_init_never_wakes() {
-    let c = Container::start(&[], &["sleep", "100"]);
-    std::thread::sleep(Duration::from_millis(300));
+    let mut c = Container::start(&[], &["sleep", "100"]);
+    wait_for("the command to run", Duration::from_secs(10), || {
+        c.children_of(1).first().and_then(|&k| c.proc_read(k, "comm")).is_some_and(|n| n.trim() == "sleep")
+    });
+    // Context switches of every thread of the init; fails (never reads 0) when the init is gone.
+    let init = c.init;
     let switches = || {
-        let s = read(std::path::Path::new(&format!("/proc/{}/status", c.init)));
-        s.lines()
-            .filter(|l| l.contains("ctxt_switches"))
-            .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+        let tasks = std::fs::read_dir(format!("/proc/{init}/task")).expect("the init is gone");
+        tasks
+            .flatten()
+            .map(|t| {
+                let s = std::fs::read_to_string(t.path().join("status")).expect("init thread status");
+                let n: Vec<u64> = s
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches"))
+                    .map(|l| l.split_whitespace().last().unwrap().parse().unwrap())
+                    .collect();
+                assert_eq!(n.len(), 2, "{s}");
+                n.iter().sum::<u64>()
+            })
             .sum::<u64>()
     };
+    wait_for("the init to sleep", Duration::from_secs(10), || c.stat(1).is_some_and(|s| s.state == 'S'));
     let before = switches();
+    // An observation window: nothing happens in it, so the init must not run.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(switches(), before, "the idle init woke up");
+    assert!(c.alive(), "the init died");
+    // The count does move when there is something to do: a signal to forward.
+    c.signal(libc::SIGWINCH);
+    wait_for("the init to wake for a signal", Duration::from_secs(10), || switches() > before);
 }
 
 #[test]
@@ -223,7 +266,7 @@ fn ctrl_c_on_a_tty_ends_a_shell_loop_with_130() {
 import os, pty, sys, time, select
 pid, fd = pty.fork()
 if pid == 0:
-    os.execvp("unshare", ["unshare", "--pid", "--fork", "--mount-proc", sys.argv[1], "--",
+    os.execvp("unshare", ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", sys.argv[1], "--",
                           "sh", "-c", "echo started; while true; do sleep 1; done"])
 buf = b""
 deadline = time.time() + 10
@@ -232,7 +275,6 @@ while b"started" not in buf and time.time() < deadline:
     if r:
         try: buf += os.read(fd, 1024)
         except OSError: break
-time.sleep(0.3)
 os.write(fd, b"\x03")
 deadline = time.time() + 10
 while time.time() < deadline:
@@ -244,7 +286,8 @@ while time.time() < deadline:
     except OSError: pass
 os.kill(pid, 9); print("timeout")
 "#;
-    let out = Command::new("python3").arg("-c").arg(driver).arg(quiesce()).output().unwrap();
+    let out =
+        output_within(Command::new("python3").arg("-c").arg(driver).arg(quiesce()), Duration::from_secs(60));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "130",
@@ -268,9 +311,20 @@ fn binary_is_static() {
 
 #[test]
 fn no_command_and_bad_options_are_refused() {
-    let out = Command::new(quiesce()).output().unwrap();
+    let out = output(&mut Command::new(quiesce()));
     assert_eq!(out.status.code(), Some(2));
-    let out = Command::new(quiesce()).args(["--grace", "-1", "--", "true"]).output().unwrap();
+    let out = output(Command::new(quiesce()).args(["--grace", "-1", "--", "true"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--grace"));
+}
+
+/// The harness signals only the init it saw, through a pidfd: for an init that has ended (or
+/// that it never saw) it fails the test, where `kill(0, sig)` would have hit the test runner's
+/// own process group.
+#[test]
+#[should_panic(expected = "cannot signal the init")]
+fn harness_refuses_to_signal_an_ended_init() {
+    let mut c = Container::start(&[], &["true"]);
+    assert_eq!(c.wait_code(T), 0);
+    c.signal(libc::SIGTERM);
 }

@@ -18,7 +18,7 @@ const BOUND: Duration = Duration::from_secs(20);
 struct Init {
     unshare: Child,
     pid: i32,
-    dir: PathBuf,
+    dir: Scratch,
     state: PathBuf,
     exited: Option<ExitStatus>,
 }
@@ -41,7 +41,7 @@ impl Init {
     }
 
     /// Start `c` (which makes the namespace and ends up exec'ing the init) in `dir`.
-    fn launch(mut c: Command, dir: PathBuf, state: PathBuf, stdio: [Stdio; 3], ctty: bool) -> Init {
+    fn launch(mut c: Command, dir: Scratch, state: PathBuf, stdio: [Stdio; 3], ctty: bool) -> Init {
         let [i, o, e] = stdio;
         c.env("ADV_READY", dir.join("ready")).env("Q", quiesce()).stdin(i).stdout(o).stderr(e);
         if ctty {
@@ -114,7 +114,6 @@ impl Drop for Init {
             let _ = self.unshare.kill();
             let _ = self.unshare.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -3,8 +3,7 @@
 mod common;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 fn ps_json(c: &Container, uid: u32) -> Vec<serde_json::Value> {
     let q = quiesce();
@@ -34,42 +33,16 @@ fn taint_reasons_for_each_kind_of_process() {
     let u = uid.to_string();
     let c = Container::start(&["--sandbox-user", &u], &["sleep", "1000000"]);
     // A root process with one thread switched to the sandbox UID.
-    let ready = c.path("thread-ready");
     let a = adversary();
-    let _t = {
-        let mut cmd = c.exec_cmd(&[a.to_str().unwrap(), "thread-uid", &u]);
-        cmd.env("ADV_READY", &ready);
-        guard(cmd)
-    };
-    wait_for("thread-uid", Duration::from_secs(10), || ready.exists());
+    let _t = c.launch_root(&["thread-uid", &u]);
     // A setuid-root helper (ruid sandbox, euid 0).
     let suid = setuid_copy(&c);
     let _h = c.launch_bin(uid, &["--allow-setuid"], &suid, &["pause"]);
     // Injected from outside the tree: its parent is outside the namespace (ppid 0).
-    let ready2 = c.path("inj-ready");
-    let _i = {
-        let mut cmd = c.exec_cmd(&[
-            "setpriv",
-            "--reuid",
-            &u,
-            "--regid",
-            &u,
-            "--clear-groups",
-            a.to_str().unwrap(),
-            "pause",
-        ]);
-        cmd.env("ADV_READY", &ready2);
-        guard(cmd)
-    };
-    wait_for("injected", Duration::from_secs(10), || ready2.exists());
+    let inject = ["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", a.to_str().unwrap(), "pause"];
+    let _i = c.start_ready(c.exec_cmd(&inject), "injected");
     // A root process that is no descendant of anything sandboxed.
-    let ready3 = c.path("root-ready");
-    let _r = {
-        let mut cmd = c.exec_cmd(&[a.to_str().unwrap(), "pause"]);
-        cmd.env("ADV_READY", &ready3);
-        guard(cmd)
-    };
-    wait_for("root", Duration::from_secs(10), || ready3.exists());
+    let _r = c.launch_root(&["pause"]);
 
     let rows = ps_json(&c, uid);
     let by_comm = |comm: &str, uids: serde_json::Value| {
@@ -132,39 +105,35 @@ fn sandbox_user_refusals_happen_before_anything_runs() {
         [("root", "UID 0"), ("0", "UID 0"), ("no-such-user", "not in /etc/passwd"), ("a:b", "malformed")]
     {
         let ran = d.join("ran");
-        let out = Command::new(quiesce())
-            .args(["--sandbox-user", spec, "--state-dir"])
-            .arg(d.join("state"))
-            .args(["--", "touch"])
-            .arg(&ran)
-            .output()
-            .unwrap();
+        let out = output(
+            Command::new(quiesce())
+                .args(["--sandbox-user", spec, "--state-dir"])
+                .arg(d.join("state"))
+                .args(["--", "touch"])
+                .arg(&ran),
+        );
         assert_eq!(out.status.code(), Some(2), "{spec}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(&format!("'{spec}'")) && err.contains(needle), "{err}");
         assert!(!ran.exists(), "{spec}: the command ran");
     }
-    std::fs::remove_dir_all(d).unwrap();
 }
 
 #[test]
 fn run_as_drops_privileges_sets_no_new_privs_and_tags_lineage() {
-    let d = scratch("runas");
-    let out = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc"])
-        .arg(quiesce())
-        .args(["--run-as", "4504", "--", "sh", "-c"])
-        .arg("grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; cat /proc/self/loginuid; echo")
-        .stdout(Stdio::piped())
-        .output()
-        .unwrap();
+    let out = output(
+        Command::new("unshare")
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(quiesce())
+            .args(["--run-as", "4504", "--", "sh", "-c"])
+            .arg("grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; cat /proc/self/loginuid; echo"),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Uid:\t4504\t4504\t4504\t4504"), "{text}");
     assert!(text.contains("Gid:\t4504\t4504\t4504\t4504"), "{text}");
     assert!(text.contains("NoNewPrivs:\t1"), "{text}");
     assert!(text.lines().any(|l| l.trim() == "4504"), "loginuid: {text}");
-    std::fs::remove_dir_all(d).unwrap();
 }
 
 #[test]

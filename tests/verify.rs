@@ -9,31 +9,49 @@ use std::time::Duration;
 
 const PY: &str = "/usr/bin/python3";
 
+/// Run `cmd` (bounded) and demand success.
+fn ok(cmd: &mut Command) -> std::process::Output {
+    let out = output(cmd);
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
 fn openssl_key(dir: &Path) -> PathBuf {
     let key = dir.join("signing.key");
-    let st = Command::new("openssl")
-        .args(["genpkey", "-algorithm", "ed25519", "-out"])
-        .arg(&key)
-        .status()
-        .expect("openssl");
-    assert!(st.success());
+    ok(Command::new("openssl").args(["genpkey", "-algorithm", "ed25519", "-out"]).arg(&key));
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     key
 }
 
-/// A frozen container signed with an openssl-made key; returns it with the key path.
-fn frozen(uid: u32, nonce: &str) -> (Container, PathBuf) {
+/// A signing key in a directory of its own, removed with it.
+struct Key {
+    path: PathBuf,
+    _dir: Scratch,
+}
+
+impl std::ops::Deref for Key {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.path
+    }
+}
+
+/// A frozen container signed with an openssl-made key; returns it with the key.
+fn frozen(uid: u32, nonce: &str) -> (Container, Key) {
     let keydir = scratch("key");
     std::fs::set_permissions(&keydir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let key = openssl_key(&keydir);
+    let key = Key { path: openssl_key(&keydir), _dir: keydir };
     let u = uid.to_string();
     let c = Container::start(
         &["--sandbox-user", &u, "--signing-key", key.to_str().unwrap()],
         &["sleep", "1000000"],
     );
-    let _w = c.launch(uid, &["sleepers", "20"]);
+    let w = c.launch(uid, &["sleepers", "20"]);
+    assert_eq!(c.children_of(w.pid).len(), 20);
     let (code, st) = c.freeze(nonce);
     assert_eq!(code, 0, "{st}");
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert!(st["killed"].as_u64().unwrap_or(0) >= 21, "{st}");
     (c, key)
 }
 
@@ -71,9 +89,7 @@ else:
     signing = b(b'{"alg":"HS256","typ":"JWT"}') + "." + b(json.dumps(claims).encode())
     print(signing + "." + b(hmac.new(data, signing.encode(), hashlib.sha256).digest()))
 "#;
-    let out =
-        Command::new(PY).arg("-c").arg(script).arg(claims.to_string()).arg(key).arg(alg).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ok(Command::new(PY).arg("-c").arg(script).arg(claims.to_string()).arg(key).arg(alg));
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -108,13 +124,13 @@ pub = serialization.load_pem_public_key(open(sys.argv[2], "rb").read())
 c = jwt.decode(open(sys.argv[1]).read().strip(), pub, algorithms=["EdDSA"])
 print(c["iss"], c["result"], c["survivors"], c["nonce"], c["sandbox_uids"], len(c["processes"]) >= 21)
 "#;
-    let out = Command::new(PY)
-        .arg("-c")
-        .arg(script)
-        .arg(c.state.join("quiescence.jws"))
-        .arg(c.state.join("signing.pub"))
-        .output()
-        .unwrap();
+    let out = output(
+        Command::new(PY)
+            .arg("-c")
+            .arg(script)
+            .arg(c.state.join("quiescence.jws"))
+            .arg(c.state.join("signing.pub")),
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "quiesce quiescent 0 nonce-42 [4401] True",
@@ -160,14 +176,7 @@ fn tampered_payload_header_and_wrong_key() {
     let other = scratch("otherkey");
     let key = openssl_key(&other);
     let pubkey = other.join("other.pub");
-    assert!(Command::new("openssl")
-        .args(["pkey", "-pubout", "-in"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&pubkey)
-        .status()
-        .unwrap()
-        .success());
+    ok(Command::new("openssl").args(["pkey", "-pubout", "-in"]).arg(&key).arg("-out").arg(&pubkey));
     refused(&c.verify(&["--public-key", pubkey.to_str().unwrap(), "--", "echo", "scored"]), 12, "wrong key");
     // Signed by another key altogether, with perfect claims.
     refused(&verify_token(&c, &pyjwt_sign(&claims_of(&t), &key, "EdDSA"), &[]), 12, "forged");
@@ -260,7 +269,7 @@ fn unsafe_state_dirs_and_keys_are_refused() {
         for k in extra {
             cmd.arg("--signing-key").arg(k);
         }
-        cmd.args(["--", "touch"]).arg(&ran).output().unwrap()
+        output(cmd.args(["--", "touch"]).arg(&ran))
     };
     let out = init(&d.join("state"), &[&key]);
     assert_eq!(out.status.code(), Some(2));
@@ -279,23 +288,11 @@ fn unsafe_state_dirs_and_keys_are_refused() {
 #[test]
 fn keygen_writes_a_usable_pair() {
     let d = scratch("keygen");
-    let out = Command::new(quiesce()).args(["keygen", "--out"]).arg(d.join("k")).output().unwrap();
-    assert!(out.status.success());
+    ok(Command::new(quiesce()).args(["keygen", "--out"]).arg(d.join("k")));
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(d.join("k/signing.key")).unwrap().mode() & 0o777, 0o600);
-    let out = Command::new("openssl")
-        .args(["pkey", "-noout", "-in"])
-        .arg(d.join("k/signing.key"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let out = Command::new("openssl")
-        .args(["pkey", "-pubin", "-noout", "-in"])
-        .arg(d.join("k/signing.pub"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    std::fs::remove_dir_all(d).unwrap();
+    ok(Command::new("openssl").args(["pkey", "-noout", "-in"]).arg(d.join("k/signing.key")));
+    ok(Command::new("openssl").args(["pkey", "-pubin", "-noout", "-in"]).arg(d.join("k/signing.pub")));
 }
 
 #[test]
@@ -305,15 +302,14 @@ fn freeze_request_without_an_init_times_out_with_2() {
     std::fs::create_dir(&state).unwrap();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Inside a fresh namespace whose PID 1 is a plain shell: nobody answers the request.
-    let out = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", "sh", "-c"])
-        .arg(format!(
-            "trap '' USR1; {} freeze --state-dir {} --wait --timeout 0.5",
-            quiesce().display(),
-            state.display()
-        ))
-        .output()
-        .unwrap();
+    let out = output(
+        Command::new("unshare").args(["--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c"]).arg(
+            format!(
+                "trap '' USR1; {} freeze --state-dir {} --wait --timeout 0.5",
+                quiesce().display(),
+                state.display()
+            ),
+        ),
+    );
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
-    std::fs::remove_dir_all(d).unwrap();
 }

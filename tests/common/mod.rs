@@ -1,12 +1,23 @@
 //! Test harness: the real binary as PID 1 of a fresh PID namespace, real processes, real UIDs.
-//! Every container is ended by killing its PID 1, which ends the whole namespace.
+//! Every container is ended by killing its PID 1, which ends the whole namespace. Every wait and
+//! read here has a bound, so a broken init fails a test instead of hanging the run.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
+use std::io::{BufRead, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
+
+/// The bound on one command a test runs inside or beside a container. A freeze has its own
+/// budget (10 s by default); this only turns a hang into a failure.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(120);
+/// The bound on a workload reaching its ready state.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub fn quiesce() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_quiesce"))
@@ -18,8 +29,46 @@ pub fn adversary() -> PathBuf {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// A scratch directory, removed with everything in it when dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<OsStr> for Scratch {
+    fn as_ref(&self) -> &OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                // A directory left behind fails the test, unless it is failing already.
+                let msg = format!("harness: cannot remove {}: {e}", self.0.display());
+                if std::thread::panicking() {
+                    eprintln!("{msg}");
+                } else {
+                    panic!("{msg}");
+                }
+            }
+        }
+    }
+}
+
 /// A scratch directory anyone may write in (sandbox UIDs create ready files there).
-pub fn scratch(tag: &str) -> PathBuf {
+pub fn scratch(tag: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!(
         "quiesce-t-{}-{}-{}",
         tag,
@@ -29,7 +78,22 @@ pub fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    d
+    Scratch(d)
+}
+
+/// A test that cannot run here says so where the summary of `scripts/test` will count it: the
+/// test runner hides the output of passing tests, and a skip must never read as a pass.
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("skipped: {test}: {reason}");
+    if let Some(log) = std::env::var_os("QUIESCE_SKIP_LOG") {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("QUIESCE_SKIP_LOG {}: {e}", Path::new(&log).display()));
+        // One write per line: O_APPEND keeps lines from parallel tests whole.
+        f.write_all(format!("{test}: {reason}\n").as_bytes()).expect("write QUIESCE_SKIP_LOG");
+    }
 }
 
 /// A process the test started; killed and reaped when dropped, so none is left behind.
@@ -57,13 +121,131 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+fn drain(mut r: impl Read + Send + 'static) -> Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// Like `Command::output`, with a bound: a command that does not finish (and close its output)
+/// within `timeout` is killed and fails the test.
+pub fn output_within(cmd: &mut Command, timeout: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
+    let until = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let rest = until.saturating_duration_since(Instant::now()).max(Duration::from_secs(5));
+    let stdout = out.recv_timeout(rest).unwrap_or_else(|_| panic!("{what} exited; its stdout stayed open"));
+    let stderr = err.recv_timeout(rest).unwrap_or_else(|_| panic!("{what} exited; its stderr stayed open"));
+    Output { status, stdout, stderr }
+}
+
+/// `output_within` with the default bound.
+pub fn output(cmd: &mut Command) -> Output {
+    output_within(cmd, CMD_TIMEOUT)
+}
+
+/// Lines of a child's output, each read with a deadline.
+pub struct Lines {
+    rx: Receiver<std::io::Result<String>>,
+    what: String,
+}
+
+impl Lines {
+    pub fn new(r: impl Read + Send + 'static, what: &str) -> Lines {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(r).lines() {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Lines { rx, what: what.to_string() }
+    }
+
+    /// The next line; fails the test if none comes within `timeout`.
+    pub fn next_within(&self, timeout: Duration) -> String {
+        match self.rx.recv_timeout(timeout) {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => panic!("reading {}: {e}", self.what),
+            Err(RecvTimeoutError::Timeout) => panic!("no line from {} within {timeout:?}", self.what),
+            Err(RecvTimeoutError::Disconnected) => panic!("{} closed its output", self.what),
+        }
+    }
+}
+
+/// One /proc/PID/stat line, the fields the tests look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub state: char,
+    pub ppid: i32,
+    pub pgrp: i32,
+    pub session: i32,
+    pub start_time: u64,
+}
+
+impl Stat {
+    pub fn parse(line: &str) -> Option<Stat> {
+        let rest = &line[line.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(Stat {
+            state: f.first()?.chars().next()?,
+            ppid: f.get(1)?.parse().ok()?,
+            pgrp: f.get(2)?.parse().ok()?,
+            session: f.get(3)?.parse().ok()?,
+            start_time: f.get(19)?.parse().ok()?,
+        })
+    }
+
+    /// Neither a zombie nor being reaped.
+    pub fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X')
+    }
+}
+
+/// Is the host process `pid` (started at `start_time`) gone or dead? A recycled pid counts as gone.
+pub fn host_dead(pid: i32, start_time: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|l| Stat::parse(&l)) {
+        None => true,
+        Some(s) => s.start_time != start_time || !s.live(),
+    }
+}
+
+/// A workload started inside a container; `pid` is its pid in the namespace (from its ready file).
+pub struct Workload {
+    pub pid: i32,
+    _guard: Guard,
+}
+
 pub struct Container {
     unshare: Child,
-    /// PID 1 of the namespace, as the host sees it.
+    /// PID 1 of the namespace, as the host sees it; 0 if it exited before the harness saw it.
     pub init: i32,
+    /// A pidfd of the init: signals reach it and nothing else, even once its pid is recycled.
+    pidfd: Option<OwnedFd>,
     pub dir: PathBuf,
     pub state: PathBuf,
     exited: Option<ExitStatus>,
+    // Last: removed after Drop has ended the namespace.
+    _scratch: Scratch,
 }
 
 pub struct Opts<'a> {
@@ -71,12 +253,15 @@ pub struct Opts<'a> {
     pub stdout: Stdio,
     pub stdin: Stdio,
     pub env: Vec<(&'a str, String)>,
-    /// A command that execs `unshare ...` (e.g. setpriv dropping a capability).
+    /// The command is an adversary mode: wait for its ready file before returning.
+    pub ready: bool,
+    /// A command that execs `unshare ...` (e.g. setpriv dropping a capability, a shell that
+    /// writes a loginuid first).
     pub prefix: Vec<&'a str>,
     /// PID 1 of the namespace is a shell that starts the init in the background and forwards
     /// nothing, as a pod's pause process or a wrapper script would.
     pub shell_pid1: bool,
-    /// A command that runs the init (e.g. setpriv dropping capabilities); it must exec it.
+    /// A command that runs the init inside the namespace (e.g. setpriv); it must exec it.
     pub wrap: Vec<&'a str>,
 }
 
@@ -87,10 +272,48 @@ impl Default for Opts<'_> {
             stdout: Stdio::null(),
             stdin: Stdio::null(),
             env: vec![],
+            ready: false,
             prefix: vec![],
             shell_pid1: false,
             wrap: vec![],
         }
+    }
+}
+
+/// The child of `upid` that runs quiesce (or the shell's child, through a shell as PID 1), if it
+/// has exec'd yet.
+fn init_of(upid: u32, through_shell: bool) -> Option<i32> {
+    let first = |p: &str| -> Option<String> {
+        let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
+        kids.split_whitespace().next().map(str::to_string)
+    };
+    let mut k = first(&upid.to_string())?;
+    if through_shell {
+        k = first(&k)?;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).ok()?;
+    (comm.trim() == "quiesce").then(|| k.parse().ok()).flatten()
+}
+
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn pidfd_signal(fd: &OwnedFd, sig: i32) -> std::io::Result<()> {
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -101,8 +324,10 @@ impl Container {
     }
 
     pub fn start_with(o: Opts, cmd: &[&str]) -> Container {
-        let dir = scratch("ctr");
+        let scratch = scratch("ctr");
+        let dir = scratch.to_path_buf();
         let state = dir.join("state");
+        let ready = dir.join("ready-cmd");
         let mut c = match o.prefix.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -128,39 +353,50 @@ impl Container {
             .stdin(o.stdin)
             .stdout(o.stdout)
             .stderr(Stdio::inherit());
+        if o.ready {
+            c.env("ADV_READY", &ready);
+        }
         for (k, v) in &o.env {
             c.env(k, v);
         }
-        let mut unshare = c.spawn().expect("spawn unshare");
+        let unshare = c.spawn().expect("spawn unshare");
         let upid = unshare.id();
-        let mut init = 0;
-        wait_for("the init to start", Duration::from_secs(10), || {
+        // From here a failure drops the container, which ends unshare and its namespace.
+        let mut ctr =
+            Container { unshare, init: 0, pidfd: None, dir, state, exited: None, _scratch: scratch };
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
             // A command that ends at once may take its init along before we look.
-            if matches!(unshare.try_wait(), Ok(Some(_))) {
-                return true;
+            if let Some(s) = ctr.unshare.try_wait().expect("try_wait unshare") {
+                ctr.exited = Some(s);
+                break;
             }
-            let kids =
-                |p: &str| std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
-            let mut k = kids(&upid.to_string()).split_whitespace().next().map(str::to_string);
-            if o.shell_pid1 {
-                k = k.and_then(|sh| kids(&sh).split_whitespace().next().map(str::to_string));
-            }
-            if let Some(k) = k {
-                let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).unwrap_or_default();
-                if comm.trim() == "quiesce" {
-                    init = k.parse().unwrap();
-                    return true;
+            if let Some(pid) = init_of(upid, o.shell_pid1) {
+                let fd = pidfd_open(pid);
+                // The pidfd names the process we saw only if it is still unshare's quiesce child.
+                if fd.is_some() && init_of(upid, o.shell_pid1) == Some(pid) {
+                    ctr.init = pid;
+                    ctr.pidfd = fd;
+                    break;
                 }
             }
-            false
-        });
-        let exited = unshare.try_wait().ok().flatten();
-        Container { unshare, init, dir, state, exited }
+            assert!(Instant::now() < until, "the init did not start within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if o.ready {
+            let until = Instant::now() + READY_TIMEOUT;
+            while !ready.exists() {
+                assert!(ctr.alive(), "the command {cmd:?} ended before it was ready");
+                assert!(Instant::now() < until, "the command {cmd:?} was not ready within {READY_TIMEOUT:?}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        ctr
     }
 
     /// Run a command inside the namespace, as `docker exec` would (root unless wrapped).
     pub fn exec(&self, args: &[&str]) -> Output {
-        self.exec_cmd(args).output().expect("nsenter")
+        output(&mut self.exec_cmd(args))
     }
 
     /// Like `docker exec`: join the namespace's PID and mount namespaces, fork, and have the
@@ -168,6 +404,7 @@ impl Container {
     /// them, which a freeze would turn into a stopped waiter that never reaps).
     pub fn exec_cmd(&self, args: &[&str]) -> Command {
         use std::os::unix::process::CommandExt;
+        assert!(self.init > 0, "no namespace to enter: the init exited before the harness saw it");
         let mut c = Command::new(args[0]);
         c.args(&args[1..]);
         c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
@@ -205,19 +442,43 @@ impl Container {
         c
     }
 
+    /// Start `cmd` (an adversary mode) with a ready file and wait until it says it is ready.
+    /// Fails at once if it ends first: an adversary that could not reach its state exits non-zero.
+    pub fn start_ready(&self, cmd: Command, what: &str) -> Workload {
+        self.try_start_ready(cmd, what)
+            .unwrap_or_else(|s| panic!("workload {what} ended ({s}) before it was ready"))
+    }
+
+    /// Like `start_ready`, for a workload that may be killed before it is ready (by a freeze).
+    pub fn try_start_ready(&self, mut cmd: Command, what: &str) -> Result<Workload, ExitStatus> {
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let ready = self.dir.join(format!("ready-{n}"));
+        cmd.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());
+        let mut child = Guard(cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}")));
+        let until = Instant::now() + READY_TIMEOUT;
+        while !ready.exists() {
+            if let Some(s) = child.0.try_wait().expect("try_wait") {
+                return Err(s);
+            }
+            assert!(Instant::now() < until, "workload {what} was not ready within {READY_TIMEOUT:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let text = read(&ready);
+        let pid = text.trim().parse().unwrap_or_else(|_| panic!("ready file of {what} says '{text}'"));
+        Ok(Workload { pid, _guard: child })
+    }
+
     /// Start a workload as `uid` through `quiesce exec`, and wait until it says it is ready.
-    pub fn launch(&self, uid: u32, args: &[&str]) -> Guard {
+    pub fn launch(&self, uid: u32, args: &[&str]) -> Workload {
         self.launch_with(uid, &[], args)
     }
 
-    pub fn launch_with(&self, uid: u32, exec_args: &[&str], args: &[&str]) -> Guard {
+    pub fn launch_with(&self, uid: u32, exec_args: &[&str], args: &[&str]) -> Workload {
         self.launch_bin(uid, exec_args, adversary().to_str().unwrap(), args)
     }
 
     /// Like `launch`, with `quiesce exec` options and another binary (e.g. a setuid copy).
-    pub fn launch_bin(&self, uid: u32, exec_args: &[&str], bin: &str, args: &[&str]) -> Guard {
-        let n = SEQ.fetch_add(1, Ordering::SeqCst);
-        let ready = self.dir.join(format!("ready-{n}"));
+    pub fn launch_bin(&self, uid: u32, exec_args: &[&str], bin: &str, args: &[&str]) -> Workload {
         let uid_s = uid.to_string();
         let q = quiesce();
         let mut full: Vec<&str> = vec![q.to_str().unwrap(), "exec", "--user", &uid_s];
@@ -225,15 +486,23 @@ impl Container {
         full.push("--");
         full.push(bin);
         full.extend_from_slice(args);
-        let mut c = self.exec_cmd(&full);
-        c.env("ADV_READY", &ready).stdin(Stdio::null()).stdout(Stdio::null());
-        let child = Guard(c.spawn().expect("launch"));
-        wait_for(&format!("workload {args:?} to be ready"), Duration::from_secs(30), || ready.exists());
-        child
+        self.start_ready(self.exec_cmd(&full), &format!("{args:?} as {uid}"))
     }
 
+    /// Run the adversary as root inside the container (not a sandbox launch), ready-waited.
+    pub fn launch_root(&self, args: &[&str]) -> Workload {
+        let a = adversary();
+        let mut full = vec![a.to_str().unwrap()];
+        full.extend_from_slice(args);
+        self.start_ready(self.exec_cmd(&full), &format!("{args:?} as root"))
+    }
+
+    /// Signal the init. Only ever the init: never a pid <= 0, never a recycled pid.
     pub fn signal(&self, sig: i32) {
-        unsafe { libc::kill(self.init, sig) };
+        let fd = self.pidfd.as_ref().expect("cannot signal the init: it exited before the harness saw it");
+        if let Err(e) = pidfd_signal(fd, sig) {
+            panic!("cannot signal the init (signal {sig}): {e}");
+        }
     }
 
     /// `quiesce freeze --wait --json` from inside; returns (exit code, status JSON).
@@ -263,7 +532,7 @@ impl Container {
         self.exec(&full)
     }
 
-    /// Processes of the namespace, as (pid, uid, state, comm), read from the host side.
+    /// Processes of the namespace, as (pid, uid, state, comm), as `quiesce ps` reports them.
     pub fn processes(&self) -> Vec<(i32, u32, char, String)> {
         let q = quiesce();
         let out = self.exec(&[q.to_str().unwrap(), "ps", "--json"]);
@@ -285,6 +554,80 @@ impl Container {
             .unwrap_or_default()
     }
 
+    /// The namespace's own /proc, read from the host through its PID 1: pids are the namespace's.
+    pub fn proc_dir(&self) -> PathBuf {
+        assert!(self.init > 0, "no namespace /proc: the init exited before the harness saw it");
+        PathBuf::from(format!("/proc/{}/root/proc", self.init))
+    }
+
+    /// /proc/PID/FILE of the namespace; None if unreadable (gone).
+    pub fn proc_read(&self, pid: i32, file: &str) -> Option<String> {
+        std::fs::read_to_string(self.proc_dir().join(pid.to_string()).join(file)).ok()
+    }
+
+    pub fn stat(&self, pid: i32) -> Option<Stat> {
+        Stat::parse(&self.proc_read(pid, "stat")?)
+    }
+
+    /// The fields of one line of /proc/PID/status, e.g. `Uid` -> [real, effective, saved, fs].
+    pub fn status_line(&self, pid: i32, key: &str) -> Option<Vec<String>> {
+        let s = self.proc_read(pid, "status")?;
+        let line = s.lines().find(|l| l.split(':').next() == Some(key))?;
+        Some(line.split_once(':')?.1.split_whitespace().map(str::to_string).collect())
+    }
+
+    /// Every pid of the namespace.
+    pub fn pids(&self) -> Vec<i32> {
+        let Ok(rd) = std::fs::read_dir(self.proc_dir()) else { return vec![] };
+        rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+    }
+
+    /// Children of `pid`, from every one of its threads.
+    pub fn children_of(&self, pid: i32) -> Vec<i32> {
+        let tasks = self.proc_dir().join(pid.to_string()).join("task");
+        let Ok(rd) = std::fs::read_dir(tasks) else { return vec![] };
+        let mut kids: Vec<i32> = rd
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|s| s.split_whitespace().filter_map(|k| k.parse().ok()).collect::<Vec<i32>>())
+            .collect();
+        kids.sort();
+        kids
+    }
+
+    /// Live processes of the namespace whose real UID (of the leader) is `uid`.
+    pub fn live_of_uid(&self, uid: u32) -> Vec<i32> {
+        let u = uid.to_string();
+        let mut v: Vec<i32> = self
+            .pids()
+            .into_iter()
+            .filter(|&p| {
+                self.stat(p).is_some_and(|s| s.live())
+                    && self.status_line(p, "Uid").is_some_and(|f| f.first() == Some(&u))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The host's pid of the namespace's `pid` (and its start time), from the host's /proc.
+    pub fn host_pid(&self, pid: i32) -> Option<(i32, u64)> {
+        let ns = std::fs::read_link(format!("/proc/{}/ns/pid", self.init)).ok()?;
+        for e in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(h) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            if std::fs::read_link(format!("/proc/{h}/ns/pid")).ok().as_ref() != Some(&ns) {
+                continue;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{h}/status")).unwrap_or_default();
+            let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap_or_default();
+            if nspid.split_whitespace().last() == Some(&pid.to_string()) {
+                let st = Stat::parse(&std::fs::read_to_string(format!("/proc/{h}/stat")).ok()?)?;
+                return Some((h, st.start_time));
+            }
+        }
+        None
+    }
+
     pub fn status_file(&self) -> serde_json::Value {
         std::fs::read(self.state.join("status.json"))
             .ok()
@@ -294,6 +637,17 @@ impl Container {
 
     pub fn marker_exists(&self) -> bool {
         self.state.join("quiescence.jws").exists()
+    }
+
+    /// The claims of the marker the last freeze signed (Null when there is none).
+    pub fn marker_claims(&self) -> serde_json::Value {
+        use base64::Engine;
+        let m = read(&self.state.join("quiescence.jws"));
+        m.split('.')
+            .nth(1)
+            .and_then(|p| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(p.trim()).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(serde_json::Value::Null)
     }
 
     /// Wait for the init to exit; None on timeout.
@@ -319,11 +673,21 @@ impl Container {
     }
 
     pub fn alive(&mut self) -> bool {
-        self.unshare.try_wait().unwrap().is_none()
+        if self.exited.is_some() {
+            return false;
+        }
+        match self.unshare.try_wait().unwrap() {
+            Some(s) => {
+                self.exited = Some(s);
+                false
+            }
+            None => true,
+        }
     }
 
-    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
-        self.unshare.stdout.take()
+    /// The command's standard output (started with `stdout: Stdio::piped()`), line by line.
+    pub fn stdout_lines(&mut self) -> Lines {
+        Lines::new(self.unshare.stdout.take().expect("the container's stdout is not piped"), "the command")
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -333,13 +697,32 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        if self.exited.is_none() {
-            // Killing PID 1 ends every process of the namespace.
-            unsafe { libc::kill(self.init, libc::SIGKILL) };
-            let _ = self.unshare.kill();
-            let _ = self.unshare.wait();
+        // Killing PID 1 ends every process of the namespace, and PID 1 exits (its pidfd turns
+        // readable) only once all of them are gone: wait for that, bounded, so that nothing still
+        // writes into the scratch directory while it is removed.
+        if let Some(fd) = &self.pidfd {
+            let _ = pidfd_signal(fd, libc::SIGKILL);
+            let until = Instant::now() + Duration::from_secs(30);
+            loop {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    eprintln!("harness: the namespace of init {} did not end within 30 s", self.init);
+                    break;
+                }
+                let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let r = unsafe { libc::poll(&mut p, 1, left.as_millis().min(1000) as i32) };
+                if r > 0 || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+                    break;
+                }
+            }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // unshare ends with its child; it is killed (and --kill-child ends the rest) only if not.
+        let until = Instant::now() + Duration::from_secs(10);
+        while matches!(self.unshare.try_wait(), Ok(None)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
     }
 }
 

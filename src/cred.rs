@@ -24,7 +24,7 @@ const MAX_UIDS: usize = 64;
 /// How long a helper may take to answer one request before it is presumed hit.
 const HELPER_ANSWER: Duration = Duration::from_secs(2);
 
-type Job = (Vec<u32>, i32, mpsc::Sender<io::Result<()>>);
+type Job = (Vec<u32>, i32, u32, mpsc::Sender<io::Result<()>>);
 
 pub enum Switcher {
     Thread(mpsc::Sender<Job>),
@@ -59,8 +59,8 @@ impl Switcher {
     fn start_thread() -> io::Result<Switcher> {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
-            for (uids, sig, reply) in rx {
-                let r = uids.iter().try_for_each(|&u| result_of(sys::kill_all_as_uid(u, sig), u));
+            for (uids, sig, sweeps, reply) in rx {
+                let r = uids.iter().try_for_each(|&u| result_of(sys::kill_all_as_uid(u, sig, sweeps), u));
                 // The requester may have given up; nothing to do then.
                 let _ = reply.send(r);
             }
@@ -70,10 +70,16 @@ impl Switcher {
 
     /// kill(-1, sig) as each of `uids`, in turn.
     pub fn kill_all_as(&mut self, uids: &[u32], sig: i32) -> io::Result<()> {
+        self.kill_all_as_repeated(uids, sig, 1)
+    }
+
+    /// kill(-1, sig) `sweeps` times back to back as each of `uids`, within one switch: no gap in
+    /// which the switching context sleeps and leaves its CPU to the processes it signals.
+    pub fn kill_all_as_repeated(&mut self, uids: &[u32], sig: i32, sweeps: u32) -> io::Result<()> {
         match self {
             Switcher::Thread(jobs) => {
                 let (tx, rx) = mpsc::channel();
-                jobs.send((uids.to_vec(), sig, tx))
+                jobs.send((uids.to_vec(), sig, sweeps, tx))
                     .map_err(|_| io::Error::other("credential thread is gone"))?;
                 rx.recv().map_err(|_| io::Error::other("credential thread is gone"))?
             }
@@ -84,7 +90,7 @@ impl Switcher {
                         io::Error::new(e.kind(), format!("cannot start a credential helper: {e}"))
                     })?,
                 };
-                match helper.request(uids, sig) {
+                match helper.request(uids, sig, sweeps) {
                     Ok(r) => {
                         *slot = Some(helper);
                         r
@@ -118,12 +124,13 @@ impl Helper {
     }
 
     /// Ok(answer), or Err when the helper did not answer (killed, stopped, or gone).
-    fn request(&self, uids: &[u32], sig: i32) -> io::Result<io::Result<()>> {
+    fn request(&self, uids: &[u32], sig: i32, sweeps: u32) -> io::Result<io::Result<()>> {
         if uids.len() > MAX_UIDS {
             return Ok(Err(io::Error::other(format!("more than {MAX_UIDS} sandbox UIDs"))));
         }
-        let mut msg = Vec::with_capacity(4 + 4 * uids.len());
+        let mut msg = Vec::with_capacity(8 + 4 * uids.len());
         msg.extend_from_slice(&sig.to_ne_bytes());
+        msg.extend_from_slice(&sweeps.to_ne_bytes());
         for u in uids {
             msg.extend_from_slice(&u.to_ne_bytes());
         }
@@ -165,17 +172,18 @@ fn serve(fd: i32) -> ! {
     if sys::set_parent_death_kill().is_err() || sys::unblock_all_signals().is_err() {
         sys::exit_now(1);
     }
-    let mut buf = [0u8; 4 + 4 * MAX_UIDS];
+    let mut buf = [0u8; 8 + 4 * MAX_UIDS];
     loop {
         let n = match sys::recv_msg(fd, &mut buf) {
-            Ok(n) if n >= 4 && n % 4 == 0 => n,
+            Ok(n) if n >= 8 && n % 4 == 0 => n,
             _ => sys::exit_now(0),
         };
         let sig = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        let sweeps = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
         let mut reply = [0u8; 8];
-        for chunk in buf[4..n].chunks_exact(4) {
+        for chunk in buf[8..n].chunks_exact(4) {
             let uid = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            let errno = sys::kill_all_as_uid(uid, sig);
+            let errno = sys::kill_all_as_uid(uid, sig, sweeps);
             if errno != 0 {
                 reply[..4].copy_from_slice(&errno.to_ne_bytes());
                 reply[4..].copy_from_slice(&uid.to_ne_bytes());

@@ -29,6 +29,9 @@ pub struct Outcome {
     pub unstopped: Vec<Pid>,
 }
 
+/// kill(-1, SIGSTOP) sweeps per stop pass that follows one still seeing running processes.
+const STOP_SWEEPS: u32 = 8;
+
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
@@ -224,8 +227,13 @@ impl Run<'_> {
         let mut pause = Duration::from_millis(1);
         let mut first = true;
         let last = loop {
+            // After the first pass, sweep several times back to back within one switch: a process
+            // caught in the middle of its own SIGCONT sweep undoes the part of ours that came
+            // before it, while one woken with a stop of ours pending stops again before it runs
+            // any code; the next sweep re-stops what the last SIGCONT undid.
+            let sweeps = if first { 1 } else { STOP_SWEEPS };
             self.cred
-                .kill_all_as(&self.policy.uids, libc::SIGSTOP)
+                .kill_all_as_repeated(&self.policy.uids, libc::SIGSTOP, sweeps)
                 .map_err(|e| format!("credential switch failed: {e}"))?;
             let pass = Instant::now();
             let (snap, tainted) = observe(self.reader, self.policy, Detail::Light)

@@ -297,16 +297,22 @@ pub fn thread_getresuid() -> io::Result<(u32, u32, u32)> {
 }
 
 /// One switch: this thread's real and effective UID become `uid` (saved UID stays 0), it sends
-/// `sig` with kill(-1) — reaching exactly the processes that UID may signal — switches back and
-/// proves it is root again. Only syscalls and no allocation: it also runs in a forked child.
-/// Returns 0 or an errno; ESRCH (nothing of that UID is left) counts as success.
-pub fn kill_all_as_uid(uid: u32, sig: i32) -> i32 {
+/// `sig` with kill(-1) `sweeps` times (at least once) — reaching exactly the processes that UID
+/// may signal — switches back and proves it is root again. Only syscalls and no allocation: it
+/// also runs in a forked child. Returns 0 or an errno; ESRCH (nothing of that UID is left)
+/// counts as success.
+pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     if thread_setresuid(uid, uid, 0).is_err() {
         return errno_now();
     }
-    // SAFETY: plain syscall.
-    let sent = unsafe { libc::kill(-1, sig) };
-    let sent_err = if sent < 0 { errno_now() } else { 0 };
+    let mut sent_err = 0;
+    for _ in 0..sweeps.max(1) {
+        // SAFETY: plain syscall.
+        if unsafe { libc::kill(-1, sig) } < 0 {
+            sent_err = errno_now();
+            break;
+        }
+    }
     if thread_setresuid(0, 0, 0).is_err() {
         return errno_now();
     }

@@ -435,8 +435,11 @@ impl Handle {
         let fd = match sys::pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(Err(Opened::Exited)),
-            // EINVAL: the pid now names a thread, not a leader; the process we saw is gone.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(Err(Opened::Exited)),
+            // EINVAL (ENOENT on newer kernels): the pid now names a thread, not a leader; the
+            // process we saw is gone.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) => {
+                return Ok(Err(Opened::Exited))
+            }
             Err(e) => return Err(io::Error::new(e.kind(), format!("pidfd_open({pid}): {e}"))),
         };
         match reader.start_time(pid)? {
@@ -524,6 +527,25 @@ mod tests {
         child.wait().unwrap();
         assert!(!h.signal(libc::SIGKILL).unwrap());
         assert_eq!(r.read(pid, Detail::Light).unwrap(), None);
+    }
+
+    #[test]
+    fn a_thread_id_is_not_a_process() {
+        // pidfd_open refuses a thread that is not a leader with EINVAL: the process the freeze
+        // saw under that number is gone, which is an answer, not an error.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let r = Reader::default();
+        let st = r.start_time(tid).unwrap().unwrap();
+        assert!(matches!(Handle::open(&r, tid, st).unwrap(), Err(Opened::Exited)));
+        assert_eq!(r.read(tid, Detail::Light).unwrap(), None);
+        drop(done_tx);
+        t.join().unwrap();
     }
 
     #[test]

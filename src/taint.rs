@@ -3,7 +3,7 @@
 use crate::procs::{Proc, Snapshot};
 use crate::sys::Pid;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -64,40 +64,20 @@ impl Policy {
     /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
     pub fn classify(&self, snap: &Snapshot) -> Tainted {
         let me = crate::sys::getpid();
+        let direct: BTreeMap<Pid, Vec<Reason>> =
+            snap.procs.values().filter(|p| p.pid != me).map(|p| (p.pid, self.direct(p))).collect();
+        let ancestry = tainted_ancestors(snap, &direct, me);
         let mut out: Tainted = BTreeMap::new();
-        for p in snap.procs.values() {
-            if p.pid == me {
-                continue;
-            }
-            let mut reasons = self.direct(p);
-            if self.has_tainted_ancestor(snap, p) {
+        for (pid, mut reasons) in direct {
+            if ancestry.get(&pid).copied().unwrap_or(false) {
                 reasons.push(Reason::Ancestry);
             }
             if !reasons.is_empty() {
                 reasons.sort();
-                out.insert(p.pid, reasons);
+                out.insert(pid, reasons);
             }
         }
         out
-    }
-
-    fn has_tainted_ancestor(&self, snap: &Snapshot, p: &Proc) -> bool {
-        let me = crate::sys::getpid();
-        let mut cur = p.ppid;
-        // A parent chain is at most as long as the table; the bound also defeats a cycle.
-        for _ in 0..snap.procs.len() {
-            if cur <= 0 || cur == me {
-                return false;
-            }
-            let Some(parent) = snap.procs.get(&cur) else {
-                return false;
-            };
-            if !self.direct(parent).is_empty() {
-                return true;
-            }
-            cur = parent.ppid;
-        }
-        false
     }
 
     /// Remember every tainted process so that it stays tainted after it escapes its lineage.
@@ -110,6 +90,47 @@ impl Policy {
         // Forget identities that no longer exist, so the table stays as small as the namespace.
         self.history.retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
     }
+}
+
+/// For every process: does its parent chain reach a process with a direct reason? Each process
+/// is settled once (a 4,096-deep chain must not cost a walk up the chain per process). The chain
+/// stops at the init, at a parent outside the table, and after as many steps as the table has
+/// (a cycle, from pid reuse between reads).
+fn tainted_ancestors(snap: &Snapshot, direct: &BTreeMap<Pid, Vec<Reason>>, me: Pid) -> HashMap<Pid, bool> {
+    let mut memo: HashMap<Pid, bool> = HashMap::new();
+    let tainted = |pid: &Pid| direct.get(pid).is_some_and(|r| !r.is_empty());
+    for &start in snap.procs.keys() {
+        let mut chain = Vec::new();
+        let mut cur = start;
+        let mut top = false;
+        while chain.len() <= snap.procs.len() {
+            if let Some(&known) = memo.get(&cur) {
+                top = known || tainted(&cur);
+                break;
+            }
+            let Some(parent) = snap.procs.get(&cur).map(|p| p.ppid) else { break };
+            chain.push(cur);
+            if parent <= 0 || parent == me || !snap.procs.contains_key(&parent) {
+                break;
+            }
+            if tainted(&parent) {
+                top = true;
+                break;
+            }
+            cur = parent;
+        }
+        // `top` answers for the last of the chain; each one below gets its parent's answer or,
+        // when the parent itself has a direct reason, true.
+        let mut answer = top;
+        for (i, pid) in chain.iter().enumerate().rev() {
+            if i + 1 < chain.len() {
+                let parent = chain[i + 1];
+                answer = answer || tainted(&parent);
+            }
+            memo.entry(*pid).or_insert(answer);
+        }
+    }
+    memo
 }
 
 #[cfg(test)]
@@ -163,6 +184,21 @@ mod tests {
         let mut reused = p(11, 1, 0);
         reused.start_time += 1;
         assert!(pol.classify(&snap(vec![reused])).is_empty());
+    }
+
+    #[test]
+    fn a_deep_chain_is_classified_once_per_process() {
+        // 4,096 root processes, each the child of the one before, under one sandbox process.
+        let mut ps = vec![p(10, 0, 4242)];
+        ps.extend((11..11 + 4096).map(|pid| p(pid, pid - 1, 0)));
+        let t = Policy::new(vec![4242], true).classify(&snap(ps));
+        assert_eq!(t.len(), 4097);
+        assert_eq!(t[&10], vec![Reason::Uid]);
+        assert!((11..11 + 4096).all(|pid| t[&pid] == vec![Reason::Ancestry]));
+        // Below a root process that is not a sandbox process, nothing is tainted.
+        let mut ps = vec![p(10, 0, 0)];
+        ps.extend((11..11 + 4096).map(|pid| p(pid, pid - 1, 0)));
+        assert!(Policy::new(vec![4242], true).classify(&snap(ps)).is_empty());
     }
 
     #[test]

@@ -41,14 +41,14 @@ fn boolean_variables_take_the_spellings_containers_use() {
         let out = in_namespaces(INIT, &[("QUIESCE_NO_LINEAGE", v), ("QUIESCE_PGROUP", v)]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{v}: {err}");
-        assert!(err.contains("lineage tagging off"), "{v} is not on: {err}");
+        assert!(err.contains("lineage off (--no-lineage)"), "{v} is not on: {err}");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran");
     }
     for v in ["0", "false", "False", "no", "NO", "off", "Off", ""] {
         let out = in_namespaces(INIT, &[("QUIESCE_NO_LINEAGE", v), ("QUIESCE_PGROUP", v)]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{v:?}: {err}");
-        assert!(!err.contains("lineage tagging off"), "{v:?} is not off: {err}");
+        assert!(!err.contains("lineage off (--no-lineage)"), "{v:?} is not off: {err}");
     }
     let out = in_namespaces(INIT, &[("QUIESCE_PGROUP", "maybe")]);
     assert_eq!(out.status.code(), Some(2));

@@ -189,15 +189,17 @@ mod tests {
     #[test]
     fn a_deep_chain_is_classified_once_per_process() {
         // 4,096 root processes, each the child of the one before, under one sandbox process.
-        let mut ps = vec![p(10, 0, 4242)];
-        ps.extend((11..11 + 4096).map(|pid| p(pid, pid - 1, 0)));
+        // Pids above any pid_max: the test's own pid (never classified) is not among them.
+        const B: Pid = 5_000_000;
+        let mut ps = vec![p(B, 0, 4242)];
+        ps.extend((B + 1..B + 4097).map(|pid| p(pid, pid - 1, 0)));
         let t = Policy::new(vec![4242], true).classify(&snap(ps));
         assert_eq!(t.len(), 4097);
-        assert_eq!(t[&10], vec![Reason::Uid]);
-        assert!((11..11 + 4096).all(|pid| t[&pid] == vec![Reason::Ancestry]));
+        assert_eq!(t[&B], vec![Reason::Uid]);
+        assert!((B + 1..B + 4097).all(|pid| t[&pid] == vec![Reason::Ancestry]));
         // Below a root process that is not a sandbox process, nothing is tainted.
-        let mut ps = vec![p(10, 0, 0)];
-        ps.extend((11..11 + 4096).map(|pid| p(pid, pid - 1, 0)));
+        let mut ps = vec![p(B, 0, 0)];
+        ps.extend((B + 1..B + 4097).map(|pid| p(pid, pid - 1, 0)));
         assert!(Policy::new(vec![4242], true).classify(&snap(ps)).is_empty());
     }
 

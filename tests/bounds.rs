@@ -8,17 +8,6 @@ use common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn sandbox(uid: u32, extra: &[&str]) -> Container {
-    let u = uid.to_string();
-    let mut args = vec!["--sandbox-user", &u];
-    args.extend_from_slice(extra);
-    Container::start(&args, &["sleep", "1000000"])
-}
-
-fn adv() -> String {
-    adversary().to_str().unwrap().to_string()
-}
-
 /// Run `cmd` inside the container and wait until it creates the ready file; returns the guard
 /// and the pid (in the namespace) the workload wrote there.
 fn launch_ready(c: &Container, tag: &str, mut cmd: std::process::Command) -> (Guard, i32) {

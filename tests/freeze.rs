@@ -3,17 +3,8 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::Duration;
-
-/// A container whose command is a root service, with `uid` as the sandbox user.
-fn sandbox(uid: u32, extra: &[&str]) -> Container {
-    let u = uid.to_string();
-    let mut args = vec!["--sandbox-user", &u];
-    args.extend_from_slice(extra);
-    Container::start(&args, &["sleep", "1000000"])
-}
 
 /// Live sandbox processes as `quiesce ps` sees them right now.
 fn live_sandbox(c: &Container, uid: u32) -> Vec<String> {
@@ -87,18 +78,6 @@ fn one_workload(uid: u32, args: &[&str]) {
     let c = sandbox(uid, &[]);
     let _w = c.launch(uid, args);
     freeze_clean(&c, uid);
-}
-
-/// A setuid-root copy of the adversary, as a sandbox user would find one.
-fn setuid_copy(c: &Container) -> String {
-    let p = c.path("adversary-suid");
-    std::fs::copy(adversary(), &p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    p.to_str().unwrap().to_string()
-}
-
-fn adv() -> String {
-    adversary().to_str().unwrap().to_string()
 }
 
 /// Fork-bomb and other heavy tests take the whole machine: one at a time.

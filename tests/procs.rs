@@ -2,7 +2,6 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
 fn ps_json(c: &Container, uid: u32) -> Vec<serde_json::Value> {
@@ -18,13 +17,6 @@ fn reasons_of(
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> Vec<serde_json::Value> {
     rows.iter().filter(|r| pred(r)).map(|r| r["reasons"].clone()).collect()
-}
-
-fn setuid_copy(c: &Container) -> String {
-    let p = c.path("adversary-suid");
-    std::fs::copy(adversary(), &p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    p.to_str().unwrap().to_string()
 }
 
 #[test]

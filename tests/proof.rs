@@ -5,28 +5,9 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn sandbox(uid: u32, extra: &[&str]) -> Container {
-    let u = uid.to_string();
-    let mut args = vec!["--sandbox-user", &u];
-    args.extend_from_slice(extra);
-    Container::start(&args, &["sleep", "1000000"])
-}
-
-fn adv() -> String {
-    adversary().to_str().unwrap().to_string()
-}
-
-fn setuid_copy(c: &Container) -> String {
-    let p = c.path("adversary-suid");
-    std::fs::copy(adversary(), &p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    p.to_str().unwrap().to_string()
-}
 
 /// (state, uids) of a host pid, or None once it is gone.
 fn host_proc(pid: i32) -> Option<(char, Vec<u32>)> {

@@ -23,6 +23,29 @@ pub fn quiesce() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_quiesce"))
 }
 
+/// The adversary binary's path as a string, for argument lists.
+pub fn adv() -> String {
+    adversary().to_str().unwrap().to_string()
+}
+
+/// A container whose command is a root service, with `uid` as the sandbox user.
+pub fn sandbox(uid: u32, extra: &[&str]) -> Container {
+    let u = uid.to_string();
+    let mut args = vec!["--sandbox-user", &u];
+    args.extend_from_slice(extra);
+    Container::start(&args, &["sleep", "1000000"])
+}
+
+/// A setuid-root copy of the adversary in the container's directory, as a sandbox user would
+/// find one.
+pub fn setuid_copy(c: &Container) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = c.path("adversary-suid");
+    std::fs::copy(adversary(), &p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
 pub fn adversary() -> PathBuf {
     quiesce().parent().unwrap().join("examples").join("adversary")
 }

@@ -1,5 +1,5 @@
 //! Property tests for every parser of outside data: request files and statuses, the marker and
-//! its JSON, PEM keys, /etc/passwd and /etc/group, /proc stat and status. For any input: no
+//! its JSON, PEM keys, /etc/passwd and /etc/group, /proc stat and status, mountinfo lines. For any input: no
 //! panic, allocation bounded by the input's size, a one-line error for garbage; and round trips
 //! where a writer exists.
 //!
@@ -354,7 +354,7 @@ proptest! {
         uids in any::<[u32; 4]>(),
         gids in any::<[u32; 4]>(),
         noise in "[A-Za-z]{1,12}:\t[^\n]{0,30}".prop_filter("not a line the parser reads", |n| {
-            !["State:", "Uid:", "Gid:", "Threads:"].iter().any(|k| n.starts_with(k))
+            !["State:", "Uid:", "Gid:", "Threads:", "Tgid:"].iter().any(|k| n.starts_with(k))
         }),
     ) {
         let (r, used) = allocated_by(|| procs::parse_status(&text));
@@ -368,5 +368,26 @@ proptest! {
         );
         let (s, u, g) = procs::parse_status(&doc).unwrap();
         prop_assert_eq!((s.to_string(), u, g), (state, uids, gids));
+    }
+
+    #[test]
+    fn mount_lines_never_panic_and_find_the_topmost(
+        text in textish(),
+        opts in "[a-z=,0-9]{0,40}",
+        hide in "(0|1|2|4|off|noaccess|invisible|ptraceable)",
+    ) {
+        let (r, used) = allocated_by(|| crate::proctrust::opts_of(&text, "/proc"));
+        prop_assert!(used <= bounded(text.len()));
+        if let Some((_, sup)) = r {
+            let _ = crate::proctrust::parse_opts(&sup);
+        }
+        let _ = crate::proctrust::parse_opts(&opts);
+        let info = format!(
+            "22 1 0:5 / /proc rw - proc proc rw\n{text}\n30 22 0:6 / /proc rw - proc proc rw,hidepid={hide}\n"
+        );
+        let (fstype, sup) = crate::proctrust::opts_of(&info, "/proc").unwrap();
+        prop_assert_eq!(fstype, "proc");
+        let hidden = crate::proctrust::parse_opts(&sup).hidepid != crate::proctrust::HidePid::Off;
+        prop_assert_eq!(hidden, !matches!(hide.as_str(), "0" | "off"));
     }
 }

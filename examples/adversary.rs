@@ -84,6 +84,25 @@ fn in_vfork(pid: u32) -> bool {
     waiting && syscall.split_whitespace().next() == Some(&libc::SYS_vfork.to_string())
 }
 
+/// Mount a FUSE file system served through a new /dev/fuse descriptor at MNT (as root).
+fn mount_fuse(mnt: &str) -> i32 {
+    let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
+    let opts = CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
+    let target = CString::new(mnt).unwrap();
+    let r = unsafe {
+        libc::mount(
+            c"quiesce-test".as_ptr(),
+            target.as_ptr(),
+            c"fuse".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            opts.as_ptr() as *const libc::c_void,
+        )
+    };
+    assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+    fd
+}
+
 fn forever() -> ! {
     loop {
         unsafe { libc::pause() };
@@ -525,21 +544,7 @@ fn main() {
         // process that touches it blocks in the kernel for good (uninterruptible once read).
         "fuse-daemon" => {
             let mnt = std::env::args().nth(2).expect("fuse-daemon MNT");
-            let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-            assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
-            let opts =
-                CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
-            let target = CString::new(mnt).unwrap();
-            let r = unsafe {
-                libc::mount(
-                    c"quiesce-test".as_ptr(),
-                    target.as_ptr(),
-                    c"fuse".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    opts.as_ptr() as *const libc::c_void,
-                )
-            };
-            assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+            let fd = mount_fuse(&mnt);
             ready();
             let mut buf = vec![0u8; 1 << 20];
             loop {
@@ -714,21 +719,7 @@ fn main() {
             }
             let mnt = std::env::args().nth(2).expect("fuse-serve MNT [UID]");
             let drop_to = std::env::args().nth(3).and_then(|s| s.parse::<u32>().ok());
-            let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-            assert!(fd >= 0, "open /dev/fuse: {}", std::io::Error::last_os_error());
-            let opts =
-                CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other")).unwrap();
-            let target = CString::new(mnt).unwrap();
-            let r = unsafe {
-                libc::mount(
-                    c"quiesce-test".as_ptr(),
-                    target.as_ptr(),
-                    c"fuse".as_ptr(),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    opts.as_ptr() as *const libc::c_void,
-                )
-            };
-            assert_eq!(r, 0, "mount fuse: {}", std::io::Error::last_os_error());
+            let fd = mount_fuse(&mnt);
             if let Some(uid) = drop_to {
                 unsafe {
                     assert_eq!(libc::setgroups(0, std::ptr::null()), 0);

@@ -35,25 +35,6 @@ fn launch_as(c: &Container, uid: u32, tag: &str, args: &[&str]) -> (Guard, i32) 
     launch_ready(c, tag, c.exec_cmd(&full))
 }
 
-/// `quiesce freeze --wait` that gives up after `wait` seconds; returns (exit code, status).
-fn freeze_waiting(c: &Container, nonce: &str, wait: u32) -> (i32, serde_json::Value) {
-    let (q, st, w) = (quiesce(), c.state.to_str().unwrap().to_string(), wait.to_string());
-    let out = c.exec(&[
-        q.to_str().unwrap(),
-        "freeze",
-        "--state-dir",
-        &st,
-        "--wait",
-        "--json",
-        "--nonce",
-        nonce,
-        "--timeout",
-        &w,
-    ]);
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.code().unwrap_or(-1), v)
-}
-
 fn claims(c: &Container) -> serde_json::Value {
     use base64::Engine;
     let t = read(&c.state.join("quiescence.jws"));
@@ -80,7 +61,7 @@ fn huge_argvs_keep_pid_1_small() {
     let c = sandbox(uid, &[]);
     let _w = launch_as(&c, uid, "hog", &["argv-hog", "30", "15", "122880"]);
     let before = status_kib(c.init, "VmHWM");
-    let (code, st) = freeze_waiting(&c, "n-1", 60);
+    let (code, st) = c.freeze_within("n-1", Some(60));
     assert_eq!(code, 0, "{st}");
     let peak = status_kib(c.init, "VmHWM");
     eprintln!("huge argvs: PID 1 VmHWM {before} KiB before, {peak} KiB after; freeze {}", st["phases_ms"]);
@@ -104,7 +85,7 @@ fn ordinary_argvs_for_comparison() {
     let uid = 4508;
     let c = sandbox(uid, &[]);
     let _w = launch_as(&c, uid, "plain", &["argv-hog", "30", "0", "0"]);
-    let (code, st) = freeze_waiting(&c, "n-1", 60);
+    let (code, st) = c.freeze_within("n-1", Some(60));
     assert_eq!(code, 0, "{st}");
     eprintln!("ordinary argvs: PID 1 VmHWM {} KiB; freeze {}", status_kib(c.init, "VmHWM"), st["phases_ms"]);
     let cl = claims(&c);
@@ -119,7 +100,7 @@ fn marker_evidence_is_capped_with_a_count_of_the_rest() {
     let uid = 4502;
     let c = sandbox(uid, &[]);
     let _w = launch_as(&c, uid, "hog", &["argv-hog", "300", "1", "8192"]);
-    let (code, st) = freeze_waiting(&c, "n-1", 60);
+    let (code, st) = c.freeze_within("n-1", Some(60));
     assert_eq!(code, 0, "{st}");
     let cl = claims(&c);
     let kept = cl["processes"].as_array().unwrap().len() as u64;
@@ -163,7 +144,7 @@ fn a_read_that_waits_on_the_sandbox_cannot_stall_the_freeze() {
     let c = sandbox(uid, &["--freeze-timeout", "5"]);
     let (_d, _v, victim) = fuse_lock_holder(&c, uid, Some(uid));
     let t = Instant::now();
-    let (code, st) = freeze_waiting(&c, "n-1", 30);
+    let (code, st) = c.freeze_within("n-1", Some(30));
     eprintln!("fuse lock holder: freeze ended after {:?}: {}", t.elapsed(), st["state"]);
     assert_eq!(code, 0, "{st}");
     let cl = claims(&c);
@@ -192,7 +173,7 @@ fn a_read_that_waits_on_an_unkillable_process_is_a_bounded_failure() {
     let mut threads = vec![status_kib(c.init, "Threads")];
     for round in ["n-1", "n-2"] {
         let t = Instant::now();
-        let (code, st) = freeze_waiting(&c, round, 30);
+        let (code, st) = c.freeze_within(round, Some(30));
         eprintln!("unkillable lock holder: freeze {round} ended after {:?}: {}", t.elapsed(), st["state"]);
         assert_eq!(code, 1, "{st}");
         assert_eq!(st["state"], "failed", "{st}");
@@ -300,7 +281,7 @@ fn exe_is_read_without_cap_sys_ptrace() {
     let eff = u64::from_str_radix(&eff, 16).unwrap();
     assert_eq!(eff & (1 << 19), 0, "the init still has CAP_SYS_PTRACE");
     let _w = launch_as(&c, uid, "sleepers", &["sleepers", "3"]);
-    let (code, st) = freeze_waiting(&c, "n-1", 30);
+    let (code, st) = c.freeze_within("n-1", Some(30));
     assert_eq!(code, 0, "{st}");
     let cl = claims(&c);
     let procs = cl["processes"].as_array().unwrap();

@@ -46,20 +46,7 @@ fn freeze_signals_a_sandbox_or_job_control_can_send_are_refused() {
 
 /// `quiesce freeze --wait --json --nonce NONCE`, started and left running.
 fn client(c: &Container, nonce: &str) -> Child {
-    let st = c.state.to_str().unwrap().to_string();
-    let q = quiesce();
-    let mut cmd = c.exec_cmd(&[
-        q.to_str().unwrap(),
-        "freeze",
-        "--state-dir",
-        &st,
-        "--wait",
-        "--json",
-        "--timeout",
-        "20",
-        "--nonce",
-        nonce,
-    ]);
+    let mut cmd = c.freeze_cmd(nonce, Some(20));
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.spawn().unwrap()
 }

@@ -528,20 +528,27 @@ impl Container {
         }
     }
 
-    /// `quiesce freeze --wait --json` from inside; returns (exit code, status JSON).
-    pub fn freeze(&self, nonce: &str) -> (i32, serde_json::Value) {
+    /// `quiesce freeze --wait --json --nonce NONCE [--timeout SECS]` inside the namespace.
+    pub fn freeze_cmd(&self, nonce: &str, timeout: Option<u32>) -> Command {
         let st = self.state.to_str().unwrap().to_string();
         let q = quiesce();
-        let out = self.exec(&[
-            q.to_str().unwrap(),
-            "freeze",
-            "--state-dir",
-            &st,
-            "--wait",
-            "--json",
-            "--nonce",
-            nonce,
-        ]);
+        let mut args =
+            vec![q.to_str().unwrap(), "freeze", "--state-dir", &st, "--wait", "--json", "--nonce", nonce];
+        let t = timeout.map(|t| t.to_string());
+        if let Some(t) = &t {
+            args.extend_from_slice(&["--timeout", t]);
+        }
+        self.exec_cmd(&args)
+    }
+
+    /// `quiesce freeze --wait --json` from inside; returns (exit code, status JSON).
+    pub fn freeze(&self, nonce: &str) -> (i32, serde_json::Value) {
+        self.freeze_within(nonce, None)
+    }
+
+    /// Like `freeze`, the client giving up after `timeout` seconds.
+    pub fn freeze_within(&self, nonce: &str, timeout: Option<u32>) -> (i32, serde_json::Value) {
+        let out = output(&mut self.freeze_cmd(nonce, timeout));
         let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
         (out.status.code().unwrap_or(-1), v)
     }

@@ -193,14 +193,14 @@ fn main() {
         // Every process forks as fast as it can, capped by RLIMIT_NPROC.
         "bomb" => {
             nproc_cap(arg(2, 500));
-            let mut forked = 0u64;
+            // Ready before the first fork, from this process alone: forkers writing ready files
+            // queue on the directory's lock, each waiting for a CPU among thousands, and that
+            // convoy held the test's own lookups in that directory for minutes. The test waits
+            // for the count it needs itself.
+            ready();
             loop {
                 if fork() == 0 {
                     continue;
-                }
-                forked += 1;
-                if forked == 50 {
-                    ready();
                 }
                 // Reap our dead so the bomb keeps churning pids.
                 unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };

@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The bound on a workload reaching its ready state.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a container may live. A test thread can wait where no timeout of its own reaches
+/// (a file lookup queued in the kernel behind thousands of sandbox processes): past this, a
+/// watchdog kills the init, which ends the namespace and with it whatever held the test.
+pub const CONTAINER_BUDGET: Duration = Duration::from_secs(300);
 
 pub fn quiesce() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_quiesce"))
@@ -267,6 +271,8 @@ pub struct Container {
     pub dir: PathBuf,
     pub state: PathBuf,
     exited: Option<ExitStatus>,
+    /// Dropped with the container: tells the watchdog it is no longer needed.
+    _watchdog: Option<mpsc::Sender<()>>,
     // Last: removed after Drop has ended the namespace.
     _scratch: Scratch,
 }
@@ -341,6 +347,27 @@ fn pidfd_signal(fd: &OwnedFd, sig: i32) -> std::io::Result<()> {
 }
 
 impl Container {
+    /// Kill the init once `budget` has passed, unless the returned sender is dropped first.
+    pub fn kill_after(&self, budget: Duration) -> mpsc::Sender<()> {
+        let fd = self.pidfd.as_ref().expect("no init to watch").try_clone().expect("duplicate the init's pidfd");
+        watchdog(fd, self.init, budget)
+    }
+}
+
+fn watchdog(fd: OwnedFd, init: i32, budget: Duration) -> mpsc::Sender<()> {
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(RecvTimeoutError::Timeout) = rx.recv_timeout(budget) {
+            eprintln!("harness: the container of init {init} outlived {budget:?}: killing its init");
+            if let Err(e) = pidfd_signal(&fd, libc::SIGKILL) {
+                eprintln!("harness: cannot kill init {init}: {e}");
+            }
+        }
+    });
+    tx
+}
+
+impl Container {
     /// `quiesce --state-dir DIR/state INIT_ARGS -- CMD` as PID 1 of a new PID namespace.
     pub fn start(init_args: &[&str], cmd: &[&str]) -> Container {
         Container::start_with(Opts { init_args: init_args.to_vec(), ..Default::default() }, cmd)
@@ -385,8 +412,16 @@ impl Container {
         let unshare = c.spawn().expect("spawn unshare");
         let upid = unshare.id();
         // From here a failure drops the container, which ends unshare and its namespace.
-        let mut ctr =
-            Container { unshare, init: 0, pidfd: None, dir, state, exited: None, _scratch: scratch };
+        let mut ctr = Container {
+            unshare,
+            init: 0,
+            pidfd: None,
+            dir,
+            state,
+            exited: None,
+            _watchdog: None,
+            _scratch: scratch,
+        };
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             // A command that ends at once may take its init along before we look.
@@ -400,6 +435,7 @@ impl Container {
                 if fd.is_some() && init_of(upid, o.shell_pid1) == Some(pid) {
                     ctr.init = pid;
                     ctr.pidfd = fd;
+                    ctr._watchdog = Some(ctr.kill_after(CONTAINER_BUDGET));
                     break;
                 }
             }

@@ -68,6 +68,7 @@ fn killed_covers(c: &Container, st: &serde_json::Value, procs: &[(i32, Stat)]) {
 
 /// Wait until at least `n` live processes of `uid` exist: the adversary is at full tilt.
 fn wait_count(c: &Container, uid: u32, n: usize) {
+    let _u = Urgent::now();
     let mut last = 0;
     let until = std::time::Instant::now() + Duration::from_secs(60);
     while last < n {
@@ -87,29 +88,31 @@ fn one_workload(uid: u32, args: &[&str]) {
 /// Fork-bomb and other heavy tests take the whole machine: one at a time.
 static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A heavy test's turn: the lock, and this thread raised above the sandbox for as long as it
-/// holds it. At nice 0 among thousands of runnable forkers the thread gets a few thousandths of
-/// a CPU, and one count of /proc (two reads per process) takes minutes; the init itself stays at
-/// nice 0, as in a container.
-struct Heavy {
-    _lock: std::sync::MutexGuard<'static, ()>,
-    tid: libc::id_t,
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Drop for Heavy {
+/// This thread raised above the sandbox while it watches: at nice 0 among thousands of runnable
+/// forkers it gets a few thousandths of a CPU, and one count of /proc takes minutes. Raised
+/// only while it watches, never while it starts anything: a child inherits its thread's nice
+/// value, and a bomb started at -15 starves the watcher again.
+struct Urgent(libc::id_t);
+
+impl Urgent {
+    fn now() -> Urgent {
+        let tid = unsafe { libc::gettid() } as libc::id_t;
+        assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -15) }, 0, "renice the test thread");
+        Urgent(tid)
+    }
+}
+
+impl Drop for Urgent {
     fn drop(&mut self) {
-        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid, 0) };
+        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, self.0, 0) };
         if r != 0 && !std::thread::panicking() {
             panic!("cannot restore the test thread's priority: {}", std::io::Error::last_os_error());
         }
     }
-}
-
-fn heavy() -> Heavy {
-    let lock = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
-    let tid = unsafe { libc::gettid() } as libc::id_t;
-    assert_eq!(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -15) }, 0, "renice the test thread");
-    Heavy { _lock: lock, tid }
 }
 
 #[test]
@@ -149,8 +152,8 @@ fn t01b_fork_bomb_while_the_init_tracks_constantly() {
     let _wt = track.launch(tu, &["bomb", "2000"]);
     wait_count(&base, bu, 1000);
     wait_count(&track, tu, 1000);
-    // This thread watches the clock at the raised priority `heavy` gave it: its own turn on the
-    // CPU must not depend on the bombs.
+    // This thread watches the clock: its own turn on the CPU must not depend on the bombs.
+    let urgent = Urgent::now();
     let t = std::time::Instant::now();
     track.signal(libc::SIGUSR1);
     base.signal(libc::SIGUSR1);
@@ -165,6 +168,7 @@ fn t01b_fork_bomb_while_the_init_tracks_constantly() {
         }
         base_end.is_some() && track_end.is_some()
     });
+    drop(urgent);
     let b = signalled_freeze_clean(&base, bu);
     let st = signalled_freeze_clean(&track, tu);
     let ms =

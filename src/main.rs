@@ -1,6 +1,7 @@
 //! quiesce: a container init that proves the sandbox user's processes are gone.
 //! Data flows one way: observe /proc (procs) → decide (taint) → act (freeze) → prove → sign (marker).
 
+mod capcheck;
 mod cli;
 mod commands;
 mod consistency;
@@ -158,6 +159,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
             sys::geteuid()
         ));
     }
+    capcheck::check()?;
     if !sys::is_procfs("/proc").unwrap_or(false) {
         return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"

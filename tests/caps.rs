@@ -133,14 +133,12 @@ fn the_needed_set_alone_starts_and_freezes_with_full_evidence() {
     }
 }
 
-/// `quiesce ps` and `quiesce verify` need no capability and say nothing about any.
+/// `quiesce freeze`, `ps` and `verify` need no capability and say nothing about any.
 #[test]
-fn ps_and_verify_say_nothing_about_capabilities() {
+fn freeze_ps_and_verify_need_none_and_say_nothing_about_them() {
     let uid = 4286;
     let c = sandbox(uid, &[]);
     let _w = c.launch(uid, &["pause"]);
-    let (code, st) = c.freeze("n-ps");
-    assert_eq!(code, 0, "{st}");
     let (q, s) = (quiesce(), c.state.to_str().unwrap().to_string());
     let drop_all = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"];
     let with = |args: &[&str]| {
@@ -151,6 +149,7 @@ fn ps_and_verify_say_nothing_about_capabilities() {
     };
     let u = uid.to_string();
     for (what, out) in [
+        ("freeze", with(&["freeze", "--state-dir", &s, "--wait", "--nonce", "n-ps"])),
         ("ps", with(&["ps", "--state-dir", &s, "--sandbox-user", &u])),
         ("verify", with(&["verify", "--state-dir", &s, "--nonce", "n-ps", "--", "echo", "verified"])),
     ] {

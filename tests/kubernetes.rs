@@ -94,6 +94,8 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
         },
         &["sleep", "1000000"],
     );
+    // The harness returns once the init runs; its state dir comes a moment later.
+    wait_for("the init's sandbox.json", READY_TIMEOUT, || c.state.join("sandbox.json").exists());
     let parent = std::fs::metadata(&c.dir).unwrap();
     assert_eq!(parent.mode() & 0o7777, 0o777);
     let st = std::fs::metadata(&c.state).unwrap();

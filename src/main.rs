@@ -169,6 +169,10 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
+    if let Some(w) = state::parent_warning(&state.path) {
+        // Said at every verbosity: it is a setup to fix, and the command has not run yet.
+        eprintln!("quiesce: warn: {w}");
+    }
     evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = match &a.signing_key {
         Some(path) => marker::load_private(path)?,

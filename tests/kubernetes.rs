@@ -136,3 +136,28 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     assert!(!c.state.exists() && moved.exists());
     mode(&c.dir, 0o1777);
 }
+
+/// The init says so when its state dir's parent lets others rename it (a 0777 emptyDir without
+/// the pod's chmod), and is silent once the parent is root's and 0755, or sticky.
+#[test]
+fn a_state_dir_parent_others_may_write_is_named_at_start() {
+    for (m, warned) in [(0o777, true), (0o775, true), (0o755, false), (0o1777, false)] {
+        let d = scratch("k8s-parent");
+        let vol = d.join("vol");
+        std::fs::create_dir(&vol).unwrap();
+        mode(&vol, m);
+        let out = output(
+            Command::new("unshare")
+                .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+                .arg(quiesce())
+                .arg("--state-dir")
+                .arg(vol.join("state"))
+                .args(["--sandbox-user", "4292", "--", "echo", "ran"]),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "mode {m:o}: {err}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran", "mode {m:o}");
+        let said = err.contains("rename the state dir") && err.contains("root's and 0755");
+        assert_eq!(said, warned, "mode {m:o}: {err}");
+    }
+}

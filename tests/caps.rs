@@ -163,3 +163,24 @@ fn freeze_ps_and_verify_need_none_and_say_nothing_about_them() {
         }
     }
 }
+
+/// The same set is enough where quiesce is not PID 1 (a pod with shareProcessNamespace: true):
+/// its credential helper process inherits it.
+#[test]
+fn the_needed_set_is_enough_beside_another_pid_1() {
+    let uid = 4287;
+    let u = uid.to_string();
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u],
+            shell_pid1: true,
+            wrap: vec!["setpriv", "--inh-caps=-all", "--bounding-set=-all,+kill,+setuid,+setgid", "--"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    let _w = c.launch(uid, &["sleepers", "2"]);
+    let (code, st) = c.freeze("n-pod");
+    assert_eq!(code, 0, "{st}");
+    assert!(c.live_of_uid(uid).is_empty(), "{:?}", c.processes());
+}

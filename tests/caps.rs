@@ -165,7 +165,8 @@ fn freeze_ps_and_verify_need_none_and_say_nothing_about_them() {
 }
 
 /// The same set is enough where quiesce is not PID 1 (a pod with shareProcessNamespace: true):
-/// its credential helper process inherits it.
+/// its credential helper process inherits it. With no_new_privs too, as the example pods set it
+/// (allowPrivilegeEscalation: false).
 #[test]
 fn the_needed_set_is_enough_beside_another_pid_1() {
     let uid = 4287;
@@ -174,11 +175,19 @@ fn the_needed_set_is_enough_beside_another_pid_1() {
         Opts {
             init_args: vec!["--sandbox-user", &u],
             shell_pid1: true,
-            wrap: vec!["setpriv", "--inh-caps=-all", "--bounding-set=-all,+kill,+setuid,+setgid", "--"],
+            wrap: vec![
+                "setpriv",
+                "--no-new-privs",
+                "--inh-caps=-all",
+                "--bounding-set=-all,+kill,+setuid,+setgid",
+                "--",
+            ],
             ..Default::default()
         },
         &["sleep", "1000000"],
     );
+    let status = read(std::path::Path::new(&format!("/proc/{}/status", c.init)));
+    assert!(status.lines().any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])), "{status}");
     let _w = c.launch(uid, &["sleepers", "2"]);
     let (code, st) = c.freeze("n-pod");
     assert_eq!(code, 0, "{st}");

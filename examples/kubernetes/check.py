@@ -8,6 +8,7 @@ usage: check.py --caps KILL,SETGID,SETUID [--self-test]
 import argparse
 import copy
 import os
+import subprocess
 import sys
 
 import yaml
@@ -109,6 +110,9 @@ def check_harness(text, pod):
     for w in wants:
         if w not in text:
             errs.append(f"harness.sh lacks '{w}'")
+    syntax = subprocess.run(["sh", "-n", "-c", text], capture_output=True, text=True)
+    if syntax.returncode != 0:
+        errs.append(f"harness.sh does not parse: {syntax.stderr.strip()}")
     if "kubectl exec" not in text:
         errs.append("harness.sh does not use kubectl exec")
     return errs
@@ -171,6 +175,8 @@ def self_test(pod, caps):
         text = f.read()
     if not check_harness(text.replace("freeze --wait", "freeze"), pod):
         failed.append("harness without freeze --wait")
+    if not check_harness(text + "\nif then\n", pod):
+        failed.append("harness that does not parse")
     return failed
 
 

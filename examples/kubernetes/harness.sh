@@ -1,12 +1,14 @@
 #!/bin/sh
 # One task, the harness's side, with kubectl exec: the agent's turn as the sandbox user, a
 # freeze, then the verifier as root only if the signed marker proves no agent process is left.
-# Needs kubectl and a cluster; POD_FILE picks pod.yaml (default) or pod-shared-pid.yaml.
+# Needs kubectl, a cluster and, here, quiesce (for keygen; QUIESCE_LOCAL names it); POD_FILE
+# picks pod.yaml (default) or pod-shared-pid.yaml.
 set -eu
 cd "$(dirname "$0")"
 POD_FILE=${POD_FILE:-pod.yaml}
 POD=$(sed -n 's/^  name: //p' "$POD_FILE" | head -n 1)
-Q=/usr/local/bin/quiesce
+Q=/usr/local/bin/quiesce    # in the pod
+LOCAL_Q=${QUIESCE_LOCAL:-quiesce}
 AGENT_USER=1000            # QUIESCE_SANDBOX_USER in the pod
 AGENT_SECONDS=${AGENT_SECONDS:-600}
 NONCE=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
@@ -14,7 +16,7 @@ NONCE=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 # Once per cluster: the signing key, root's and 0400 in the pod (defaultMode in the pod file).
 if ! kubectl get secret quiesce-signing-key >/dev/null 2>&1; then
     keys=$(mktemp -d)
-    "$Q" keygen --out "$keys"
+    "$LOCAL_Q" keygen --out "$keys"
     kubectl create secret generic quiesce-signing-key \
         --from-file=signing.key="$keys/signing.key" --from-file=signing.pub="$keys/signing.pub"
     rm -rf "$keys"

@@ -1,6 +1,7 @@
 //! quiesce: a container init that proves the sandbox user's processes are gone.
 //! Data flows one way: observe /proc (procs) → decide (taint) → act (freeze) → prove → sign (marker).
 
+mod capcheck;
 mod cli;
 mod commands;
 mod consistency;
@@ -158,6 +159,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
             sys::geteuid()
         ));
     }
+    capcheck::check()?;
     if !sys::is_procfs("/proc").unwrap_or(false) {
         return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
@@ -167,6 +169,10 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
+    if let Some(w) = state::parent_warning(&state.path) {
+        // Said at every verbosity: it is a setup to fix, and the command has not run yet.
+        eprintln!("quiesce: warn: {w}");
+    }
     evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = match &a.signing_key {
         Some(path) => marker::load_private(path)?,

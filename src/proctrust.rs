@@ -6,8 +6,6 @@ use crate::sys;
 use std::io;
 use std::path::Path;
 
-const CAP_SYS_PTRACE: u32 = 19;
-
 /// The `hidepid=` of a procfs mount: what it hides from a reader that may not ptrace the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HidePid {
@@ -98,7 +96,7 @@ pub fn check(root: &Path) -> io::Result<()> {
     }
     let o = parse_opts(&sup);
     if o.hidepid != HidePid::Off
-        && !sys::has_effective_cap(CAP_SYS_PTRACE)
+        && !crate::capcheck::effective(caps::Capability::CAP_SYS_PTRACE)
         && !o.gid.is_some_and(sys::in_group)
     {
         return Err(untrusted(

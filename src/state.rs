@@ -112,6 +112,27 @@ fn create_error(path: &Path, e: &io::Error) -> String {
     }
 }
 
+/// Can anyone but root rename the state dir away and put something else under its name? The
+/// dir itself is checked strictly; its parent may legitimately be a 0777 volume (a Kubernetes
+/// emptyDir), so that is said, not refused. None when the parent cannot be looked at.
+pub fn parent_warning(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty())?;
+    let md = fs::metadata(parent).ok()?;
+    let mode = md.mode() & 0o7777;
+    let open = md.uid() != 0 || (mode & 0o022 != 0 && mode & libc::S_ISVTX == 0);
+    open.then(|| {
+        format!(
+            "{} (mode {mode:o}, owner uid {}) lets users other than root rename the state dir {} \
+             away: make it root's and 0755 (Kubernetes: an initContainer, see \
+             examples/kubernetes) or sticky",
+            parent.display(),
+            md.uid(),
+            path.display()
+        )
+    })
+}
+
 impl StateDir {
     /// Open an existing, safe state directory (subcommands).
     pub fn open(path: &Path) -> Result<StateDir, String> {

@@ -438,31 +438,6 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// Is `cap` in this thread's effective capability set?
-pub fn has_effective_cap(cap: u32) -> bool {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy, Default)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut h = Header { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
-    let mut d = [Data::default(); 2];
-    // SAFETY: a valid header and two data slots, as version 3 requires.
-    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut Header, d.as_mut_ptr()) };
-    if r != 0 || cap >= 64 {
-        // Unknown counts as absent: the caller then refuses rather than trusts.
-        return false;
-    }
-    d[(cap / 32) as usize].effective & (1 << (cap % 32)) != 0
-}
-
 /// Is `gid` this process's effective group or one of its supplementary groups?
 pub fn in_group(gid: u32) -> bool {
     // SAFETY: getegid cannot fail; getgroups fills at most the buffer it is given.

@@ -286,6 +286,10 @@ pub struct Opts<'a> {
     pub shell_pid1: bool,
     /// A command that runs the init inside the namespace (e.g. setpriv); it must exec it.
     pub wrap: Vec<&'a str>,
+    /// The init is this copy of the binary, under the name an engine mounts it at
+    /// (`/sbin/docker-init`, `/run/podman-init`), started as an engine starts it: `PATH -- CMD`,
+    /// the state dir given only through QUIESCE_STATE_DIR.
+    pub init_bin: Option<PathBuf>,
 }
 
 impl Default for Opts<'_> {
@@ -299,13 +303,14 @@ impl Default for Opts<'_> {
             prefix: vec![],
             shell_pid1: false,
             wrap: vec![],
+            init_bin: None,
         }
     }
 }
 
-/// The child of `upid` that runs quiesce (or the shell's child, through a shell as PID 1), if it
-/// has exec'd yet.
-fn init_of(upid: u32, through_shell: bool) -> Option<i32> {
+/// The child of `upid` that runs the init binary named `comm` (or the shell's child, through a
+/// shell as PID 1), if it has exec'd yet.
+fn init_of(upid: u32, through_shell: bool, comm: &str) -> Option<i32> {
     let first = |p: &str| -> Option<String> {
         let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
         kids.split_whitespace().next().map(str::to_string)
@@ -314,8 +319,8 @@ fn init_of(upid: u32, through_shell: bool) -> Option<i32> {
     if through_shell {
         k = first(&k)?;
     }
-    let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).ok()?;
-    (comm.trim() == "quiesce").then(|| k.parse().ok()).flatten()
+    let seen = std::fs::read_to_string(format!("/proc/{k}/comm")).ok()?;
+    (seen.trim() == comm).then(|| k.parse().ok()).flatten()
 }
 
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
@@ -363,11 +368,18 @@ impl Container {
         if o.shell_pid1 {
             c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
         }
-        c.args(&o.wrap)
-            .arg(quiesce())
-            .arg("--state-dir")
-            .arg(&state)
-            .args(&o.init_args)
+        c.args(&o.wrap);
+        match &o.init_bin {
+            Some(bin) => c.arg(bin).env("QUIESCE_STATE_DIR", &state),
+            None => c.arg(quiesce()).arg("--state-dir").arg(&state),
+        };
+        // The kernel keeps the first 15 bytes of the file name as comm.
+        let comm: String = o
+            .init_bin
+            .as_deref()
+            .and_then(Path::file_name)
+            .map_or("quiesce".into(), |n| n.to_string_lossy().chars().take(15).collect());
+        c.args(&o.init_args)
             .arg("--")
             .args(cmd)
             .env("ADV", adversary())
@@ -394,10 +406,10 @@ impl Container {
                 ctr.exited = Some(s);
                 break;
             }
-            if let Some(pid) = init_of(upid, o.shell_pid1) {
+            if let Some(pid) = init_of(upid, o.shell_pid1, &comm) {
                 let fd = pidfd_open(pid);
                 // The pidfd names the process we saw only if it is still unshare's quiesce child.
-                if fd.is_some() && init_of(upid, o.shell_pid1) == Some(pid) {
+                if fd.is_some() && init_of(upid, o.shell_pid1, &comm) == Some(pid) {
                     ctr.init = pid;
                     ctr.pidfd = fd;
                     break;

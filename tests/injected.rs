@@ -89,3 +89,58 @@ fn subcommands_work_under_the_path_the_engine_mounts_the_init_at() {
         assert!(out.stdout.is_empty(), "{name}: the verifier ran");
     }
 }
+
+#[test]
+fn in_a_user_namespace_lineage_tags_with_the_mapped_sandbox_uid_and_a_freeze_proves() {
+    // As under rootless Podman: the init is root of a user namespace whose map covers the
+    // sandbox UID and not much else (no mapping for high IDs).
+    let uid = 4293;
+    let u = uid.to_string();
+    let c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], userns: Some(65536), ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    let map = c.proc_read(1, "uid_map").unwrap_or_default();
+    assert_eq!(map.split_whitespace().collect::<Vec<_>>(), ["0", "0", "65536"], "not in the user namespace");
+    if c.proc_read(1, "loginuid").is_some_and(|l| l.trim() != "4294967295") {
+        skip(
+            "in_a_user_namespace_lineage_tags_with_the_mapped_sandbox_uid_and_a_freeze_proves",
+            "the test runs with a loginuid of its own, which the init inherits (lineage off)",
+        );
+        return;
+    }
+    let file = c.state.join("sandbox.json");
+    wait_for("sandbox.json", READY_TIMEOUT, || file.exists());
+    let published: serde_json::Value = serde_json::from_str(&read(&file)).unwrap();
+    assert_eq!(published["lineage"], true, "lineage off in a user namespace: {published}");
+
+    let _tagged = c.launch(uid, &["sleepers", "3"]);
+    let a = adv();
+    let _plain = c.start_ready(
+        c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a, "sleepers", "1"]),
+        "plain",
+    );
+    let q = quiesce();
+    let st = c.state.to_str().unwrap().to_string();
+    let ps = c.exec(&[q.to_str().unwrap(), "ps", "--json", "--state-dir", &st]);
+    let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    let by_lineage = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["reasons"].as_array().is_some_and(|r| r.iter().any(|x| x == "lineage")))
+        .count();
+    assert_eq!(by_lineage, 4, "{v}");
+
+    let (code, st) = c.freeze("userns-1");
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert_eq!(st["killed"], 6, "{st}");
+    let out = c.verify(&["--nonce", "userns-1", "--", "echo", "scored"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -290,6 +290,9 @@ pub struct Opts<'a> {
     /// (`/sbin/docker-init`, `/run/podman-init`), started as an engine starts it: `PATH -- CMD`,
     /// the state dir given only through QUIESCE_STATE_DIR.
     pub init_bin: Option<PathBuf>,
+    /// The namespaces get a user namespace of their own whose UIDs and GIDs 0..N map to the same
+    /// ids outside, as a rootless engine's do (root is mapped, anything from N up is not).
+    pub userns: Option<u32>,
 }
 
 impl Default for Opts<'_> {
@@ -304,6 +307,7 @@ impl Default for Opts<'_> {
             shell_pid1: false,
             wrap: vec![],
             init_bin: None,
+            userns: None,
         }
     }
 }
@@ -364,7 +368,20 @@ impl Container {
             }
             None => Command::new("unshare"),
         };
+        if o.userns.is_some() {
+            c.arg("--user");
+        }
         c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+        if o.userns.is_some() {
+            // Hold the command until the harness has written the maps (bounded: 10 s).
+            c.args([
+                "sh",
+                "-c",
+                "i=0; while [ -z \"$(cat /proc/self/uid_map)\" ] && [ $i -lt 1000 ]; do \
+                 sleep 0.01; i=$((i+1)); done; exec \"$@\"",
+                "sh",
+            ]);
+        }
         if o.shell_pid1 {
             c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
         }
@@ -399,6 +416,18 @@ impl Container {
         // From here a failure drops the container, which ends unshare and its namespace.
         let mut ctr =
             Container { unshare, init: 0, pidfd: None, dir, state, exited: None, _scratch: scratch };
+        if let Some(n) = o.userns {
+            let ours = std::fs::read_link("/proc/self/ns/user").unwrap();
+            let until = Instant::now() + Duration::from_secs(10);
+            while std::fs::read_link(format!("/proc/{upid}/ns/user")).ok().as_ref() == Some(&ours) {
+                assert!(Instant::now() < until, "unshare made no user namespace within 10 s");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for map in ["uid_map", "gid_map"] {
+                std::fs::write(format!("/proc/{upid}/{map}"), format!("0 0 {n}\n"))
+                    .unwrap_or_else(|e| panic!("cannot write the user namespace's {map}: {e}"));
+            }
+        }
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             // A command that ends at once may take its init along before we look.
@@ -445,9 +474,20 @@ impl Container {
         c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
         let pidns = std::ffi::CString::new(format!("/proc/{}/ns/pid", self.init)).unwrap();
         let mntns = std::ffi::CString::new(format!("/proc/{}/ns/mnt", self.init)).unwrap();
+        // A user namespace of the container's own is joined first, as engines do: its root then
+        // owns the PID and mount namespaces joined next, and the command's IDs are the mapped ones.
+        let userns = format!("/proc/{}/ns/user", self.init);
+        let own_userns = std::fs::read_link(&userns).ok() != std::fs::read_link("/proc/self/ns/user").ok();
+        let userns = std::ffi::CString::new(userns).unwrap();
         unsafe {
             c.pre_exec(move || {
-                for (path, kind) in [(&pidns, libc::CLONE_NEWPID), (&mntns, libc::CLONE_NEWNS)] {
+                // No allocation here: this runs between fork and exec.
+                let joins = [
+                    (own_userns, &userns, libc::CLONE_NEWUSER),
+                    (true, &pidns, libc::CLONE_NEWPID),
+                    (true, &mntns, libc::CLONE_NEWNS),
+                ];
+                for (path, kind) in joins.into_iter().filter(|j| j.0).map(|j| (j.1, j.2)) {
                     let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
                     if fd < 0 || libc::setns(fd, kind) != 0 {
                         return Err(std::io::Error::last_os_error());

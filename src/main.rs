@@ -129,7 +129,7 @@ fn run_init(a: cli::InitArgs) -> i32 {
 /// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
 /// an init that inherited a loginuid (started from a login session) passes it to every process
 /// of the container, root ones included, and then it marks nothing.
-fn lineage(off: bool) -> bool {
+fn lineage(off: bool, probe_uid: u32) -> bool {
     if off {
         log::info!("lineage off (--no-lineage): tracking relies on uid, ancestry and history");
         return false;
@@ -141,9 +141,10 @@ fn lineage(off: bool) -> bool {
         );
         return false;
     }
-    if !spawn::lineage_available() {
+    if !spawn::lineage_available(probe_uid) {
         log::info!(
-            "lineage unavailable (no audit, or a user namespace): tracking relies on uid, ancestry and history"
+            "lineage unavailable (no audit, or /proc/self/loginuid cannot be written here): \
+             tracking relies on uid, ancestry and history"
         );
         return false;
     }
@@ -190,7 +191,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     }
     let intake = requests::Intake::new(&state)?;
     write(state::PUBKEY, pub_pem.as_bytes())?;
-    let lineage = lineage(a.no_lineage);
+    let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = sys::getpid();
     let start_time = procs::Reader::default()
         .start_time(me)

@@ -243,15 +243,18 @@ fn write_loginuid(text: &str) -> bool {
     }
 }
 
-/// Does the audit tag work here? Checked from a throwaway child so the caller stays untagged.
-pub fn lineage_available() -> bool {
+/// Does the audit tag work here? Checked from a throwaway child so the caller stays untagged,
+/// with a UID the tag will write: the kernel reads a loginuid in the writer's user namespace, so
+/// under a remapping (rootless Podman) a UID without a mapping there is refused while a sandbox
+/// UID, which must be mapped to run at all, is taken.
+pub fn lineage_available(uid: u32) -> bool {
     // SAFETY: the child only makes syscalls and exits.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return false;
     }
     if pid == 0 {
-        let ok = tag_lineage(u32::MAX - 1);
+        let ok = tag_lineage(uid);
         sys::exit_now(if ok { 0 } else { 1 });
     }
     matches!(sys::wait_child(pid), Ok(0))

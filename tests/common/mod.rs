@@ -292,6 +292,13 @@ pub struct Opts<'a> {
     pub shell_pid1: bool,
     /// A command that runs the init inside the namespace (e.g. setpriv); it must exec it.
     pub wrap: Vec<&'a str>,
+    /// The init is this copy of the binary, under the name an engine mounts it at
+    /// (`/sbin/docker-init`, `/run/podman-init`), started as an engine starts it: `PATH -- CMD`,
+    /// the state dir given only through QUIESCE_STATE_DIR.
+    pub init_bin: Option<PathBuf>,
+    /// The namespaces get a user namespace of their own whose UIDs and GIDs 0..N map to the same
+    /// ids outside, as a rootless engine's do (root is mapped, anything from N up is not).
+    pub userns: Option<u32>,
 }
 
 impl Default for Opts<'_> {
@@ -305,13 +312,15 @@ impl Default for Opts<'_> {
             prefix: vec![],
             shell_pid1: false,
             wrap: vec![],
+            init_bin: None,
+            userns: None,
         }
     }
 }
 
-/// The child of `upid` that runs quiesce (or the shell's child, through a shell as PID 1), if it
-/// has exec'd yet.
-fn init_of(upid: u32, through_shell: bool) -> Option<i32> {
+/// The child of `upid` that runs the init binary named `comm` (or the shell's child, through a
+/// shell as PID 1), if it has exec'd yet.
+fn init_of(upid: u32, through_shell: bool, comm: &str) -> Option<i32> {
     let first = |p: &str| -> Option<String> {
         let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok()?;
         kids.split_whitespace().next().map(str::to_string)
@@ -320,8 +329,8 @@ fn init_of(upid: u32, through_shell: bool) -> Option<i32> {
     if through_shell {
         k = first(&k)?;
     }
-    let comm = std::fs::read_to_string(format!("/proc/{k}/comm")).ok()?;
-    (comm.trim() == "quiesce").then(|| k.parse().ok()).flatten()
+    let seen = std::fs::read_to_string(format!("/proc/{k}/comm")).ok()?;
+    (seen.trim() == comm).then(|| k.parse().ok()).flatten()
 }
 
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
@@ -387,15 +396,35 @@ impl Container {
             }
             None => Command::new("unshare"),
         };
+        if o.userns.is_some() {
+            c.arg("--user");
+        }
         c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+        if o.userns.is_some() {
+            // Hold the command until the harness has written the maps (bounded: 10 s).
+            c.args([
+                "sh",
+                "-c",
+                "i=0; while [ -z \"$(cat /proc/self/uid_map)\" ] && [ $i -lt 1000 ]; do \
+                 sleep 0.01; i=$((i+1)); done; exec \"$@\"",
+                "sh",
+            ]);
+        }
         if o.shell_pid1 {
             c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
         }
-        c.args(&o.wrap)
-            .arg(quiesce())
-            .arg("--state-dir")
-            .arg(&state)
-            .args(&o.init_args)
+        c.args(&o.wrap);
+        match &o.init_bin {
+            Some(bin) => c.arg(bin).env("QUIESCE_STATE_DIR", &state),
+            None => c.arg(quiesce()).arg("--state-dir").arg(&state),
+        };
+        // The kernel keeps the first 15 bytes of the file name as comm.
+        let comm: String = o
+            .init_bin
+            .as_deref()
+            .and_then(Path::file_name)
+            .map_or("quiesce".into(), |n| n.to_string_lossy().chars().take(15).collect());
+        c.args(&o.init_args)
             .arg("--")
             .args(cmd)
             .env("ADV", adversary())
@@ -423,6 +452,18 @@ impl Container {
             _watchdog: None,
             _scratch: scratch,
         };
+        if let Some(n) = o.userns {
+            let ours = std::fs::read_link("/proc/self/ns/user").unwrap();
+            let until = Instant::now() + Duration::from_secs(10);
+            while std::fs::read_link(format!("/proc/{upid}/ns/user")).ok().as_ref() == Some(&ours) {
+                assert!(Instant::now() < until, "unshare made no user namespace within 10 s");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for map in ["uid_map", "gid_map"] {
+                std::fs::write(format!("/proc/{upid}/{map}"), format!("0 0 {n}\n"))
+                    .unwrap_or_else(|e| panic!("cannot write the user namespace's {map}: {e}"));
+            }
+        }
         let until = Instant::now() + Duration::from_secs(10);
         loop {
             // A command that ends at once may take its init along before we look.
@@ -430,10 +471,10 @@ impl Container {
                 ctr.exited = Some(s);
                 break;
             }
-            if let Some(pid) = init_of(upid, o.shell_pid1) {
+            if let Some(pid) = init_of(upid, o.shell_pid1, &comm) {
                 let fd = pidfd_open(pid);
                 // The pidfd names the process we saw only if it is still unshare's quiesce child.
-                if fd.is_some() && init_of(upid, o.shell_pid1) == Some(pid) {
+                if fd.is_some() && init_of(upid, o.shell_pid1, &comm) == Some(pid) {
                     ctr.init = pid;
                     ctr.pidfd = fd;
                     ctr._watchdog = Some(ctr.kill_after(CONTAINER_BUDGET));
@@ -470,9 +511,20 @@ impl Container {
         c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
         let pidns = std::ffi::CString::new(format!("/proc/{}/ns/pid", self.init)).unwrap();
         let mntns = std::ffi::CString::new(format!("/proc/{}/ns/mnt", self.init)).unwrap();
+        // A user namespace of the container's own is joined first, as engines do: its root then
+        // owns the PID and mount namespaces joined next, and the command's IDs are the mapped ones.
+        let userns = format!("/proc/{}/ns/user", self.init);
+        let own_userns = std::fs::read_link(&userns).ok() != std::fs::read_link("/proc/self/ns/user").ok();
+        let userns = std::ffi::CString::new(userns).unwrap();
         unsafe {
             c.pre_exec(move || {
-                for (path, kind) in [(&pidns, libc::CLONE_NEWPID), (&mntns, libc::CLONE_NEWNS)] {
+                // No allocation here: this runs between fork and exec.
+                let joins = [
+                    (own_userns, &userns, libc::CLONE_NEWUSER),
+                    (true, &pidns, libc::CLONE_NEWPID),
+                    (true, &mntns, libc::CLONE_NEWNS),
+                ];
+                for (path, kind) in joins.into_iter().filter(|j| j.0).map(|j| (j.1, j.2)) {
                     let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
                     if fd < 0 || libc::setns(fd, kind) != 0 {
                         return Err(std::io::Error::last_os_error());

@@ -200,7 +200,9 @@ fn main() {
                 unsafe { libc::_exit(0) };
             }
             let mut st = 0;
-            if unsafe { libc::waitpid(middle, &mut st, 0) } != middle || !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0
+            if unsafe { libc::waitpid(middle, &mut st, 0) } != middle
+                || !libc::WIFEXITED(st)
+                || libc::WEXITSTATUS(st) != 0
             {
                 fail("the process that forked the sleepers");
             }

@@ -16,6 +16,7 @@ mod proctrust;
 #[cfg(test)]
 mod proptests;
 mod requests;
+mod settle;
 mod spawn;
 mod state;
 mod sys;

@@ -1,0 +1,87 @@
+//! Waiting, cheaply, for signalled processes to act on the signal: stopped after SIGSTOP, dead
+//! after SIGKILL. Each of them needs the CPU to get there, and a full observation taken before
+//! they all did is wasted (it reads status and more of every process, and is taken again). So
+//! the freeze first re-reads only the stat line of the processes it signalled (and of each
+//! thread, for a process with several), drops each one as soon as it shows there, and sleeps
+//! between rounds, leaving the CPU to them, until none is left or the bound passes.
+//!
+//! Nothing is decided here: the stop ends with a full observation and the proof is a consistent
+//! observation taken after the last kill. A process this wait lets go of too early (continued
+//! again, or a pid reused) is seen there, and a read that fails only ends the wait.
+
+use crate::procs::{Pass, Reader};
+use crate::sys::Pid;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Goal {
+    /// Every thread stopped (T), traced-stopped (t), or dead.
+    Stopped,
+    /// The process exited: gone, or a zombie whose thread count is down to its leader.
+    Dead,
+}
+
+/// First pause while one process is not there yet, and the longest.
+const PAUSE_MIN: Duration = Duration::from_micros(100);
+const PAUSE_MAX: Duration = Duration::from_millis(2);
+
+/// A process to wait for: its pid and, when known, its start time.
+pub type Target = (Pid, Option<u64>);
+
+/// Wait until every target reached `goal`, or `bound` passed; returns how many had not.
+///
+/// The targets were signalled at once and act on it roughly in the order the kernel signalled
+/// them (the order of the task list), so the wait goes down the list once: a process that is
+/// there is passed for good, one that is not is read again after a pause. Processes already
+/// there cost one read each, however long the others take.
+pub fn wait(reader: &Reader, targets: &[Target], goal: Goal, bound: Instant) -> usize {
+    let Ok(mut pass) = reader.pass() else { return targets.len() };
+    for (i, &(pid, start)) in targets.iter().enumerate() {
+        let mut pause = PAUSE_MIN;
+        loop {
+            match there(&mut pass, pid, start, goal) {
+                Some(true) => break,
+                Some(false) if Instant::now() < bound => {}
+                _ => return targets.len() - i,
+            }
+            std::thread::sleep(pause.min(bound.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(PAUSE_MAX);
+        }
+    }
+    0
+}
+
+/// The pids whose /proc directory belongs to one of `uids`: the kernel gives a process's
+/// directory its effective UID (root when it is not dumpable). One fstatat per pid, without
+/// reading anything the process can make slow.
+pub fn owned_by(reader: &Reader, uids: &[u32]) -> Vec<Target> {
+    let Ok(pass) = reader.pass() else { return Vec::new() };
+    let Ok(pids) = reader.pids() else { return Vec::new() };
+    pids.into_iter()
+        .filter(|&pid| pass.owner(pid).is_some_and(|u| uids.contains(&u)))
+        .map(|p| (p, None))
+        .collect()
+}
+
+/// Has this process reached `goal`? None: it could not be read (the wait ends).
+fn there(pass: &mut Pass, pid: Pid, start: Option<u64>, goal: Goal) -> Option<bool> {
+    let stat = match pass.stat(pid) {
+        Ok(Some(s)) => s,
+        // Exited (or the pid names another process now): the one signalled is gone.
+        Ok(None) => return Some(true),
+        Err(_) => return None,
+    };
+    if start.is_some_and(|s| s != stat.start_time) {
+        return Some(true);
+    }
+    let dead = matches!(stat.state, 'Z' | 'X');
+    match goal {
+        Goal::Dead => Some(dead && stat.num_threads <= 1),
+        Goal::Stopped if stat.num_threads <= 1 => Some(dead || matches!(stat.state, 'T' | 't')),
+        Goal::Stopped => match pass.task_states(pid) {
+            Ok(Some(states)) => Some(states.iter().all(|c| matches!(c, 'T' | 't' | 'Z' | 'X' | 'x'))),
+            Ok(None) => Some(true),
+            Err(_) => None,
+        },
+    }
+}

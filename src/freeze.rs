@@ -117,17 +117,23 @@ fn signal_each(
 /// observation saw. A group signal reaches the whole group at once, and a fork in progress cannot
 /// slip past it (the kernel restarts a fork that a group signal interrupts): the one channel that
 /// catches a root-owned escapee that hops to a new pid faster than a pidfd can follow, as long as
-/// it stays in its group.
-fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted) -> Vec<&'a Proc> {
+/// it stays in its group. With `only_missable`, only groups where that can happen: with a live
+/// member kill(-1) may miss, or one that was not stopped (a stopped process cannot fork, exec or
+/// hop, so a group of stopped members kill(-1) reaches has no one the group signal adds).
+fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, only_missable: Option<&[u32]>) -> Vec<&'a Proc> {
     let own = sys::getpgrp();
-    let mut clean: BTreeMap<Pid, bool> = BTreeMap::new();
+    // Per group: all live members are sandbox processes; some live member needs the group signal.
+    let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
     for p in snap.procs.values().filter(|p| p.alive()) {
         let ok = tainted.contains_key(&p.pid);
-        clean.entry(p.pgid).and_modify(|c| *c &= ok).or_insert(ok);
+        let needs = only_missable.is_none_or(|u| missable(p, u) || !p.stopped());
+        let g = groups.entry(p.pgid).or_insert((true, false));
+        g.0 &= ok;
+        g.1 |= needs;
     }
-    clean
+    groups
         .into_iter()
-        .filter(|&(g, all)| all && g != own)
+        .filter(|&(g, (all, needs))| all && needs && g != own)
         .filter_map(|(g, _)| snap.procs.get(&g).filter(|l| tainted.contains_key(&l.pid)))
         .collect()
 }
@@ -136,9 +142,15 @@ fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted) -> Vec<&'a Proc> {
 /// start time), never by number: a group number can be reused by a root session between the
 /// observation and the signal, the leader's kernel pid object cannot. Kernels before 6.9 cannot
 /// signal a group through a pidfd; there only the per-process channels act.
-fn kill_groups(reader: &Reader, snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
+fn kill_groups(
+    reader: &Reader,
+    snap: &Snapshot,
+    tainted: &Tainted,
+    sig: i32,
+    only_missable: Option<&[u32]>,
+) -> io::Result<usize> {
     let mut n = 0;
-    for leader in sandbox_groups(snap, tainted) {
+    for leader in sandbox_groups(snap, tainted, only_missable) {
         let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
@@ -210,7 +222,9 @@ impl Run<'_> {
         let only = if all { None } else { Some(uids.as_slice()) };
         signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
         if sig == libc::SIGKILL {
-            kill_groups(self.reader, snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
+            // Every group while anything was left running; otherwise those kill(-1) may miss.
+            let groups = if all || !self.unstopped.is_empty() { None } else { Some(uids.as_slice()) };
+            kill_groups(self.reader, snap, tainted, sig, groups).map_err(|e| format!("signal failed: {e}"))?;
         }
         Ok(())
     }
@@ -234,19 +248,7 @@ impl Run<'_> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
         let mut first = true;
-        // What to wait for before the first full observation: what runs as a sandbox UID now,
-        // and the sandbox processes of the init's last tracking observation. Anything else is
-        // found by the observation itself.
-        let mut waiting: Vec<settle::Target> = {
-            let tainted = self.policy.classify(seen);
-            let mut w: BTreeMap<Pid, Option<u64>> =
-                live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
-            for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
-                w.entry(pid).or_insert(start);
-            }
-            w.into_iter().collect()
-        };
-        log::debug!("stop: {} processes to wait for, found in {:?}", waiting.len(), t.elapsed());
+        let mut waiting: Vec<settle::Target> = Vec::new();
         let mut prev: Option<Snapshot> = None;
         let last = loop {
             // After the first pass, sweep several times back to back within one switch: a process
@@ -259,6 +261,18 @@ impl Run<'_> {
                 .kill_all_as_repeated(&self.policy.uids, libc::SIGSTOP, sweeps)
                 .map_err(|e| format!("credential switch failed: {e}"))?;
             let settle = Instant::now();
+            if first {
+                // What to wait for before the first full observation, listed while the first sweep
+                // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
+                // init's last tracking observation. Anything else is found by the observation.
+                let tainted = self.policy.classify(seen);
+                let mut w: BTreeMap<Pid, Option<u64>> =
+                    live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+                for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
+                    w.entry(pid).or_insert(start);
+                }
+                waiting = w.into_iter().collect();
+            }
             let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();
             self.since = consistency::last_pid(self.reader.root()).ok();

@@ -224,7 +224,8 @@ impl Run<'_> {
         if sig == libc::SIGKILL {
             // Every group while anything was left running; otherwise those kill(-1) may miss.
             let groups = if all || !self.unstopped.is_empty() { None } else { Some(uids.as_slice()) };
-            kill_groups(self.reader, snap, tainted, sig, groups).map_err(|e| format!("signal failed: {e}"))?;
+            kill_groups(self.reader, snap, tainted, sig, groups)
+                .map_err(|e| format!("signal failed: {e}"))?;
         }
         Ok(())
     }

@@ -28,6 +28,11 @@ const PAUSE_MAX: Duration = Duration::from_millis(2);
 /// A process to wait for: its pid and, when known, its start time.
 pub type Target = (Pid, Option<u64>);
 
+/// How long the wait for stopped stays on one process. Some never stop by this channel (a
+/// process the UID check of kill(-1) misses, one in uninterruptible sleep): after the first that
+/// does not arrive in time, the rest are each read once, without waiting.
+const STOP_PATIENCE: Duration = Duration::from_millis(20);
+
 /// Wait until every target reached `goal`, or `bound` passed; returns how many had not.
 ///
 /// The targets were signalled at once and act on it roughly in the order the kernel signalled
@@ -36,19 +41,32 @@ pub type Target = (Pid, Option<u64>);
 /// there cost one read each, however long the others take.
 pub fn wait(reader: &Reader, targets: &[Target], goal: Goal, bound: Instant) -> usize {
     let Ok(mut pass) = reader.pass() else { return targets.len() };
+    let mut left = 0;
+    let mut patient = true;
     for (i, &(pid, start)) in targets.iter().enumerate() {
         let mut pause = PAUSE_MIN;
+        let give_up = match goal {
+            Goal::Stopped if patient => bound.min(Instant::now() + STOP_PATIENCE),
+            Goal::Stopped => Instant::now(),
+            Goal::Dead => bound,
+        };
         loop {
             match there(&mut pass, pid, start, goal) {
                 Some(true) => break,
-                Some(false) if Instant::now() < bound => {}
-                _ => return targets.len() - i,
+                Some(false) if Instant::now() < give_up => {}
+                Some(false) if Instant::now() < bound => {
+                    left += 1;
+                    patient = false;
+                    break;
+                }
+                // Past the bound, or unreadable: this one and the rest are left to the observation.
+                _ => return left + (targets.len() - i),
             }
-            std::thread::sleep(pause.min(bound.saturating_duration_since(Instant::now())));
+            std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
             pause = (pause * 2).min(PAUSE_MAX);
         }
     }
-    0
+    left
 }
 
 /// The pids whose /proc directory belongs to one of `uids`: the kernel gives a process's

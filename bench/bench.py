@@ -162,9 +162,10 @@ def workload_ns(kind, n, state):
             ns.close()
             raise RuntimeError(f"workload {' '.join(args)} not ready")
         time.sleep(0.01)
-    if kind == "bomb":
-        # Ready means the cap was reached once; let every forker spin against it.
-        time.sleep(0.3)
+    # Ready means the last process was forked; let the fork aftermath (reparenting, first runs,
+    # the init's tracking) pass, as it has long before any real freeze request. Under the bomb,
+    # every forker spins against the cap meanwhile.
+    time.sleep(0.3)
     return ns
 
 

@@ -282,7 +282,7 @@ impl Run<'_> {
                     .map_err(|e| format!("/proc unreadable: {e}"))?;
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
-                "stop: {sweeps} sweep(s) in {:?}, waited {:?} for {} ({left} not stopped), observed {} processes \
+                "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
                  in {:?}, {} sandbox, {} not yet stopped",
                 settle - swept,
                 pass - settle,
@@ -383,7 +383,7 @@ pub fn run(
         batches += 1;
     }
     log::debug!(
-        "kill: signals sent in {:?}, waited {:?} for exits ({left} left), reaped in {:?} ({batches} full batches)",
+        "kill: signals sent in {:?}, waited {:?} for exits ({left} of a sample left), reaped in {:?} ({batches} full batches)",
         sent - t,
         exited - sent,
         exited.elapsed()

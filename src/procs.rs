@@ -73,6 +73,15 @@ pub struct Snapshot {
     pub procs: BTreeMap<Pid, Proc>,
 }
 
+/// Processes from which a light observation is split between two threads.
+const SPLIT_MIN: usize = 256;
+
+/// Can a second thread run at the same time as this one?
+fn several_cores() -> bool {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)) > 1
+}
+
 /// Bytes of a stat, status or loginuid file read at most: far more than the kernel writes.
 const FILE_MAX: usize = 64 * 1024;
 
@@ -278,13 +287,7 @@ impl Reader {
     /// Like `snapshot`, reusing what `prev` saw that cannot have changed (see `Pass::read`).
     pub fn snapshot_after(&self, detail: Detail, prev: Option<&Snapshot>) -> io::Result<Snapshot> {
         crate::proctrust::check(&self.root)?;
-        let mut pass = self.pass()?;
-        let mut procs = BTreeMap::new();
-        for pid in self.pids()? {
-            if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
-                procs.insert(pid, p);
-            }
-        }
+        let procs = self.read_all(&self.pids()?, detail, prev)?;
         if !procs.contains_key(&sys::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
@@ -292,6 +295,45 @@ impl Reader {
             )));
         }
         Ok(Snapshot { procs })
+    }
+
+    /// Read every pid of `pids`. A large light observation is read by two threads, half each:
+    /// the reads are the kernel's CPU work, which a second core halves. The helper is started
+    /// for this call and joined before it returns (reads of stat and status never wait on the
+    /// target); when it cannot be started (a pids limit), this thread reads both halves.
+    fn read_all(
+        &self,
+        pids: &[Pid],
+        detail: Detail,
+        prev: Option<&Snapshot>,
+    ) -> io::Result<BTreeMap<Pid, Proc>> {
+        let part = |pids: &[Pid]| -> io::Result<Vec<(Pid, Proc)>> {
+            let mut pass = self.pass()?;
+            let mut out = Vec::with_capacity(pids.len());
+            for &pid in pids {
+                if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
+                    out.push((pid, p));
+                }
+            }
+            Ok(out)
+        };
+        if detail != Detail::Light || pids.len() < SPLIT_MIN || !several_cores() {
+            return Ok(part(pids)?.into_iter().collect());
+        }
+        let (a, b) = pids.split_at(pids.len() / 2);
+        let (mine, theirs) = std::thread::scope(|s| {
+            let helper = std::thread::Builder::new()
+                .name("quiesce-observe".into())
+                .stack_size(256 * 1024)
+                .spawn_scoped(s, || part(b));
+            let mine = part(a);
+            let theirs = match helper {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),
+                Err(_) => part(b),
+            };
+            (mine, theirs)
+        });
+        Ok(mine?.into_iter().chain(theirs?).collect())
     }
 
     /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read

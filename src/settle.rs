@@ -1,9 +1,9 @@
 //! Waiting, cheaply, for signalled processes to act on the signal: stopped after SIGSTOP, dead
 //! after SIGKILL. Each of them needs the CPU to get there, and a full observation taken before
 //! they all did is wasted (it reads status and more of every process, and is taken again). So
-//! the freeze first re-reads only the stat line of the processes it signalled (and of each
-//! thread, for a process with several), drops each one as soon as it shows there, and sleeps
-//! between rounds, leaving the CPU to them, until none is left or the bound passes.
+//! the freeze first re-reads only the stat line of a sample of the processes it signalled (and
+//! of each thread, for a process with several), sleeping in between and leaving the CPU to them,
+//! until the sample is there or the bound passes.
 //!
 //! Nothing is decided here: the stop ends with a full observation and the proof is a consistent
 //! observation taken after the last kill. A process this wait lets go of too early (continued
@@ -33,17 +33,25 @@ pub type Target = (Pid, Option<u64>);
 /// does not arrive in time, the rest are each read once, without waiting.
 const STOP_PATIENCE: Duration = Duration::from_millis(20);
 
-/// Wait until every target reached `goal`, or `bound` passed; returns how many had not.
+/// Processes the wait reads: the last one signalled and others spread evenly over the rest.
+const SAMPLE: usize = 32;
+
+/// Wait until a sample of the targets reached `goal`, or `bound` passed; returns how many of
+/// the sample had not.
 ///
-/// The targets were signalled at once and act on it roughly in the order the kernel signalled
-/// them (the order of the task list), so the wait goes down the list once: a process that is
-/// there is passed for good, one that is not is read again after a pause. Processes already
-/// there cost one read each, however long the others take.
+/// The targets were signalled at once, in the order the kernel signalled them (the task list,
+/// which lists them here too), and act on it about in that order; reading every one of them would
+/// cost about as much as the full observation that follows. So the wait reads the last one first,
+/// then a sample spread over the rest: once those are there, the others most likely are too, and
+/// the full observation finds any that are not.
 pub fn wait(reader: &Reader, targets: &[Target], goal: Goal, bound: Instant) -> usize {
-    let Ok(mut pass) = reader.pass() else { return targets.len() };
+    let Ok(mut pass) = reader.pass() else { return targets.len().min(SAMPLE) };
+    let step = targets.len().div_ceil(SAMPLE).max(1);
+    let sample: Vec<Target> =
+        targets.last().into_iter().chain(targets.iter().step_by(step)).copied().collect();
     let mut left = 0;
     let mut patient = true;
-    for (i, &(pid, start)) in targets.iter().enumerate() {
+    for (i, &(pid, start)) in sample.iter().enumerate() {
         let mut pause = PAUSE_MIN;
         let give_up = match goal {
             Goal::Stopped if patient => bound.min(Instant::now() + STOP_PATIENCE),
@@ -60,7 +68,7 @@ pub fn wait(reader: &Reader, targets: &[Target], goal: Goal, bound: Instant) -> 
                     break;
                 }
                 // Past the bound, or unreadable: this one and the rest are left to the observation.
-                _ => return left + (targets.len() - i),
+                _ => return left + (sample.len() - i),
             }
             std::thread::sleep(pause.min(give_up.saturating_duration_since(Instant::now())));
             pause = (pause * 2).min(PAUSE_MAX);

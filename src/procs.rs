@@ -79,7 +79,7 @@ const SPLIT_MIN: usize = 256;
 /// Can a second thread run at the same time as this one?
 fn several_cores() -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)) > 1
+    *N.get_or_init(sys::cpus) > 1
 }
 
 /// Bytes of a stat, status or loginuid file read at most: far more than the kernel writes.

@@ -642,3 +642,15 @@ pub fn fstatat(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<libc::stat> {
         Ok(st)
     }
 }
+
+/// CPUs this process may run on (1 when that cannot be told).
+pub fn cpus() -> usize {
+    // SAFETY: a local CPU set filled by the kernel, then only counted.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 1;
+        }
+        (libc::CPU_COUNT(&set) as usize).max(1)
+    }
+}

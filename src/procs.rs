@@ -74,7 +74,7 @@ pub struct Snapshot {
 }
 
 /// Processes from which a light observation is split between two threads.
-const SPLIT_MIN: usize = 256;
+const SPLIT_MIN: usize = 64;
 
 /// Can a second thread run at the same time as this one?
 fn several_cores() -> bool {

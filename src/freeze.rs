@@ -273,7 +273,11 @@ impl Run<'_> {
                     w.entry(pid).or_insert(start);
                 }
                 waiting = w.into_iter().collect();
-                log::debug!("stop: {} processes to wait for, listed in {:?}", waiting.len(), settle.elapsed());
+                log::debug!(
+                    "stop: {} processes to wait for, listed in {:?}",
+                    waiting.len(),
+                    settle.elapsed()
+                );
             }
             let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();

@@ -190,6 +190,67 @@ fn main() {
             ready();
             forever();
         }
+        // N sleepers whose parent exited: a middle process forks them and exits, so they are
+        // children of the init. Ready once the middle process is reaped (they are reparented).
+        "orphaned" => {
+            let n = arg(2, 10);
+            let middle = fork_checked();
+            if middle == 0 {
+                spawn_sleepers(n);
+                unsafe { libc::_exit(0) };
+            }
+            let mut st = 0;
+            if unsafe { libc::waitpid(middle, &mut st, 0) } != middle
+                || !libc::WIFEXITED(st)
+                || libc::WEXITSTATUS(st) != 0
+            {
+                fail("the process that forked the sleepers");
+            }
+            ready();
+            std::process::exit(0);
+        }
+        // N processes of T threads each (this one included), all asleep.
+        "thread-procs" => {
+            let n = arg(2, 10).max(1);
+            let t = arg(3, 10).max(1);
+            let start_threads = || {
+                for _ in 1..t {
+                    let spawned = std::thread::Builder::new().stack_size(64 * 1024).spawn(|| forever());
+                    if spawned.is_err() {
+                        fail("thread");
+                    }
+                }
+            };
+            let (rd, wr) = pipe_checked();
+            for _ in 1..n {
+                if fork_checked() == 0 {
+                    unsafe { libc::close(rd) };
+                    start_threads();
+                    report(wr);
+                    forever();
+                }
+            }
+            await_reports(rd, wr, n as usize - 1);
+            start_threads();
+            ready();
+            forever();
+        }
+        // Every process forks without pause, capped by RLIMIT_NPROC; only the first one writes
+        // the ready file, once a fork of its failed (the cap is reached).
+        "bomb-flat" => {
+            nproc_cap(arg(2, 500));
+            let mut first = true;
+            loop {
+                match fork() {
+                    0 => first = false,
+                    p if p < 0 && first => {
+                        ready();
+                        first = false;
+                    }
+                    _ => {}
+                }
+            }
+        }
         // Every process forks as fast as it can, capped by RLIMIT_NPROC.
         "bomb" => {
             nproc_cap(arg(2, 500));

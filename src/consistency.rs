@@ -58,7 +58,7 @@ pub fn last_pid(root: &Path) -> io::Result<Pid> {
 }
 
 /// Pids handed out after `from` up to and including `to`, allowing for wrap-around.
-fn allocated_between(from: Pid, to: Pid, pid: Pid) -> bool {
+pub fn allocated_between(from: Pid, to: Pid, pid: Pid) -> bool {
     if to >= from {
         pid > from && pid <= to
     } else {
@@ -76,11 +76,17 @@ fn distance(from: Pid, to: Pid) -> u64 {
 }
 
 /// A consistent table of the whole PID namespace, or Churn when processes kept being created
-/// until `deadline`.
-pub fn observe(reader: &Reader, deadline: Instant) -> io::Result<Result<(Snapshot, usize), Churn>> {
+/// until `deadline`. `prev`: an earlier observation, whose loginuids that were set are reused.
+pub fn observe(
+    reader: &Reader,
+    prev: Option<&Snapshot>,
+    deadline: Instant,
+) -> io::Result<Result<(Snapshot, usize), Churn>> {
     let root = reader.root().to_path_buf();
     let mut covered = last_pid(&root)?;
-    let mut snap = reader.snapshot(Detail::Light)?;
+    let mut snap = reader.snapshot_after(Detail::Light, prev)?;
+    let mut pass = reader.pass()?;
+    let earlier = |pid: Pid| prev.and_then(|s| s.procs.get(&pid));
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
@@ -97,7 +103,7 @@ pub fn observe(reader: &Reader, deadline: Instant) -> io::Result<Result<(Snapsho
             }
             passes += 1;
             for pid in missing {
-                match reader.read_after(pid, Detail::Light, None)? {
+                match pass.read(pid, Detail::Light, earlier(pid))? {
                     Some(p) => {
                         snap.procs.insert(pid, p);
                     }
@@ -120,7 +126,7 @@ pub fn observe(reader: &Reader, deadline: Instant) -> io::Result<Result<(Snapsho
             let mut pid = covered;
             while pid != now {
                 pid += 1;
-                match reader.read_after(pid, Detail::Light, None)? {
+                match pass.read(pid, Detail::Light, earlier(pid))? {
                     Some(p) => {
                         snap.procs.insert(pid, p);
                     }
@@ -138,7 +144,7 @@ pub fn observe(reader: &Reader, deadline: Instant) -> io::Result<Result<(Snapsho
                 if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {
                     continue;
                 }
-                match reader.read_after(pid, Detail::Light, None)? {
+                match pass.read(pid, Detail::Light, earlier(pid))? {
                     Some(p) => {
                         snap.procs.insert(pid, p);
                     }
@@ -173,7 +179,7 @@ mod tests {
     fn a_quiet_table_is_consistent_at_once_and_a_new_child_is_found() {
         let r = Reader::default();
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let (snap, _) = observe(&r, deadline).unwrap().unwrap();
+        let (snap, _) = observe(&r, None, deadline).unwrap().unwrap();
         assert!(snap.procs.contains_key(&crate::sys::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }

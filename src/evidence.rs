@@ -221,11 +221,36 @@ fn read(job: &Job) -> io::Result<Reply> {
     let dir = format!("/proc/{}", job.pid);
     let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
     let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
-    // What was read belongs to the target only if the pid still names it: a pid is reused only
-    // after its process is gone, so a match now means the reads above saw the target.
-    let same = Reader::default().start_time(job.pid).ok().flatten() == Some(job.start_time);
-    let key = (job.pid, job.start_time);
-    Ok(if same { Reply { key, cmdline, exe } } else { Reply { key, cmdline: None, exe: None } })
+    // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
+    Ok(Reply { key: (job.pid, job.start_time), cmdline, exe })
+}
+
+/// What was read belongs to a target only if its pid still named it. A pid names another
+/// process only once the kernel hands it out again, which moves the namespace's pid counter
+/// past it (nothing in the container may set it: see consistency). So only the pids handed out
+/// since `since` (the counter read before the observation that identified the targets) are
+/// checked, by their start time now; the rest cost nothing. Without both counter readings every
+/// entry is checked. A mismatch drops what was read: the entry is unreadable.
+fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
+    let reader = Reader::default();
+    let now = since.and_then(|_| crate::consistency::last_pid(reader.root()).ok());
+    let mut pass = reader.pass().ok();
+    for e in out.processes.iter_mut().filter(|e| e.cmdline.is_some() || e.exe.is_some()) {
+        let suspect = match (since, now) {
+            (Some(a), Some(b)) => crate::consistency::allocated_between(a, b, e.pid),
+            _ => true,
+        };
+        if !suspect {
+            continue;
+        }
+        let now_start = pass.as_mut().and_then(|p| p.start_time(e.pid).ok().flatten());
+        if now_start != Some(e.start_time) {
+            e.cmdline = None;
+            e.exe = None;
+            e.truncated = false;
+            e.unreadable = true;
+        }
+    }
 }
 
 /// The first `limit` bytes of a file, and whether there was more; reads no further.
@@ -433,7 +458,8 @@ impl Walk<'_> {
 }
 
 /// Read the evidence of every target, in order, within the bounds above and before `until`.
-pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant) -> Gathered {
+/// `since`: the pid counter read before the observation the targets come from.
+pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant, since: Option<Pid>) -> Gathered {
     let mut walk = Walk { pool: pool(), until, spawn_failed: false };
     let mut targets = targets.into_iter().peekable();
     let mut out = Gathered::default();
@@ -464,6 +490,7 @@ pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant) -> Gath
         out.processes.push(e);
     }
     out.bytes = used;
+    drop_reused(&mut out, since);
     out
 }
 
@@ -569,7 +596,7 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got = gather([Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5));
+        let got = gather([Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5), None);
         assert_eq!(got.omitted, 0);
         let e = &got.processes[0];
         assert!(!e.unreadable && e.cmdline.as_ref().is_some_and(|c| !c.is_empty()), "{e:?}");
@@ -579,7 +606,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got = gather((0..3).map(|_| Target::of(&me, &[])), Instant::now());
+        let got = gather((0..3).map(|_| Target::of(&me, &[])), Instant::now(), None);
         assert_eq!(got.processes.len(), 3);
         assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));
     }

@@ -4,6 +4,7 @@
 use crate::consistency;
 use crate::evidence::{self, Gathered};
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
+use crate::settle;
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
@@ -42,8 +43,14 @@ fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'
 }
 
 /// Observe and classify; the policy remembers what it saw, so an escape later does not help.
-fn observe(reader: &Reader, policy: &mut Policy, detail: Detail) -> io::Result<(Snapshot, Tainted)> {
-    let snap = reader.snapshot(detail)?;
+/// `prev`: the observation before, whose loginuids that were set are reused.
+fn observe(
+    reader: &Reader,
+    policy: &mut Policy,
+    detail: Detail,
+    prev: Option<&Snapshot>,
+) -> io::Result<(Snapshot, Tainted)> {
+    let snap = reader.snapshot_after(detail, prev)?;
     let tainted = policy.classify(&snap);
     policy.remember(&snap, &tainted);
     Ok((snap, tainted))
@@ -110,17 +117,23 @@ fn signal_each(
 /// observation saw. A group signal reaches the whole group at once, and a fork in progress cannot
 /// slip past it (the kernel restarts a fork that a group signal interrupts): the one channel that
 /// catches a root-owned escapee that hops to a new pid faster than a pidfd can follow, as long as
-/// it stays in its group.
-fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted) -> Vec<&'a Proc> {
+/// it stays in its group. With `only_missable`, only groups where that can happen: with a live
+/// member kill(-1) may miss, or one that was not stopped (a stopped process cannot fork, exec or
+/// hop, so a group of stopped members kill(-1) reaches has no one the group signal adds).
+fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, only_missable: Option<&[u32]>) -> Vec<&'a Proc> {
     let own = sys::getpgrp();
-    let mut clean: BTreeMap<Pid, bool> = BTreeMap::new();
+    // Per group: all live members are sandbox processes; some live member needs the group signal.
+    let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
     for p in snap.procs.values().filter(|p| p.alive()) {
         let ok = tainted.contains_key(&p.pid);
-        clean.entry(p.pgid).and_modify(|c| *c &= ok).or_insert(ok);
+        let needs = only_missable.is_none_or(|u| missable(p, u) || !p.stopped());
+        let g = groups.entry(p.pgid).or_insert((true, false));
+        g.0 &= ok;
+        g.1 |= needs;
     }
-    clean
+    groups
         .into_iter()
-        .filter(|&(g, all)| all && g != own)
+        .filter(|&(g, (all, needs))| all && needs && g != own)
         .filter_map(|(g, _)| snap.procs.get(&g).filter(|l| tainted.contains_key(&l.pid)))
         .collect()
 }
@@ -129,9 +142,15 @@ fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted) -> Vec<&'a Proc> {
 /// start time), never by number: a group number can be reused by a root session between the
 /// observation and the signal, the leader's kernel pid object cannot. Kernels before 6.9 cannot
 /// signal a group through a pidfd; there only the per-process channels act.
-fn kill_groups(reader: &Reader, snap: &Snapshot, tainted: &Tainted, sig: i32) -> io::Result<usize> {
+fn kill_groups(
+    reader: &Reader,
+    snap: &Snapshot,
+    tainted: &Tainted,
+    sig: i32,
+    only_missable: Option<&[u32]>,
+) -> io::Result<usize> {
     let mut n = 0;
-    for leader in sandbox_groups(snap, tainted) {
+    for leader in sandbox_groups(snap, tainted, only_missable) {
         let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
@@ -161,7 +180,7 @@ struct Run<'a> {
     cred: &'a mut crate::cred::Switcher,
     reader: &'a Reader,
     policy: &'a mut Policy,
-    reap: &'a mut dyn FnMut(),
+    reap: &'a mut dyn FnMut() -> bool,
     start: Instant,
     deadline: Instant,
     phases: Phases,
@@ -169,6 +188,8 @@ struct Run<'a> {
     /// Every (pid, start time) the evidence has seen, kept or only counted.
     recorded: HashSet<(Pid, u64)>,
     unstopped: Vec<Pid>,
+    /// The pid counter before the last stop observation (None: unreadable).
+    since: Option<Pid>,
 }
 
 impl Run<'_> {
@@ -201,7 +222,10 @@ impl Run<'_> {
         let only = if all { None } else { Some(uids.as_slice()) };
         signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
         if sig == libc::SIGKILL {
-            kill_groups(self.reader, snap, tainted, sig).map_err(|e| format!("signal failed: {e}"))?;
+            // Every group while anything was left running; otherwise those kill(-1) may miss.
+            let groups = if all || !self.unstopped.is_empty() { None } else { Some(uids.as_slice()) };
+            kill_groups(self.reader, snap, tainted, sig, groups)
+                .map_err(|e| format!("signal failed: {e}"))?;
         }
         Ok(())
     }
@@ -221,26 +245,53 @@ impl Run<'_> {
     /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
     /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
     /// one-by-one stop, but not a stop that reaches all of them at once.
-    fn stop(&mut self, stop_wait: Duration) -> Result<(Snapshot, Tainted), String> {
+    fn stop(&mut self, stop_wait: Duration, seen: &Snapshot) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
-        let mut pause = Duration::from_millis(1);
         let mut first = true;
+        let mut waiting: Vec<settle::Target> = Vec::new();
+        let mut prev: Option<Snapshot> = None;
         let last = loop {
             // After the first pass, sweep several times back to back within one switch: a process
             // caught in the middle of its own SIGCONT sweep undoes the part of ours that came
             // before it, while one woken with a stop of ours pending stops again before it runs
             // any code; the next sweep re-stops what the last SIGCONT undid.
             let sweeps = if first { 1 } else { STOP_SWEEPS };
+            let swept = Instant::now();
             self.cred
                 .kill_all_as_repeated(&self.policy.uids, libc::SIGSTOP, sweeps)
                 .map_err(|e| format!("credential switch failed: {e}"))?;
+            let settle = Instant::now();
+            if first {
+                // What to wait for before the first full observation, listed while the first sweep
+                // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
+                // init's last tracking observation. Anything else is found by the observation.
+                let tainted = self.policy.classify(seen);
+                let mut w: BTreeMap<Pid, Option<u64>> =
+                    live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+                for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
+                    w.entry(pid).or_insert(start);
+                }
+                waiting = w.into_iter().collect();
+                log::debug!(
+                    "stop: {} processes to wait for, listed in {:?}",
+                    waiting.len(),
+                    settle.elapsed()
+                );
+            }
+            let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();
-            let (snap, tainted) = observe(self.reader, self.policy, Detail::Light)
-                .map_err(|e| format!("/proc unreadable: {e}"))?;
+            self.since = consistency::last_pid(self.reader.root()).ok();
+            let (snap, tainted) =
+                observe(self.reader, self.policy, Detail::Light, Some(prev.as_ref().unwrap_or(seen)))
+                    .map_err(|e| format!("/proc unreadable: {e}"))?;
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
-                "stop: observed {} processes in {:?}, {} sandbox, {} not yet stopped",
+                "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
+                 in {:?}, {} sandbox, {} not yet stopped",
+                settle - swept,
+                pass - settle,
+                waiting.len(),
                 snap.procs.len(),
                 pass.elapsed(),
                 tainted.len(),
@@ -261,15 +312,15 @@ impl Run<'_> {
             }
             // kill(-1) reached the rest already and they are on their way to stopping; on the
             // first pass only what it may have missed needs a pidfd.
-            for p in running {
+            for p in &running {
                 if !first || missable(p, &self.policy.uids) {
                     procs::signal(self.reader, p, libc::SIGSTOP)
                         .map_err(|e| format!("signal failed: {e}"))?;
                 }
             }
+            waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+            prev = Some(snap);
         };
         self.phases.stop = ms(t.elapsed());
         Ok(last)
@@ -281,14 +332,25 @@ impl Run<'_> {
         let t = Instant::now();
         self.recorded = live(&snap, tainted).map(|p| (p.pid, p.start_time)).collect();
         let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid]));
-        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline));
+        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline), self.since);
         self.phases.walk = ms(t.elapsed());
         snap
     }
 }
 
-/// Run one freeze. `reap` reaps every zombie child of the init (and records the command's status).
-pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dyn FnMut()) -> Outcome {
+/// How long the kill waits, at most, for the processes it killed to exit before the proof's
+/// observation (which then finds what is left, kills it again and looks again).
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Run one freeze. `seen`: the init's last tracking observation. `reap` reaps a batch of zombie
+/// children of the init (and records the command's status); true when more may be waiting.
+pub fn run(
+    cfg: &mut Config,
+    policy: &mut Policy,
+    reader: &Reader,
+    seen: &Snapshot,
+    reap: &mut dyn FnMut() -> bool,
+) -> Outcome {
     let start = Instant::now();
     let mut run = Run {
         cred: &mut cfg.cred,
@@ -301,8 +363,9 @@ pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dy
         evidence: Gathered::default(),
         recorded: HashSet::new(),
         unstopped: Vec::new(),
+        since: None,
     };
-    let (snap, tainted) = match run.stop(cfg.stop_wait) {
+    let (snap, tainted) = match run.stop(cfg.stop_wait, seen) {
         Ok(x) => x,
         Err(e) => return run.fail(e, Vec::new()),
     };
@@ -312,7 +375,24 @@ pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dy
     if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, false) {
         return run.fail(e, survivors(&snap, &tainted));
     }
-    (run.reap)();
+    let sent = Instant::now();
+    let killed: Vec<settle::Target> = live(&snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+    let left = settle::wait(run.reader, &killed, settle::Goal::Dead, (sent + EXIT_WAIT).min(run.deadline));
+    let exited = Instant::now();
+    // Reaping is cheaper than reading: a zombie child of the init left for the proof costs it a
+    // stat and a status; reaped, it is not even listed. Never during the observation (see
+    // consistency), and bounded: what is left after a share of the budget is read as a zombie.
+    let reap_until = exited + (run.deadline.saturating_duration_since(exited) / 8);
+    let mut batches = 0;
+    while (run.reap)() && Instant::now() < reap_until {
+        batches += 1;
+    }
+    log::debug!(
+        "kill: signals sent in {:?}, waited {:?} for exits ({left} of a sample left), reaped in {:?} ({batches} full batches)",
+        sent - t,
+        exited - sent,
+        exited.elapsed()
+    );
     run.phases.kill = ms(t.elapsed());
 
     let t = Instant::now();
@@ -320,7 +400,7 @@ pub fn run(cfg: &mut Config, policy: &mut Policy, reader: &Reader, reap: &mut dy
     let mut rounds = 0u32;
     loop {
         // The proof: a consistent observation taken after the last kill.
-        let observed = consistency::observe(run.reader, run.deadline);
+        let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
         let (snap, passes) = match observed {
             Ok(Ok(x)) => x,
             Ok(Err(churn)) => {

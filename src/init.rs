@@ -163,9 +163,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     }
     log::info!("freeze {id}: starting");
     let reader = Reader::default();
-    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut || {
-        reaper.reap();
-    });
+    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();

@@ -17,6 +17,7 @@ mod proctrust;
 #[cfg(test)]
 mod proptests;
 mod requests;
+mod settle;
 mod spawn;
 mod state;
 mod sys;

@@ -73,6 +73,18 @@ pub struct Snapshot {
     pub procs: BTreeMap<Pid, Proc>,
 }
 
+/// Processes from which a light observation is split between two threads.
+const SPLIT_MIN: usize = 64;
+
+/// Can a second thread run at the same time as this one?
+fn several_cores() -> bool {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(sys::cpus) > 1
+}
+
+/// Bytes of a stat, status or loginuid file read at most: far more than the kernel writes.
+const FILE_MAX: usize = 64 * 1024;
+
 enum Read<T> {
     Ok(T),
     Gone,
@@ -85,14 +97,6 @@ fn unknown(path: &Path, e: io::Error) -> io::Error {
 
 fn is_gone(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
-}
-
-fn read_file(path: &Path) -> io::Result<Read<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Read::Ok(b)),
-        Err(e) if is_gone(&e) => Ok(Read::Gone),
-        Err(e) => Err(unknown(path, e)),
-    }
 }
 
 fn read_prefix(path: &Path, max: usize) -> io::Result<Read<Vec<u8>>> {
@@ -113,6 +117,8 @@ pub struct Stat {
     pub ppid: Pid,
     pub pgid: Pid,
     pub sid: Pid,
+    /// Field 20: threads not yet released (a dead process's zombie leader counts as one).
+    pub num_threads: i64,
     pub start_time: u64,
 }
 
@@ -131,10 +137,15 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
         .map_err(|_| "stat pid is not a number")?;
     let comm = String::from_utf8_lossy(&text[open + 1..close]).into_owned();
     let rest = std::str::from_utf8(&text[close + 1..]).map_err(|_| "stat fields are not text")?;
-    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
-    // f[0] is field 3 (state); field N is f[N-3].
-    if f.len() < 20 {
-        return Err(format!("stat has {} fields after comm, expected at least 20", f.len()));
+    // f[0] is field 3 (state); field N is f[N-3]. Fields 3 to 22 are read; no list is built.
+    let mut f = [""; 20];
+    let mut n = 0;
+    for (slot, field) in f.iter_mut().zip(rest.split_ascii_whitespace()) {
+        *slot = field;
+        n += 1;
+    }
+    if n < 20 {
+        return Err(format!("stat has {n} fields after comm, expected at least 20"));
     }
     let num = |i: usize| -> Result<i64, String> {
         f[i].parse::<i64>().map_err(|_| format!("stat field {} is not a number", i + 3))
@@ -147,6 +158,7 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
         ppid: num(1)? as Pid,
         pgid: num(2)? as Pid,
         sid: num(3)? as Pid,
+        num_threads: num(17)?,
         start_time: f[19].parse().map_err(|_| "stat field 22 is not a number")?,
     })
 }
@@ -160,7 +172,8 @@ struct Status {
     state: char,
     uids: [u32; 4],
     gids: [u32; 4],
-    threads: usize,
+    /// None in a status without the line (every kernel since 2.6 writes it).
+    threads: Option<usize>,
     /// The thread group this task belongs to (None in a status without the line).
     tgid: Option<Pid>,
 }
@@ -170,10 +183,16 @@ fn parse_status_threads(text: &str) -> Result<Status, String> {
     let mut state = None;
     let mut uids = None;
     let mut gids = None;
-    let mut threads = 1;
+    let mut threads = None;
     let four = |v: &str| -> Option<[u32; 4]> {
-        let n: Vec<u32> = v.split_ascii_whitespace().filter_map(|x| x.parse().ok()).collect();
-        (n.len() == 4).then(|| [n[0], n[1], n[2], n[3]])
+        let mut out = [0u32; 4];
+        let mut n = 0;
+        for x in v.split_ascii_whitespace() {
+            let id = x.parse().ok()?;
+            *out.get_mut(n)? = id;
+            n += 1;
+        }
+        (n == 4).then_some(out)
     };
     for line in text.lines() {
         if let Some(v) = line.strip_prefix("State:") {
@@ -183,7 +202,7 @@ fn parse_status_threads(text: &str) -> Result<Status, String> {
         } else if let Some(v) = line.strip_prefix("Gid:") {
             gids = four(v);
         } else if let Some(v) = line.strip_prefix("Threads:") {
-            threads = v.trim().parse().map_err(|_| "status Threads is not a number")?;
+            threads = Some(v.trim().parse().map_err(|_| "status Threads is not a number")?);
         } else if let Some(v) = line.strip_prefix("Tgid:") {
             tgid = Some(v.trim().parse().map_err(|_| "status Tgid is not a number")?);
         }
@@ -230,68 +249,15 @@ impl Reader {
     }
 
     /// Read one process. Ok(None): it exited (or `pid` is a thread's id, not a process's).
+    #[cfg(test)]
     pub fn read(&self, pid: Pid, detail: Detail) -> io::Result<Option<Proc>> {
-        self.read_after(pid, detail, None)
+        self.pass()?.read(pid, detail, None)
     }
 
-    /// Read one process, knowing what an earlier observation saw of it. Credentials are always
-    /// read afresh (a root process may become the sandbox user at any time); only a loginuid
-    /// that was already set is reused, since it cannot change again without CAP_AUDIT_CONTROL.
-    pub fn read_after(&self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
-        let dir = self.root.join(pid.to_string());
-        let stat_path = dir.join("stat");
-        let stat = match read_file(&stat_path)? {
-            Read::Gone => return Ok(None),
-            Read::Ok(b) => parse_stat(&b).map_err(|e| unknown(&stat_path, io::Error::other(e)))?,
-        };
-        // The leader's status says how many threads there are; only a multi-threaded process
-        // (whose threads may hold other credentials) needs its task directory walked.
-        let status_path = dir.join("status");
-        let st = match read_file(&status_path)? {
-            Read::Gone => return Ok(None),
-            Read::Ok(b) => parse_status_threads(&String::from_utf8_lossy(&b))
-                .map_err(|e| unknown(&status_path, io::Error::other(e)))?,
-        };
-        // /proc/TID of a non-leader thread is reachable by number though never listed: it is
-        // part of its thread group's process, not a process of its own.
-        if st.tgid.is_some_and(|t| t != pid) {
-            return Ok(None);
-        }
-        let (lstate, luids, lgids, nthreads) = (st.state, st.uids, st.gids, st.threads);
-        let threads = if nthreads > 1 || matches!(lstate, 'Z' | 'X') {
-            match self.threads(&dir)? {
-                Read::Gone => return Ok(None),
-                Read::Ok(t) => t,
-            }
-        } else {
-            vec![Thread { tid: pid, state: lstate, uids: luids, gids: lgids }]
-        };
-        let small = |name: &str| -> io::Result<Option<u32>> {
-            let p = dir.join(name);
-            match read_file(&p)? {
-                Read::Gone => Ok(None),
-                Read::Ok(b) => Ok(String::from_utf8_lossy(&b).trim().parse::<u32>().ok()),
-            }
-        };
-        let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
-        let loginuid = match known {
-            Some(u) => Some(u),
-            None => small("loginuid")?.filter(|&u| u != u32::MAX),
-        };
-        let (cmdline, exe) = if detail == Detail::Full { self.evidence(&dir)? } else { (Vec::new(), None) };
-        Ok(Some(Proc {
-            pid: stat.pid,
-            ppid: stat.ppid,
-            pgid: stat.pgid,
-            sid: stat.sid,
-            state: stat.state,
-            start_time: stat.start_time,
-            comm: stat.comm,
-            cmdline,
-            exe,
-            loginuid,
-            threads,
-        }))
+    /// Start a pass of reads.
+    pub fn pass(&self) -> io::Result<Pass<'_>> {
+        let dir = sys::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
+        Ok(Pass { reader: self, dir, buf: Vec::with_capacity(4096), name: Vec::with_capacity(64) })
     }
 
     /// cmdline and exe of a process: what a person needs to recognise it.
@@ -313,8 +279,233 @@ impl Reader {
         }
     }
 
-    fn threads(&self, dir: &Path) -> io::Result<Read<Vec<Thread>>> {
-        let task = dir.join("task");
+    /// Every process of the PID namespace. Fails whole if any entry is unknown.
+    pub fn snapshot(&self, detail: Detail) -> io::Result<Snapshot> {
+        self.snapshot_after(detail, None)
+    }
+
+    /// Like `snapshot`, reusing what `prev` saw that cannot have changed (see `Pass::read`).
+    pub fn snapshot_after(&self, detail: Detail, prev: Option<&Snapshot>) -> io::Result<Snapshot> {
+        crate::proctrust::check(&self.root)?;
+        let procs = self.read_all(&self.pids()?, detail, prev)?;
+        if !procs.contains_key(&sys::getpid()) {
+            return Err(io::Error::other(format!(
+                "{} does not list this process: the process table is unknown",
+                self.root.display()
+            )));
+        }
+        Ok(Snapshot { procs })
+    }
+
+    /// Read every pid of `pids`. A large light observation is read by two threads, half each:
+    /// the reads are the kernel's CPU work, which a second core halves. The helper is started
+    /// for this call and joined before it returns (reads of stat and status never wait on the
+    /// target); when it cannot be started (a pids limit), this thread reads both halves.
+    fn read_all(
+        &self,
+        pids: &[Pid],
+        detail: Detail,
+        prev: Option<&Snapshot>,
+    ) -> io::Result<BTreeMap<Pid, Proc>> {
+        let part = |pids: &[Pid]| -> io::Result<Vec<(Pid, Proc)>> {
+            let mut pass = self.pass()?;
+            let mut out = Vec::with_capacity(pids.len());
+            for &pid in pids {
+                if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
+                    out.push((pid, p));
+                }
+            }
+            Ok(out)
+        };
+        if detail != Detail::Light || pids.len() < SPLIT_MIN || !several_cores() {
+            return Ok(part(pids)?.into_iter().collect());
+        }
+        let (a, b) = pids.split_at(pids.len() / 2);
+        let (mine, theirs) = std::thread::scope(|s| {
+            let helper = std::thread::Builder::new()
+                .name("quiesce-observe".into())
+                .stack_size(256 * 1024)
+                .spawn_scoped(s, || part(b));
+            let mine = part(a);
+            let theirs = match helper {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),
+                Err(_) => part(b),
+            };
+            (mine, theirs)
+        });
+        Ok(mine?.into_iter().chain(theirs?).collect())
+    }
+
+    /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read
+    /// afresh, a loginuid already set is reused from `prev`.
+    /// `abort` is asked before every process (one syscall against the several a read costs: when
+    /// a CPU storm leaves the init 1% of a core, 32 processes took a quarter of a second); when it
+    /// says yes, Ok(None) comes back at once.
+    pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
+        crate::proctrust::check(&self.root)?;
+        let mut pass = self.pass()?;
+        let mut procs = BTreeMap::new();
+        for pid in self.pids()? {
+            if abort() {
+                return Ok(None);
+            }
+            if let Some(p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
+                procs.insert(pid, p);
+            }
+        }
+        Ok(Some(Snapshot { procs }))
+    }
+
+    /// Start time of `pid` now; Ok(None) if it exited.
+    pub fn start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
+        self.pass()?.start_time(pid)
+    }
+}
+
+/// One pass of reads over /proc: every file is opened relative to one descriptor of the /proc
+/// directory (no path built or resolved from the root per file) and read into one buffer reused
+/// for every file.
+pub struct Pass<'a> {
+    reader: &'a Reader,
+    dir: OwnedFd,
+    buf: Vec<u8>,
+    /// "PID/FILE\0", rebuilt in place for every file.
+    name: Vec<u8>,
+}
+
+impl Pass<'_> {
+    /// Read `pid`'s `file` into the buffer.
+    fn file(&mut self, pid: Pid, file: &str) -> io::Result<Read<()>> {
+        use std::io::Write as _;
+        self.name.clear();
+        let _ = write!(self.name, "{pid}/{file}\0");
+        let name = std::ffi::CStr::from_bytes_with_nul(&self.name).map_err(io::Error::other)?;
+        match sys::read_file_at(&self.dir, name, &mut self.buf, FILE_MAX) {
+            Ok(false) => Ok(Read::Ok(())),
+            Ok(true) => Err(self.unknown(pid, file, io::Error::other("larger than expected"))),
+            Err(e) if is_gone(&e) => Ok(Read::Gone),
+            Err(e) => Err(self.unknown(pid, file, e)),
+        }
+    }
+
+    fn unknown(&self, pid: Pid, file: &str, e: io::Error) -> io::Error {
+        unknown(&self.reader.root.join(pid.to_string()).join(file), e)
+    }
+
+    /// The owner of `pid`'s /proc directory; None if it cannot be told (exited, or unreadable).
+    pub fn owner(&self, pid: Pid) -> Option<u32> {
+        let name = std::ffi::CString::new(pid.to_string()).ok()?;
+        sys::fstatat(&self.dir, &name).ok().map(|st| st.st_uid)
+    }
+
+    /// Start time of `pid` now; Ok(None) if it exited.
+    pub fn start_time(&mut self, pid: Pid) -> io::Result<Option<u64>> {
+        Ok(self.stat(pid)?.map(|s| s.start_time))
+    }
+
+    /// `pid`'s stat line; Ok(None) if it exited.
+    pub fn stat(&mut self, pid: Pid) -> io::Result<Option<Stat>> {
+        match self.file(pid, "stat")? {
+            Read::Gone => Ok(None),
+            Read::Ok(()) => {
+                parse_stat(&self.buf).map(Some).map_err(|e| self.unknown(pid, "stat", io::Error::other(e)))
+            }
+        }
+    }
+
+    /// Read one process, knowing what an earlier observation saw of it. Credentials are always
+    /// read afresh (a root process may become the sandbox user at any time); only a loginuid
+    /// that was already set is reused, since it cannot change again without CAP_AUDIT_CONTROL.
+    /// Ok(None): it exited (or `pid` is a thread's id, not a process's).
+    pub fn read(&mut self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
+        let Some(stat) = self.stat(pid)? else { return Ok(None) };
+        // The leader's status says how many threads there are; only a multi-threaded process
+        // (whose threads may hold other credentials) needs its task directory walked.
+        let st = match self.file(pid, "status")? {
+            Read::Gone => return Ok(None),
+            Read::Ok(()) => parse_status_threads(&String::from_utf8_lossy(&self.buf))
+                .map_err(|e| self.unknown(pid, "status", io::Error::other(e)))?,
+        };
+        // /proc/TID of a non-leader thread is reachable by number though never listed: it is
+        // part of its thread group's process, not a process of its own.
+        if st.tgid.is_some_and(|t| t != pid) {
+            return Ok(None);
+        }
+        let (lstate, luids, lgids) = (st.state, st.uids, st.gids);
+        // Without the count, a process with threads of other credentials could pass as one.
+        let nthreads = st
+            .threads
+            .ok_or_else(|| self.unknown(pid, "status", io::Error::other("status has no Threads line")))?;
+        // A zombie leader with other threads still running is alive; one whose count (taken in
+        // the same read as its state) is down to itself is a dead process, and its one status
+        // says all there is.
+        let threads = if nthreads > 1 {
+            match self.threads(pid)? {
+                Read::Gone => return Ok(None),
+                Read::Ok(t) => t,
+            }
+        } else {
+            vec![Thread { tid: pid, state: lstate, uids: luids, gids: lgids }]
+        };
+        let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
+        let loginuid = match known {
+            Some(u) => Some(u),
+            None => match self.file(pid, "loginuid")? {
+                Read::Gone => None,
+                Read::Ok(()) => {
+                    String::from_utf8_lossy(&self.buf).trim().parse::<u32>().ok().filter(|&u| u != u32::MAX)
+                }
+            },
+        };
+        let (cmdline, exe) = if detail == Detail::Full {
+            self.reader.evidence(&self.reader.root.join(pid.to_string()))?
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(Some(Proc {
+            pid: stat.pid,
+            ppid: stat.ppid,
+            pgid: stat.pgid,
+            sid: stat.sid,
+            state: stat.state,
+            start_time: stat.start_time,
+            comm: stat.comm,
+            cmdline,
+            exe,
+            loginuid,
+            threads,
+        }))
+    }
+
+    /// The state of every thread of `pid`, from each thread's stat line; Ok(None) if it exited.
+    pub fn task_states(&mut self, pid: Pid) -> io::Result<Option<Vec<char>>> {
+        let task = self.reader.root.join(pid.to_string()).join("task");
+        let rd = match fs::read_dir(&task) {
+            Ok(rd) => rd,
+            Err(e) if is_gone(&e) => return Ok(None),
+            Err(e) => return Err(unknown(&task, e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = match ent {
+                Ok(ent) => ent,
+                Err(e) if is_gone(&e) => return Ok(None),
+                Err(e) => return Err(unknown(&task, e)),
+            };
+            let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
+                continue;
+            };
+            let file = format!("task/{tid}/stat");
+            if let Read::Ok(()) = self.file(pid, &file)? {
+                let st = parse_stat(&self.buf).map_err(|e| self.unknown(pid, &file, io::Error::other(e)))?;
+                out.push(st.state);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn threads(&mut self, pid: Pid) -> io::Result<Read<Vec<Thread>>> {
+        let task = self.reader.root.join(pid.to_string()).join("task");
         let rd = match fs::read_dir(&task) {
             Ok(rd) => rd,
             Err(e) if is_gone(&e) => return Ok(Read::Gone),
@@ -332,65 +523,19 @@ impl Reader {
             let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
                 continue;
             };
-            let sp = task.join(tid.to_string()).join("status");
-            match read_file(&sp)? {
+            let file = format!("task/{tid}/status");
+            match self.file(pid, &file)? {
                 // A thread that exited while we listed: the others still count.
                 Read::Gone => continue,
-                Read::Ok(b) => {
-                    let (state, uids, gids) = parse_status(&String::from_utf8_lossy(&b))
-                        .map_err(|e| unknown(&sp, io::Error::other(e)))?;
+                Read::Ok(()) => {
+                    let (state, uids, gids) = parse_status(&String::from_utf8_lossy(&self.buf))
+                        .map_err(|e| self.unknown(pid, &file, io::Error::other(e)))?;
                     out.push(Thread { tid, state, uids, gids });
                 }
             }
         }
         out.sort_by_key(|t| t.tid);
         Ok(Read::Ok(out))
-    }
-
-    /// Every process of the PID namespace. Fails whole if any entry is unknown.
-    pub fn snapshot(&self, detail: Detail) -> io::Result<Snapshot> {
-        crate::proctrust::check(&self.root)?;
-        let mut procs = BTreeMap::new();
-        for pid in self.pids()? {
-            if let Some(p) = self.read(pid, detail)? {
-                procs.insert(pid, p);
-            }
-        }
-        if !procs.contains_key(&sys::getpid()) {
-            return Err(io::Error::other(format!(
-                "{} does not list this process: the process table is unknown",
-                self.root.display()
-            )));
-        }
-        Ok(Snapshot { procs })
-    }
-
-    /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read
-    /// afresh, a loginuid already set is reused from `prev`.
-    /// `abort` is asked before every process (one syscall against the several a read costs: when
-    /// a CPU storm leaves the init 1% of a core, 32 processes took a quarter of a second); when it
-    /// says yes, Ok(None) comes back at once.
-    pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
-        crate::proctrust::check(&self.root)?;
-        let mut procs = BTreeMap::new();
-        for pid in self.pids()? {
-            if abort() {
-                return Ok(None);
-            }
-            if let Some(p) = self.read_after(pid, Detail::Light, prev.procs.get(&pid))? {
-                procs.insert(pid, p);
-            }
-        }
-        Ok(Some(Snapshot { procs }))
-    }
-
-    /// Start time of `pid` now; Ok(None) if it exited.
-    pub fn start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
-        let p = self.root.join(pid.to_string()).join("stat");
-        match read_file(&p)? {
-            Read::Gone => Ok(None),
-            Read::Ok(b) => Ok(Some(parse_stat(&b).map_err(|e| unknown(&p, io::Error::other(e)))?.start_time)),
-        }
     }
 }
 

@@ -564,3 +564,68 @@ pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<Op
     }
     Ok(out)
 }
+
+/// Open a directory for reads relative to it (openat): read-only, close-on-exec.
+pub fn open_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
+    openat(None, path, libc::O_RDONLY | libc::O_DIRECTORY)
+}
+
+/// Read the whole file `name` (relative to `dir`) into `buf`, replacing what it held; at most
+/// `max` bytes (then Ok(true): there was more). No allocation once `buf` is large enough: the hot
+/// loops of an observation reuse one buffer for every file.
+pub fn read_file_at(dir: &OwnedFd, name: &std::ffi::CStr, buf: &mut Vec<u8>, max: usize) -> io::Result<bool> {
+    buf.clear();
+    // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.
+    let fd = check(
+        unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) } as _,
+    )?;
+    // SAFETY: the kernel just gave us this descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    loop {
+        if buf.len() == buf.capacity() {
+            buf.reserve(4096.min(max + 1 - buf.len()).max(1));
+        }
+        let room = (buf.capacity() - buf.len()).min(max + 1 - buf.len());
+        // SAFETY: reads into the spare capacity of `buf`, at most `room` bytes.
+        let n =
+            unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().add(buf.len()) as *mut libc::c_void, room) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        // SAFETY: the kernel initialised these `n` bytes.
+        unsafe { buf.set_len(buf.len() + n as usize) };
+        if buf.len() > max {
+            buf.truncate(max);
+            return Ok(true);
+        }
+    }
+}
+
+/// fstatat(2) of `name` relative to `dir`, following no link.
+pub fn fstatat(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<libc::stat> {
+    // SAFETY: a valid descriptor, C string and local out struct.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        check(libc::fstatat(dir.as_raw_fd(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) as _)?;
+        Ok(st)
+    }
+}
+
+/// CPUs this process may run on (1 when that cannot be told).
+pub fn cpus() -> usize {
+    // SAFETY: a local CPU set filled by the kernel, then only counted.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 1;
+        }
+        (libc::CPU_COUNT(&set) as usize).max(1)
+    }
+}

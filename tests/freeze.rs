@@ -553,6 +553,8 @@ fn t18_unreadable_proc_is_a_bounded_failure_without_marker() {
     let uid = 4320;
     let c = sandbox(uid, &["--freeze-timeout", "3"]);
     let _w = c.launch(uid, &["sleepers", "10"]);
+    // The init reads its own start time from /proc while it sets up; sandbox.json says it did.
+    wait_for("the init to publish sandbox.json", CMD_TIMEOUT, || c.state.join("sandbox.json").exists());
     // An empty tmpfs over the namespace's /proc: every read now fails or shows nothing.
     let out = c.exec(&["mount", "-t", "tmpfs", "none", "/proc"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -316,8 +316,8 @@ pub fn keygen(args: KeygenArgs) -> i32 {
                 .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
         }
         let key = crate::marker::generate().map_err(|e| e.to_string())?;
-        let priv_pem = crate::marker::private_pem(&key).map_err(|e| e.to_string())?;
-        let pub_pem = crate::marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
+        let priv_pem = crate::marker::private_pem(&key);
+        let pub_pem = crate::marker::public_pem(&key.verifying_key());
         state::write_atomic(&args.out, "signing.key", priv_pem.as_bytes(), 0o600)
             .map_err(|e| format!("signing.key: {e}"))?;
         state::write_atomic(&args.out, "signing.pub", pub_pem.as_bytes(), 0o644)

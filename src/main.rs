@@ -9,6 +9,7 @@ mod evidence;
 mod files;
 mod freeze;
 mod init;
+mod keypem;
 mod logging;
 mod marker;
 mod procs;
@@ -172,7 +173,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         Some(path) => marker::load_private(path)?,
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
-    let pub_pem = marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
+    let pub_pem = marker::public_pem(&key.verifying_key());
     let write = |name: &str, data: &[u8]| {
         state
             .write_atomic(name, data, 0o644)

@@ -12,6 +12,8 @@ mod init;
 mod keypem;
 mod logging;
 mod marker;
+#[cfg(test)]
+mod parsebench;
 mod procs;
 mod proctrust;
 #[cfg(test)]

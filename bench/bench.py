@@ -15,7 +15,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REL = os.path.join(ROOT, "target", "x86_64-unknown-linux-gnu", "release")
+REL = os.path.join(ROOT, "target", "x86_64-unknown-linux-musl", "release")
 Q = os.path.join(REL, "quiesce")
 ADV = os.path.join(REL, "examples", "adversary")
 INITS = {

@@ -39,6 +39,9 @@ pub fn published(state_dir: &Path) -> Option<Published> {
 }
 
 pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
     let pw = users::read_passwd();
     let mut out = Vec::new();
     for s in specs {

@@ -92,14 +92,13 @@ fn run_init(a: cli::InitArgs) -> i32 {
         }
         log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
     }
-    let pw = users::read_passwd();
     let uids = match commands::resolve_uids(&a.sandbox.users) {
         Ok(u) => u,
         Err(e) => return fatal(e),
     };
     let drop = match &a.run_as {
         None => None,
-        Some(spec) => match users::resolve(spec, &pw) {
+        Some(spec) => match users::resolve(spec, &users::read_passwd()) {
             Ok(user) => {
                 let groups = users::groups_of(&user, &users::read_group());
                 Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.no_lineage })

@@ -5,8 +5,9 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin quiesce \
- && cp target/x86_64-unknown-linux-gnu/release/quiesce /quiesce
+RUN rustup target add x86_64-unknown-linux-musl \
+ && cargo build --release --locked --bin quiesce \
+ && cp target/x86_64-unknown-linux-musl/release/quiesce /quiesce
 
 FROM scratch
 COPY --from=build /quiesce /quiesce

@@ -224,6 +224,7 @@ pub fn freeze_signal(name: &str) -> Result<i32, String> {
         libc::SIGCHLD => "is how the init learns of exits",
         libc::SIGCONT => "may be sent by any process of the init's session, the sandbox's included",
         libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => "is sent by job control",
+        n if (32..crate::sys::first_catchable_rt()).contains(&n) => "is kept by the C library for itself",
         _ => return Ok(sig),
     };
     Err(format!(

@@ -39,6 +39,9 @@ pub fn published(state_dir: &Path) -> Option<Published> {
 }
 
 pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
     let pw = users::read_passwd();
     let mut out = Vec::new();
     for s in specs {
@@ -316,8 +319,8 @@ pub fn keygen(args: KeygenArgs) -> i32 {
                 .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
         }
         let key = crate::marker::generate().map_err(|e| e.to_string())?;
-        let priv_pem = crate::marker::private_pem(&key).map_err(|e| e.to_string())?;
-        let pub_pem = crate::marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
+        let priv_pem = crate::marker::private_pem(&key);
+        let pub_pem = crate::marker::public_pem(&key.verifying_key());
         state::write_atomic(&args.out, "signing.key", priv_pem.as_bytes(), 0o600)
             .map_err(|e| format!("signing.key: {e}"))?;
         state::write_atomic(&args.out, "signing.pub", pub_pem.as_bytes(), 0o644)

@@ -10,8 +10,11 @@ mod evidence;
 mod files;
 mod freeze;
 mod init;
+mod keypem;
 mod logging;
 mod marker;
+#[cfg(test)]
+mod parsebench;
 mod procs;
 mod proctrust;
 #[cfg(test)]
@@ -91,14 +94,13 @@ fn run_init(a: cli::InitArgs) -> i32 {
         }
         log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
     }
-    let pw = users::read_passwd();
     let uids = match commands::resolve_uids(&a.sandbox.users) {
         Ok(u) => u,
         Err(e) => return fatal(e),
     };
     let drop = match &a.run_as {
         None => None,
-        Some(spec) => match users::resolve(spec, &pw) {
+        Some(spec) => match users::resolve(spec, &users::read_passwd()) {
             Ok(user) => {
                 let groups = users::groups_of(&user, &users::read_group());
                 Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.no_lineage })
@@ -180,7 +182,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         Some(path) => marker::load_private(path)?,
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
-    let pub_pem = marker::public_pem(&key.verifying_key()).map_err(|e| e.to_string())?;
+    let pub_pem = marker::public_pem(&key.verifying_key());
     let write = |name: &str, data: &[u8]| {
         state
             .write_atomic(name, data, 0o644)

@@ -3,8 +3,6 @@
 use crate::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
-use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
-use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -90,17 +88,12 @@ pub fn generate() -> io::Result<SigningKey> {
 
 /// PKCS#8 v1 (RFC 8410), the form `openssl genpkey -algorithm ed25519` writes and every
 /// OpenSSL reads; v2 with the public key embedded is refused by OpenSSL 3.0.
-pub fn private_pem(key: &SigningKey) -> io::Result<String> {
-    const PREFIX: [u8; 16] =
-        [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
-    let mut der = PREFIX.to_vec();
-    der.extend_from_slice(key.as_bytes());
-    let b64 = base64::engine::general_purpose::STANDARD.encode(&der);
-    Ok(format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n"))
+pub fn private_pem(key: &SigningKey) -> String {
+    crate::keypem::encode_private(key.as_bytes())
 }
 
-pub fn public_pem(key: &VerifyingKey) -> io::Result<String> {
-    key.to_public_key_pem(LineEnding::LF).map_err(|e| io::Error::other(e.to_string()))
+pub fn public_pem(key: &VerifyingKey) -> String {
+    crate::keypem::encode_public(key.as_bytes())
 }
 
 /// Load a private key, refusing one that anyone but root could read or replace (files.rs).
@@ -116,16 +109,19 @@ pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
 }
 
 pub fn parse_private(text: &[u8]) -> Result<SigningKey, String> {
-    std::str::from_utf8(text)
-        .ok()
-        .and_then(|t| SigningKey::from_pkcs8_pem(t).ok())
-        .ok_or_else(|| "not an Ed25519 PKCS#8 PEM private key".to_string())
+    let k = crate::keypem::decode_private(text).ok_or("not an Ed25519 PKCS#8 PEM private key")?;
+    let key = SigningKey::from_bytes(&k.seed);
+    match k.public {
+        Some(p) if p != key.verifying_key().to_bytes() => {
+            Err("its embedded public key is not the private key's: write the key again".into())
+        }
+        _ => Ok(key),
+    }
 }
 
 pub fn parse_public(text: &[u8]) -> Result<VerifyingKey, String> {
-    std::str::from_utf8(text)
-        .ok()
-        .and_then(|t| VerifyingKey::from_public_key_pem(t).ok())
+    crate::keypem::decode_public(text)
+        .and_then(|k| VerifyingKey::from_bytes(&k).ok())
         .ok_or_else(|| "not an Ed25519 SPKI PEM public key".to_string())
 }
 
@@ -219,10 +215,32 @@ mod tests {
     #[test]
     fn pem_round_trip() {
         let k = generate().unwrap();
-        let pem = private_pem(&k).unwrap();
+        let pem = private_pem(&k);
         assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"));
-        assert_eq!(SigningKey::from_pkcs8_pem(&pem).unwrap().to_bytes(), k.to_bytes());
-        let pubpem = public_pem(&k.verifying_key()).unwrap();
-        assert_eq!(VerifyingKey::from_public_key_pem(&pubpem).unwrap(), k.verifying_key());
+        assert_eq!(parse_private(pem.as_bytes()).unwrap().to_bytes(), k.to_bytes());
+        let pubpem = public_pem(&k.verifying_key());
+        assert_eq!(parse_public(pubpem.as_bytes()).unwrap(), k.verifying_key());
+        // RFC 8410's example key (section 10.3) signs as its example public key (10.1).
+        let rfc = "-----BEGIN PRIVATE KEY-----\n\
+            MC4CAQAwBQYDK2VwBCIEINTuctv5E1hK1bbY8fdp+K06/nwoy/HU++CXqI9EdVhC\n\
+            -----END PRIVATE KEY-----\n";
+        let rfc_pub = "-----BEGIN PUBLIC KEY-----\n\
+            MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n\
+            -----END PUBLIC KEY-----\n";
+        let rfc = parse_private(rfc.as_bytes()).unwrap();
+        assert_eq!(rfc.verifying_key(), parse_public(rfc_pub.as_bytes()).unwrap());
+        // A v2 key whose embedded public key belongs to another seed.
+        let other = generate().unwrap().verifying_key();
+        let v2 = [
+            &[0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20]
+                [..],
+            k.as_bytes(),
+            &[0x81, 0x21, 0x00],
+            other.as_bytes(),
+        ]
+        .concat();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(v2);
+        let v2 = format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n");
+        assert!(parse_private(v2.as_bytes()).unwrap_err().contains("not the private key's"));
     }
 }

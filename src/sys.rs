@@ -26,10 +26,20 @@ pub fn getpgrp() -> Pid {
     unsafe { libc::getpgrp() }
 }
 
+/// SIGRTMIN as glibc, Docker and the shells number it, so that `RTMIN+3` means 37 here as in
+/// `kill -s RTMIN+3`. musl, which this binary is built with, keeps 34 for itself as well (its
+/// SIGRTMIN is 35): `first_catchable_rt` is where the signals the init can block start.
+const RTMIN: i32 = 34;
+
+/// The first real-time signal the C library leaves to the program (32 up to it are its own).
+pub fn first_catchable_rt() -> i32 {
+    libc::SIGRTMIN()
+}
+
 pub fn signal_name(sig: i32) -> String {
     match nix::sys::signal::Signal::try_from(sig) {
         Ok(s) => s.as_str().to_string(),
-        Err(_) if sig >= libc::SIGRTMIN() => format!("SIGRTMIN+{}", sig - libc::SIGRTMIN()),
+        Err(_) if sig >= RTMIN => format!("SIGRTMIN+{}", sig - RTMIN),
         Err(_) => format!("signal {sig}"),
     }
 }
@@ -43,13 +53,13 @@ pub fn parse_signal(s: &str) -> Option<i32> {
     let name = up.strip_prefix("SIG").unwrap_or(&up);
     if let Some(rest) = name.strip_prefix("RTMIN") {
         let off = if rest.is_empty() { 0 } else { rest.strip_prefix('+')?.parse().ok()? };
-        let n = libc::SIGRTMIN() + off;
+        let n = RTMIN + off;
         return (n <= libc::SIGRTMAX()).then_some(n);
     }
     (1..=31).find(|&n| signal_name(n) == format!("SIG{name}"))
 }
 
-/// Every disposition back to SIG_DFL, 1 to 64, including the two glibc keeps for itself
+/// Every disposition back to SIG_DFL, 1 to 64, including those the C library keeps for itself
 /// (its wrappers refuse them, so this uses the raw syscall). For a child about to exec.
 pub fn reset_all_dispositions() {
     #[repr(C)]
@@ -428,7 +438,8 @@ pub fn is_procfs(path: &str) -> io::Result<bool> {
     unsafe {
         let mut st: libc::statfs = std::mem::zeroed();
         check(libc::statfs(c.as_ptr(), &mut st) as _)?;
-        Ok(st.f_type == libc::PROC_SUPER_MAGIC)
+        // f_type is signed on glibc and unsigned on musl; the magic fits either.
+        Ok(st.f_type as u64 == libc::PROC_SUPER_MAGIC as u64)
     }
 }
 
@@ -627,5 +638,25 @@ pub fn cpus() -> usize {
             return 1;
         }
         (libc::CPU_COUNT(&set) as usize).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_time_signals_are_numbered_as_glibc_and_docker_number_them() {
+        assert_eq!(parse_signal("RTMIN+3"), Some(37));
+        assert_eq!(parse_signal("SIGRTMIN"), Some(34));
+        assert_eq!(parse_signal("37"), Some(37));
+        assert_eq!(parse_signal("RTMIN+31"), None);
+        assert_eq!(signal_name(37), "SIGRTMIN+3");
+        // The C library's own signals cannot be a freeze signal: the init could not block them.
+        for sig in 32..first_catchable_rt() {
+            let e = crate::cli::freeze_signal(&sig.to_string()).unwrap_err();
+            assert!(e.contains("C library") && e.contains("use USR1"), "{e}");
+        }
+        assert!(crate::cli::freeze_signal(&first_catchable_rt().to_string()).is_ok());
     }
 }

@@ -10,7 +10,7 @@ const T: Duration = Duration::from_secs(30);
 
 #[test]
 fn freeze_signals_a_sandbox_or_job_control_can_send_are_refused() {
-    for sig in ["CONT", "SIGTSTP", "TTIN", "TTOU", "CHLD", "KILL", "STOP", "18"] {
+    for sig in ["CONT", "SIGTSTP", "TTIN", "TTOU", "CHLD", "KILL", "STOP", "18", "32"] {
         let d = scratch("sig");
         let out = Command::new("unshare")
             .args(["--pid", "--fork", "--mount-proc", "--kill-child"])

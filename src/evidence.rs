@@ -253,14 +253,23 @@ fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
     }
 }
 
+thread_local! {
+    /// One read buffer per reader thread: a fresh `limit`-sized buffer per process costs an
+    /// allocation and page faults each time with musl's allocator, which hands freed pages back.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The first `limit` bytes of a file, and whether there was more; reads no further.
 fn read_prefix(path: &str, limit: usize) -> io::Result<(Vec<u8>, bool)> {
     let f = std::fs::File::open(path)?;
-    let mut buf = Vec::with_capacity(limit + 1);
-    f.take(limit as u64 + 1).read_to_end(&mut buf)?;
-    let more = buf.len() > limit;
-    buf.truncate(limit);
-    Ok((buf, more))
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        buf.clear();
+        buf.reserve(limit + 1);
+        f.take(limit as u64 + 1).read_to_end(&mut buf)?;
+        let more = buf.len() > limit;
+        Ok((buf[..buf.len().min(limit)].to_vec(), more))
+    })
 }
 
 /// The exe link. Root without CAP_SYS_PTRACE (Docker's default) may not read another user's;

@@ -73,7 +73,7 @@ pub fn submit(state: &StateDir, nonce: Option<String>) -> Result<String, String>
     let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()) };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     // The temp file's name starts with a dot, so the init never takes a half-written request.
-    state::write_atomic(&dir.path, &id, &body, 0o644)
+    dir.write_atomic(&id, &body, 0o644)
         .map_err(|e| format!("cannot write the request in {}: {e} (run this as root)", dir.path.display()))?;
     Ok(id)
 }
@@ -194,7 +194,7 @@ impl Intake {
         for name in names.into_iter().take(PER_WAKE) {
             let taken = format!("{TAKEN}{name}");
             // Taken away before it is read: what is read is what was there, once.
-            match fs::rename(self.requests.file(&name), self.requests.file(&taken)) {
+            match self.requests.rename(&name, &taken) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => {

@@ -172,9 +172,8 @@ impl StateDir {
 
     /// A subdirectory, made (0755) when missing.
     pub fn ensure_sub(&self, name: &str) -> Result<StateDir, String> {
-        match fs::create_dir(self.path.join(name)) {
-            Ok(()) => fs::set_permissions(self.path.join(name), fs::Permissions::from_mode(0o755))
-                .map_err(|e| format!("cannot chmod {}: {e}", self.path.join(name).display()))?,
+        match crate::sys::mkdir_at(&self.fd, name, 0o755) {
+            Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("cannot create {}: {e}", self.path.join(name).display())),
         }
@@ -191,12 +190,34 @@ impl StateDir {
         files::read_in(&self.fd, &self.path, name, files::STATE)
     }
 
+    /// Like `write_atomic`, through the descriptor opened at start rather than the path: the
+    /// directory above may be one the sandbox user can write in (a Kubernetes emptyDir is 0777),
+    /// and a path can be made to lead elsewhere after the check; the descriptor cannot.
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
-        write_atomic(&self.path, name, data, mode)
+        let mut rnd = [0u8; 8];
+        crate::sys::getrandom(&mut rnd)?;
+        let tmp = format!(".{name}.{}", hex(&rnd));
+        let mut f = crate::sys::create_excl_at(&self.fd, &tmp, mode)?;
+        let res = (|| {
+            f.write_all(data)?;
+            f.set_permissions(fs::Permissions::from_mode(mode))?;
+            f.sync_all()?;
+            crate::sys::rename_at(&self.fd, &tmp, name)
+        })();
+        if res.is_err() {
+            let _ = crate::sys::unlink_at(&self.fd, &tmp);
+        }
+        res?;
+        crate::sys::sync_dir(&self.fd)
+    }
+
+    /// Take `from` away under the name `to` (both in this directory).
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        crate::sys::rename_at(&self.fd, from, to)
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {
-        match fs::remove_file(self.path.join(name)) {
+        match crate::sys::unlink_at(&self.fd, name) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

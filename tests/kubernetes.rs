@@ -134,6 +134,36 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let out = rename_as_agent();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!c.state.exists() && moved.exists());
+    // ... and leave a link in its place to a directory of root's. The init writes through the
+    // directory it opened at start, never through the path: its next freeze lands in the moved
+    // directory, nothing in root's, and verify refuses what is at the path now.
+    let roots = c.path("roots");
+    std::fs::create_dir(&roots).unwrap();
+    mode(&roots, 0o700);
+    let out = c.exec(&[
+        "setpriv",
+        "--reuid",
+        &u,
+        "--regid",
+        &u,
+        "--clear-groups",
+        "ln",
+        "-s",
+        roots.to_str().unwrap(),
+        &s,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let before = std::fs::read(moved.join("status.json")).unwrap();
+    c.signal(libc::SIGUSR1);
+    wait_for("the next freeze's status in the moved directory", READY_TIMEOUT, || {
+        std::fs::read(moved.join("status.json"))
+            .is_ok_and(|now| now != before && !now.windows(8).any(|w| w == b"freezing"))
+    });
+    let planted: Vec<_> = std::fs::read_dir(&roots).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(planted.is_empty(), "the init wrote through the planted link: {planted:?}");
+    let out = c.verify(&["--public-key", pubkey.to_str().unwrap(), "--", "echo", "scored"]);
+    assert_ne!(out.status.code(), Some(0), "verify accepted a linked state dir");
+    assert!(out.stdout.is_empty(), "the verifier ran");
     mode(&c.dir, 0o1777);
 }
 

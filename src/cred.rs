@@ -47,6 +47,14 @@ fn result_of(errno: i32, uid: u32) -> io::Result<()> {
 }
 
 impl Switcher {
+    /// The helper process's pid, when there is one running.
+    pub fn helper_pid(&self) -> Option<Pid> {
+        match self {
+            Switcher::Helper(Some(h)) => Some(h.pid),
+            _ => None,
+        }
+    }
+
     /// A thread as PID 1, a helper process otherwise.
     pub fn start() -> io::Result<Switcher> {
         if sys::getpid() == 1 {

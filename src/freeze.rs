@@ -3,6 +3,7 @@
 
 use crate::consistency;
 use crate::evidence::{self, Gathered};
+use crate::newcomers;
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::settle;
 use crate::state::{Phases, Survivor};
@@ -352,6 +353,8 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
+    // Unreadable: every process counts as born during the freeze (more refusals, never fewer).
+    let born_since = sys::boot_ticks().unwrap_or(0);
     let mut run = Run {
         cred: &mut cfg.cred,
         reader,
@@ -372,7 +375,9 @@ pub fn run(
     let snap = run.walk(snap, &tainted);
 
     let t = Instant::now();
-    if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, false) {
+    // Every channel at the first kill too: a process that restarts itself after the stop (a
+    // SIGCONT timer) may have hopped out of what the stop observation says.
+    if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, true) {
         return run.fail(e, survivors(&snap, &tainted));
     }
     let sent = Instant::now();
@@ -429,6 +434,25 @@ pub fn run(
         let left = survivors(&snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
+            let own: Vec<Pid> = run.cred.helper_pid().into_iter().collect();
+            let orphans = newcomers::orphaned(&snap, &tainted, born_since, sys::getpid(), &own);
+            if !orphans.is_empty() {
+                let named: Vec<String> =
+                    orphans.iter().take(8).map(|p| format!("{} uid {} {}", p.pid, p.uid(), p.comm)).collect();
+                let found = orphans
+                    .iter()
+                    .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
+                    .collect();
+                return run.fail(
+                    format!(
+                        "{} process(es) appeared during the freeze with no parent here ({}): they cannot \
+                         be told from the sandbox's; retry once no root daemon forks during a freeze",
+                        orphans.len(),
+                        named.join(", ")
+                    ),
+                    found,
+                );
+            }
             run.phases.total = ms(start.elapsed());
             return Outcome {
                 ok: true,

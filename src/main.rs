@@ -13,6 +13,7 @@ mod init;
 mod keypem;
 mod logging;
 mod marker;
+mod newcomers;
 #[cfg(test)]
 mod parsebench;
 mod procs;

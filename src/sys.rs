@@ -684,6 +684,21 @@ pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
     std::fs::File::from(fd).sync_all()
 }
 
+/// Clock ticks since boot, as /proc/PID/stat counts a process's start time (field 22).
+pub fn boot_ticks() -> io::Result<u64> {
+    // SAFETY: a local timespec filled by the kernel; sysconf reads a constant.
+    let (ts, hz) = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        check(libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) as _)?;
+        (ts, libc::sysconf(libc::_SC_CLK_TCK))
+    };
+    if hz <= 0 {
+        return Err(io::Error::other("sysconf(_SC_CLK_TCK) failed"));
+    }
+    let hz = hz as u64;
+    Ok(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

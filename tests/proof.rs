@@ -399,3 +399,56 @@ fn p11_credential_switch_hammered_with_tgkill_when_not_pid_1() {
     }
     eprintln!("credential hammer rounds: {results:?}");
 }
+
+/// A root process born during the freeze with no parent here: a sandbox process restarts
+/// itself after the stop with a SIGCONT timer, becomes root for good through a setuid helper,
+/// forks a child into a session of its own and exits. Without lineage nothing marks the child;
+/// the proof must refuse (a failed freeze naming it), never sign while it lives.
+#[test]
+fn p12_root_child_born_after_the_stop_by_a_self_restarting_process() {
+    let uid = 4362;
+    // The escape needs the process restarted within the walk, before the first kill: not every
+    // freeze gives it that, so up to 12 fresh namespaces; every freeze that ends quiescent must
+    // leave no such child, and the first one with an escape must refuse.
+    for attempt in 1..=12 {
+        let c = sandbox(uid, &["--no-lineage"]);
+        let suid = setuid_copy(&c);
+        let _s = c.launch(uid, &["sleepers", "1000"]);
+        let status = c.state.join("status.json");
+        let _w = c.launch_bin(
+            uid,
+            &["--allow-setuid", "--no-lineage"],
+            &suid,
+            &["cont-escape", status.to_str().unwrap()],
+        );
+        let (code, st) = c.freeze("n-1");
+        // The child, if the escape happened: root for good, in a session of its own, under PID 1.
+        let escaped: Vec<i32> = c
+            .pids()
+            .into_iter()
+            .filter(|&p| {
+                c.stat(p).is_some_and(|s| s.live() && s.ppid == 1)
+                    && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
+            })
+            .collect();
+        if escaped.is_empty() {
+            assert_eq!(code, 0, "attempt {attempt}: {st}");
+            continue;
+        }
+        assert_eq!(code, 1, "a marker was signed while {escaped:?} lives: {st}");
+        assert_eq!(st["state"], "failed");
+        assert!(!c.marker_exists());
+        let reason = st["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("appeared during the freeze"), "{st}");
+        let named: Vec<i64> =
+            st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
+        for p in &escaped {
+            assert!(named.contains(&(*p as i64)), "{p} not named: {st}");
+        }
+        return;
+    }
+    skip(
+        "p12_root_child_born_after_the_stop_by_a_self_restarting_process",
+        "the self-restarting process never escaped in 12 freezes here: the refusal was not exercised",
+    );
+}

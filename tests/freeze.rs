@@ -729,7 +729,9 @@ fn t23_uninterruptible_sleep_is_a_bounded_failure_naming_the_survivor() {
     let _d = c.launch_root(&["fuse-daemon", mnt.to_str().unwrap()]);
     let v = c.launch(uid, &["fuse-victim", mnt.join("x").to_str().unwrap()]);
     // The victim is now waiting in a stat of the mount for an answer that never comes.
-    let stats = [libc::SYS_statx.to_string(), libc::SYS_newfstatat.to_string()];
+    // Whichever stat the C library uses (glibc: statx; musl: stat).
+    let stats =
+        [libc::SYS_statx, libc::SYS_newfstatat, libc::SYS_stat, libc::SYS_lstat].map(|n| n.to_string());
     wait_for("the victim blocked in stat on the FUSE mount", READY_TIMEOUT, || {
         let sc = c.proc_read(v.pid, "syscall").unwrap_or_default();
         let nr = sc.split_whitespace().next().unwrap_or_default().to_string();

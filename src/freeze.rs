@@ -353,8 +353,12 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    // Unreadable: every process counts as born during the freeze (more refusals, never fewer).
-    let born_since = sys::boot_ticks().unwrap_or(0);
+    // Counter first: a process of the starting tick with a pid handed out after it is new.
+    // Unreadable clock: every process counts as born during the freeze (more refusals, never fewer).
+    let born_since = newcomers::Since {
+        last_pid: consistency::last_pid(reader.root()).ok(),
+        ticks: sys::boot_ticks().unwrap_or(0),
+    };
     let mut run = Run {
         cred: &mut cfg.cred,
         reader,
@@ -435,7 +439,8 @@ pub fn run(
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
             let own: Vec<Pid> = run.cred.helper_pid().into_iter().collect();
-            let orphans = newcomers::orphaned(&snap, &tainted, born_since, sys::getpid(), &own);
+            let now = consistency::last_pid(run.reader.root()).ok();
+            let orphans = newcomers::orphaned(&snap, &tainted, &born_since, now, sys::getpid(), &own);
             if !orphans.is_empty() {
                 let named: Vec<String> =
                     orphans.iter().take(8).map(|p| format!("{} uid {} {}", p.pid, p.uid(), p.comm)).collect();

@@ -16,19 +16,39 @@ use crate::procs::{Proc, Snapshot};
 use crate::sys::Pid;
 use crate::taint::Tainted;
 
-/// Live, untainted processes started at or after `since` (clock ticks since boot, as stat's
-/// start time) whose chain of such newcomers ends at the init (`init`, or 1) or at a parent no
-/// longer there. `own`: the init's own helper processes.
+/// When the freeze began: the boot clock in ticks (stat's start-time unit) and the pid counter.
+pub struct Since {
+    pub ticks: u64,
+    /// None: unreadable, and every process of the starting tick counts as new.
+    pub last_pid: Option<Pid>,
+}
+
+impl Since {
+    /// Born during the freeze: in a later tick, or in the same tick (ticks are 10 ms, a freeze
+    /// can be shorter) with a pid handed out since (`now`: the pid counter now).
+    fn born(&self, p: &Proc, now: Option<Pid>) -> bool {
+        p.start_time > self.ticks
+            || (p.start_time == self.ticks
+                && match (self.last_pid, now) {
+                    (Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
+                    _ => true,
+                })
+    }
+}
+
+/// Live, untainted processes born during the freeze whose chain of such newcomers ends at the
+/// init (`init`, or 1) or at a parent no longer there. `now`: the pid counter at the observation.
+/// `own`: the init's own helper processes.
 pub fn orphaned<'a>(
     snap: &'a Snapshot,
     tainted: &Tainted,
-    since: u64,
+    since: &Since,
+    now: Option<Pid>,
     init: Pid,
     own: &[Pid],
 ) -> Vec<&'a Proc> {
-    let new = |p: &Proc| {
-        p.alive() && p.start_time >= since && !tainted.contains_key(&p.pid) && !own.contains(&p.pid)
-    };
+    let new =
+        |p: &Proc| p.alive() && since.born(p, now) && !tainted.contains_key(&p.pid) && !own.contains(&p.pid);
     snap.procs
         .values()
         .filter(|p| new(p))
@@ -87,14 +107,28 @@ mod tests {
             proc(70, 1, 170),  // the sandbox's: marked, killed by the freeze
         ]);
         let tainted: Tainted = [(70, vec![Reason::Uid])].into_iter().collect();
-        let got: Vec<Pid> = orphaned(&s, &tainted, 100, 1, &[60]).iter().map(|p| p.pid).collect();
+        let since = Since { ticks: 100, last_pid: Some(5) };
+        let got: Vec<Pid> =
+            orphaned(&s, &tainted, &since, Some(99), 1, &[60]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![20, 21, 40]);
+    }
+
+    #[test]
+    fn in_the_freezes_first_tick_the_pid_counter_decides() {
+        let s = snap(&[proc(1, 0, 1), proc(8, 1, 100), proc(9, 1, 100)]);
+        let since = Since { ticks: 100, last_pid: Some(8) };
+        let got: Vec<Pid> =
+            orphaned(&s, &Tainted::new(), &since, Some(9), 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![9], "8 was handed out before the freeze began");
+        let unknown = Since { ticks: 100, last_pid: None };
+        assert_eq!(orphaned(&s, &Tainted::new(), &unknown, Some(9), 1, &[]).len(), 2);
     }
 
     #[test]
     fn a_zombie_is_no_newcomer() {
         let mut z = proc(20, 1, 130);
         z.state = 'Z';
-        assert!(orphaned(&snap(&[proc(1, 0, 1), z]), &Tainted::new(), 100, 1, &[]).is_empty());
+        let since = Since { ticks: 100, last_pid: None };
+        assert!(orphaned(&snap(&[proc(1, 0, 1), z]), &Tainted::new(), &since, None, 1, &[]).is_empty());
     }
 }

@@ -411,7 +411,16 @@ fn main() {
                 if raw_setresuid(0, 0, 0) != 0 {
                     fail("setresuid to root");
                 }
-                if fork() == 0 {
+                // `parent`: the child is made the child of this process's parent (CLONE_PARENT),
+                // a live launcher that predates the freeze; otherwise it goes to a subreaper.
+                let child = if std::env::args().nth(3).as_deref() == Some("parent") {
+                    unsafe {
+                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
+                    }
+                } else {
+                    fork()
+                };
+                if child == 0 {
                     unsafe { libc::setsid() };
                     unsafe { libc::timer_delete(timer) };
                     forever();

@@ -191,6 +191,8 @@ struct Run<'a> {
     unstopped: Vec<Pid>,
     /// The pid counter before the last stop observation (None: unreadable).
     since: Option<Pid>,
+    /// Who may vouch for a process born during the freeze, from every observation of it.
+    ancestry: newcomers::Ancestry,
 }
 
 impl Run<'_> {
@@ -268,6 +270,7 @@ impl Run<'_> {
                 // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
                 // init's last tracking observation. Anything else is found by the observation.
                 let tainted = self.policy.classify(seen);
+                self.ancestry.note(seen, &tainted, sys::getpid());
                 let mut w: BTreeMap<Pid, Option<u64>> =
                     live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
                 for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
@@ -286,6 +289,7 @@ impl Run<'_> {
             let (snap, tainted) =
                 observe(self.reader, self.policy, Detail::Light, Some(prev.as_ref().unwrap_or(seen)))
                     .map_err(|e| format!("/proc unreadable: {e}"))?;
+            self.ancestry.note(&snap, &tainted, sys::getpid());
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
                 "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
@@ -343,6 +347,9 @@ impl Run<'_> {
 /// observation (which then finds what is left, kills it again and looks again).
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the proof keeps looking while newcomers no parent vouches for are alive.
+const ORPHAN_GRACE: Duration = Duration::from_secs(1);
+
 /// Run one freeze. `seen`: the init's last tracking observation. `reap` reaps a batch of zombie
 /// children of the init (and records the command's status); true when more may be waiting.
 pub fn run(
@@ -371,6 +378,7 @@ pub fn run(
         recorded: HashSet::new(),
         unstopped: Vec::new(),
         since: None,
+        ancestry: newcomers::Ancestry::default(),
     };
     let (snap, tainted) = match run.stop(cfg.stop_wait, seen) {
         Ok(x) => x,
@@ -407,6 +415,7 @@ pub fn run(
     let t = Instant::now();
     let mut pause = Duration::from_millis(1);
     let mut rounds = 0u32;
+    let mut first_orphans: Option<Instant> = None;
     loop {
         // The proof: a consistent observation taken after the last kill.
         let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
@@ -432,6 +441,7 @@ pub fn run(
         };
         let tainted = run.policy.classify(&snap);
         run.policy.remember(&snap, &tainted);
+        run.ancestry.note(&snap, &tainted, sys::getpid());
         if passes > 1 {
             log::debug!("proof: consistent after {passes} passes");
         }
@@ -440,8 +450,20 @@ pub fn run(
             run.phases.probe = ms(t.elapsed());
             let own: Vec<Pid> = run.cred.helper_pid().into_iter().collect();
             let now = consistency::last_pid(run.reader.root()).ok();
-            let orphans = newcomers::orphaned(&snap, &tainted, &born_since, now, sys::getpid(), &own);
+            let orphans =
+                newcomers::orphaned(&snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
+            // A root process entered from outside in the middle of switching to a sandbox UID
+            // (`docker exec -u` during the freeze) or a short-lived child of a launcher reads the
+            // same: look again for a short while, failing only if one is still there. What such a
+            // newcomer leaves behind is again a newcomer under a parent that cannot vouch.
             if !orphans.is_empty() {
+                let until = *first_orphans.get_or_insert_with(Instant::now) + ORPHAN_GRACE;
+                if Instant::now() < until.min(run.deadline) {
+                    log::debug!("proof: {} newcomer(s) no parent vouches for; looking again", orphans.len());
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                    continue;
+                }
                 let named: Vec<String> =
                     orphans.iter().take(8).map(|p| format!("{} uid {} {}", p.pid, p.uid(), p.comm)).collect();
                 let found = orphans
@@ -450,7 +472,7 @@ pub fn run(
                     .collect();
                 return run.fail(
                     format!(
-                        "{} process(es) appeared during the freeze with no parent here ({}): they cannot \
+                        "{} process(es) appeared during the freeze with no parent that can vouch for them ({}): they cannot \
                          be told from the sandbox's; retry once no root daemon forks during a freeze",
                         orphans.len(),
                         named.join(", ")

@@ -7,14 +7,19 @@
 //! Such a child cannot be told from a root daemon that double-forked at the same moment, so the
 //! proof refuses to certify while one lives: a failed freeze, never a marker with a survivor.
 //!
-//! Only orphans count: a newcomer whose parent predates the freeze and lives is that parent's
-//! (if the parent were the sandbox's, ancestry would mark the child). Processes entered from
-//! outside the PID namespace (ppid 0, e.g. `docker exec` of the orchestrator, the freeze client
-//! itself) are not orphans here; `docs/threat-model.md` names what that leaves.
+//! A newcomer whose parent predates the freeze and lives is that parent's (if the parent were
+//! the sandbox's, ancestry would mark the child), with one exception: `clone(CLONE_PARENT)` makes
+//! the child a child of its creator's parent, and the child of an escapee that exits goes to the
+//! nearest subreaper above it: both parents live and predate the freeze. So a parent seen above a sandbox process that lineage
+//! does not follow vouches for nothing ([`Ancestry`]), and where such a process came in from
+//! outside the PID namespace (ppid 0, `docker exec -u`), neither does the outside: a newcomer with
+//! ppid 0 is refused too. Processes entered from outside otherwise (the orchestrator's own
+//! `docker exec`, the freeze client) are not orphans.
 
 use crate::procs::{Proc, Snapshot};
 use crate::sys::Pid;
-use crate::taint::Tainted;
+use crate::taint::{Reason, Tainted};
+use std::collections::HashSet;
 
 /// When the freeze began: the boot clock in ticks (stat's start-time unit) and the pid counter.
 pub struct Since {
@@ -36,12 +41,57 @@ impl Since {
     }
 }
 
+/// The processes seen, during one freeze, above a sandbox process whose descendants lineage does
+/// not mark (its loginuid is not the sandbox's: lineage off, or entered with `docker exec -u`).
+/// A child such a process makes with CLONE_PARENT, or leaves to a subreaper above it, has one of
+/// these as its parent, and nothing else marks it.
+#[derive(Default)]
+pub struct Ancestry {
+    /// (pid, start time): a later process with the same pid is another process.
+    above: HashSet<(Pid, u64)>,
+    /// Such a process's chain ended at a process entered from outside (ppid 0, not the init).
+    outside: bool,
+}
+
+impl Ancestry {
+    /// Add what one observation shows. Every observation of the freeze is noted: a chain can
+    /// change between them (a parent exits, its children move to a subreaper).
+    pub fn note(&mut self, snap: &Snapshot, tainted: &Tainted, init: Pid) {
+        let mut walked: HashSet<Pid> = HashSet::new();
+        for (pid, why) in tainted {
+            if why.contains(&Reason::Lineage) {
+                continue;
+            }
+            let Some(mut cur) = snap.procs.get(pid) else { continue };
+            // Bounded by the snapshot: each hop moves to another process of it, once per call.
+            for _ in 0..=snap.procs.len() {
+                if cur.ppid == 0 {
+                    self.outside |= cur.pid != init && cur.pid != 1;
+                    break;
+                }
+                let Some(parent) = snap.procs.get(&cur.ppid) else { break };
+                self.above.insert((parent.pid, parent.start_time));
+                if !walked.insert(parent.pid) {
+                    break;
+                }
+                cur = parent;
+            }
+        }
+    }
+
+    fn vouches(&self, parent: &Proc) -> bool {
+        !self.above.contains(&(parent.pid, parent.start_time))
+    }
+}
+
 /// Live, untainted processes born during the freeze whose chain of such newcomers ends at the
-/// init (`init`, or 1) or at a parent no longer there. `now`: the pid counter at the observation.
-/// `own`: the init's own helper processes.
+/// init (`init`, or 1), at a parent no longer there, at a parent that [`Ancestry`] says cannot
+/// vouch, or outside when a sandbox process came from there. `now`: the pid counter at the
+/// observation. `own`: the init's own helper processes.
 pub fn orphaned<'a>(
     snap: &'a Snapshot,
     tainted: &Tainted,
+    ancestry: &Ancestry,
     since: &Since,
     now: Option<Pid>,
     init: Pid,
@@ -58,8 +108,13 @@ pub fn orphaned<'a>(
             for _ in 0..snap.procs.len() {
                 match snap.procs.get(&cur.ppid) {
                     Some(parent) if new(parent) => cur = parent,
-                    Some(parent) => return parent.pid == init || parent.pid == 1 || !parent.alive(),
-                    None => return cur.ppid != 0,
+                    Some(parent) => {
+                        return parent.pid == init
+                            || parent.pid == 1
+                            || !parent.alive()
+                            || !ancestry.vouches(parent)
+                    }
+                    None => return cur.ppid != 0 || ancestry.outside,
                 }
             }
             true
@@ -70,7 +125,6 @@ pub fn orphaned<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::taint::Reason;
 
     fn proc(pid: Pid, ppid: Pid, start_time: u64) -> Proc {
         Proc {
@@ -108,8 +162,10 @@ mod tests {
         ]);
         let tainted: Tainted = [(70, vec![Reason::Uid])].into_iter().collect();
         let since = Since { ticks: 100, last_pid: Some(5) };
-        let got: Vec<Pid> =
-            orphaned(&s, &tainted, &since, Some(99), 1, &[60]).iter().map(|p| p.pid).collect();
+        let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[60])
+            .iter()
+            .map(|p| p.pid)
+            .collect();
         assert_eq!(got, vec![20, 21, 40]);
     }
 
@@ -117,11 +173,13 @@ mod tests {
     fn in_the_freezes_first_tick_the_pid_counter_decides() {
         let s = snap(&[proc(1, 0, 1), proc(8, 1, 100), proc(9, 1, 100)]);
         let since = Since { ticks: 100, last_pid: Some(8) };
-        let got: Vec<Pid> =
-            orphaned(&s, &Tainted::new(), &since, Some(9), 1, &[]).iter().map(|p| p.pid).collect();
+        let got: Vec<Pid> = orphaned(&s, &Tainted::new(), &Ancestry::default(), &since, Some(9), 1, &[])
+            .iter()
+            .map(|p| p.pid)
+            .collect();
         assert_eq!(got, vec![9], "8 was handed out before the freeze began");
         let unknown = Since { ticks: 100, last_pid: None };
-        assert_eq!(orphaned(&s, &Tainted::new(), &unknown, Some(9), 1, &[]).len(), 2);
+        assert_eq!(orphaned(&s, &Tainted::new(), &Ancestry::default(), &unknown, Some(9), 1, &[]).len(), 2);
     }
 
     #[test]
@@ -129,6 +187,65 @@ mod tests {
         let mut z = proc(20, 1, 130);
         z.state = 'Z';
         let since = Since { ticks: 100, last_pid: None };
-        assert!(orphaned(&snap(&[proc(1, 0, 1), z]), &Tainted::new(), &since, None, 1, &[]).is_empty());
+        assert!(orphaned(
+            &snap(&[proc(1, 0, 1), z]),
+            &Tainted::new(),
+            &Ancestry::default(),
+            &since,
+            None,
+            1,
+            &[]
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn a_parent_above_a_sandbox_process_vouches_for_nothing() {
+        // 10: a root launcher of 20 (the sandbox's, lineage off); 30: a root service beside it.
+        let s = snap(&[
+            proc(1, 0, 1),
+            proc(10, 1, 5),
+            proc(20, 10, 6),
+            proc(30, 1, 7),
+            proc(40, 10, 120), // born during the freeze under the launcher (CLONE_PARENT)
+            proc(50, 30, 130), // born during the freeze under the service
+        ]);
+        let tainted: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
+        let mut a = Ancestry::default();
+        a.note(&s, &tainted, 1);
+        let since = Since { ticks: 100, last_pid: Some(5) };
+        let got: Vec<Pid> =
+            orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![40]);
+        // The same chain followed by lineage: every child of 20 carries its loginuid.
+        let lineage: Tainted = [(20, vec![Reason::Uid, Reason::Lineage])].into_iter().collect();
+        let mut a = Ancestry::default();
+        a.note(&s, &lineage, 1);
+        assert!(orphaned(&s, &lineage, &a, &since, Some(99), 1, &[]).is_empty());
+        // Another process with the launcher's pid is another process.
+        let mut later = s.clone();
+        later.procs.insert(10, proc(10, 1, 50));
+        assert!(orphaned(&later, &tainted, &a, &since, Some(99), 1, &[]).iter().all(|p| p.pid != 40));
+    }
+
+    #[test]
+    fn a_newcomer_from_outside_counts_once_a_sandbox_process_came_from_there() {
+        let s = snap(&[
+            proc(1, 0, 1),
+            proc(20, 1, 6),   // started by the init
+            proc(30, 0, 140), // entered from outside during the freeze
+        ]);
+        let since = Since { ticks: 100, last_pid: Some(5) };
+        let by_init: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
+        let mut a = Ancestry::default();
+        a.note(&s, &by_init, 1);
+        assert!(orphaned(&s, &by_init, &a, &since, Some(99), 1, &[]).is_empty());
+        let mut entered = s.clone();
+        entered.procs.insert(21, proc(21, 0, 8)); // `docker exec -u`: a sandbox process from outside
+        let from_outside: Tainted = [(21, vec![Reason::Uid])].into_iter().collect();
+        a.note(&entered, &from_outside, 1);
+        let got: Vec<Pid> =
+            orphaned(&entered, &from_outside, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![30]);
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Live sandbox processes as `quiesce ps` sees them right now.
 fn live_sandbox(c: &Container, uid: u32) -> Vec<String> {
@@ -326,15 +326,26 @@ fn t08b_full_escapee_by_history_without_lineage() {
 fn root_orphans(c: &Container) -> Vec<serde_json::Value> {
     let q = quiesce();
     let st = c.state.to_str().unwrap().to_string();
-    let out = c.exec(&[q.to_str().unwrap(), "ps", "--json", "--state-dir", &st]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["ppid"] == 1 && p["uids"] == serde_json::json!([0]) && p["comm"] == "adversary-suid")
-        .cloned()
-        .collect()
+    // The escapee says it is ready once it is root; its parent exits just before or after that,
+    // so it may take a moment to show under PID 1.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = c.exec(&[q.to_str().unwrap(), "ps", "--json", "--state-dir", &st]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let found: Vec<serde_json::Value> = v["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| {
+                p["ppid"] == 1 && p["uids"] == serde_json::json!([0]) && p["comm"] == "adversary-suid"
+            })
+            .cloned()
+            .collect();
+        if !found.is_empty() || Instant::now() >= until {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]

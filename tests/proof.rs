@@ -400,42 +400,68 @@ fn p11_credential_switch_hammered_with_tgkill_when_not_pid_1() {
     eprintln!("credential hammer rounds: {results:?}");
 }
 
-/// A root process born during the freeze with no parent here: a sandbox process restarts
-/// itself after the stop with a SIGCONT timer, becomes root for good through a setuid helper,
-/// forks a child into a session of its own and exits. Without lineage nothing marks the child;
-/// the proof must refuse (a failed freeze naming it), never sign while it lives.
-#[test]
-fn p12_root_child_born_after_the_stop_by_a_self_restarting_process() {
-    let uid = 4362;
-    // The escape needs the process restarted within the walk, before the first kill: not every
-    // freeze gives it that, so up to 12 fresh namespaces; every freeze that ends quiescent must
-    // leave no such child, and the first one with an escape must refuse.
+/// How the self-restarting process of p12 comes in and makes its root child.
+#[derive(Clone, Copy, Debug)]
+enum Escape {
+    /// Entered from outside through `quiesce exec`; a plain fork, so the child goes to PID 1.
+    Fork,
+    /// Started by a live root shell; clone(CLONE_PARENT) makes the child the shell's.
+    ParentUnderLauncher,
+    /// Entered from outside; clone(CLONE_PARENT) makes the child's parent the outside (ppid 0).
+    ParentFromOutside,
+}
+
+/// A root process born during the freeze that nothing marks: a sandbox process restarts itself
+/// after the stop with a SIGCONT timer, becomes root for good through a setuid helper, makes a
+/// child in a session of its own and exits. Without lineage nothing marks the child, and its
+/// parent (PID 1, a launcher, the outside) predates the freeze; the proof must refuse (a failed
+/// freeze naming it), never sign while it lives. The escape needs the process restarted within
+/// the walk, before the first kill: not every freeze gives it that, so up to 12 fresh
+/// namespaces; every freeze that ends quiescent must leave no such child, and the first one with
+/// an escape must refuse.
+fn escape_is_refused(name: &str, uid: u32, how: Escape) {
     for attempt in 1..=12 {
-        let c = sandbox(uid, &["--no-lineage"]);
+        // Refreshed every 50 ms: the check knows a launcher or the outside as the sandbox's only
+        // from an observation that saw the process there (an escape that completes between the
+        // last refresh and the freeze's first observation is the gap docs/threat-model.md names).
+        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let _s = c.launch(uid, &["sleepers", "1000"]);
         let status = c.state.join("status.json");
-        let _w = c.launch_bin(
-            uid,
-            &["--allow-setuid", "--no-lineage"],
-            &suid,
-            &["cont-escape", status.to_str().unwrap()],
-        );
+        let status = status.to_str().unwrap();
+        let mode = if matches!(how, Escape::Fork) { "fork" } else { "parent" };
+        let _w = match how {
+            Escape::ParentUnderLauncher => {
+                // The shell stops itself afterwards rather than forking again: a launcher that
+                // starts something during a freeze fails it (its child is a newcomer it cannot
+                // vouch for), which is not what this test looks at.
+                let q = quiesce();
+                let script = format!(
+                    "'{}' exec --user {uid} --allow-setuid --no-lineage -- '{suid}' cont-escape '{status}' parent; kill -STOP $$",
+                    q.display()
+                );
+                c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "cont-escape under a root shell")
+            }
+            _ => {
+                c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &["cont-escape", status, mode])
+            }
+        };
+        std::thread::sleep(Duration::from_millis(200));
         let (code, st) = c.freeze("n-1");
-        // The child, if the escape happened: root for good, in a session of its own, under PID 1.
+        // The child, if the escape happened: root for good, alive, wherever its parent is.
         let escaped: Vec<i32> = c
             .pids()
             .into_iter()
             .filter(|&p| {
-                c.stat(p).is_some_and(|s| s.live() && s.ppid == 1)
+                c.stat(p).is_some_and(|s| s.live())
                     && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
             })
             .collect();
         if escaped.is_empty() {
-            assert_eq!(code, 0, "attempt {attempt}: {st}");
+            assert_eq!(code, 0, "{how:?} attempt {attempt}: {st}");
             continue;
         }
-        assert_eq!(code, 1, "a marker was signed while {escaped:?} lives: {st}");
+        assert_eq!(code, 1, "{how:?}: a marker was signed while {escaped:?} lives: {st}");
         assert_eq!(st["state"], "failed");
         assert!(!c.marker_exists());
         let reason = st["reason"].as_str().unwrap_or_default();
@@ -443,12 +469,65 @@ fn p12_root_child_born_after_the_stop_by_a_self_restarting_process() {
         let named: Vec<i64> =
             st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
         for p in &escaped {
-            assert!(named.contains(&(*p as i64)), "{p} not named: {st}");
+            assert!(named.contains(&(*p as i64)), "{how:?}: {p} not named: {st}");
         }
         return;
     }
-    skip(
-        "p12_root_child_born_after_the_stop_by_a_self_restarting_process",
-        "the self-restarting process never escaped in 12 freezes here: the refusal was not exercised",
+    skip(name, "the self-restarting process never escaped in 12 freezes here: the refusal was not exercised");
+}
+
+#[test]
+fn p12_root_child_born_after_the_stop_by_a_self_restarting_process() {
+    escape_is_refused("p12_root_child_born_after_the_stop_by_a_self_restarting_process", 4362, Escape::Fork);
+}
+
+#[test]
+fn p12b_root_child_handed_to_a_live_root_launcher_with_clone_parent() {
+    escape_is_refused(
+        "p12b_root_child_handed_to_a_live_root_launcher_with_clone_parent",
+        4363,
+        Escape::ParentUnderLauncher,
     );
+}
+
+#[test]
+fn p12c_root_child_handed_to_the_outside_with_clone_parent() {
+    escape_is_refused(
+        "p12c_root_child_handed_to_the_outside_with_clone_parent",
+        4364,
+        Escape::ParentFromOutside,
+    );
+}
+
+/// A root launcher that starts something when its sandbox process dies (`sh -c 'quiesce exec …;
+/// next'`) does it during the freeze. Without lineage its new child cannot be told from a
+/// CLONE_PARENT escape under it: the freeze fails, naming the child. With lineage the sandbox
+/// process's own children carry its loginuid, so the launcher's new child is its own.
+#[test]
+fn p13_a_launcher_that_forks_during_the_freeze() {
+    for (uid, lineage) in [(4365, false), (4366, true)] {
+        let opts: &[&str] = if lineage { &[] } else { &["--no-lineage"] };
+        let c = sandbox(uid, &[opts, &["--track-interval", "0.05"]].concat());
+        let q = quiesce();
+        let no = if lineage { "" } else { "--no-lineage" };
+        // `sleep` is forked (a command follows it), as a launcher's next step would be; the
+        // thousand sleepers make the kill take long enough for it to be alive at the proof.
+        let script = format!(
+            "'{}' exec --user {uid} {no} -- '{}' sleepers 1000; sleep 30; :",
+            q.display(),
+            adversary().display()
+        );
+        let _l = c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "a launcher");
+        std::thread::sleep(Duration::from_millis(200));
+        let (code, st) = c.freeze("n-1");
+        if lineage {
+            assert_eq!(code, 0, "with lineage: {st}");
+            assert_eq!(st["state"], "quiescent");
+        } else {
+            assert_eq!(code, 1, "without lineage: {st}");
+            assert!(!c.marker_exists());
+            let reason = st["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("appeared during the freeze") && reason.contains("sleep"), "{st}");
+        }
+    }
 }

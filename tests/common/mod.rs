@@ -37,7 +37,16 @@ pub fn sandbox(uid: u32, extra: &[&str]) -> Container {
     let u = uid.to_string();
     let mut args = vec!["--sandbox-user", &u];
     args.extend_from_slice(extra);
-    Container::start(&args, &["sleep", "1000000"])
+    let mut c = Container::start(&args, &["sleep", "1000000"]);
+    // A freeze asked for before the init has published its sandbox fails ("is the init
+    // running?"): wait for the file it writes last, as an orchestrator's readiness check would.
+    let until = Instant::now() + Duration::from_secs(10);
+    while !c.state.join("sandbox.json").exists() {
+        assert!(c.alive(), "the init ended before it published its sandbox");
+        assert!(Instant::now() < until, "the init did not publish its sandbox within 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c
 }
 
 /// A setuid-root copy of the adversary in the container's directory, as a sandbox user would
@@ -638,7 +647,10 @@ impl Container {
     /// Like `freeze`, the client giving up after `timeout` seconds.
     pub fn freeze_within(&self, nonce: &str, timeout: Option<u32>) -> (i32, serde_json::Value) {
         let out = output(&mut self.freeze_cmd(nonce, timeout));
-        let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        // No status printed: what the client said instead, so the failing assertion shows it.
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(
+            |_| serde_json::json!({ "client_stderr": String::from_utf8_lossy(&out.stderr).to_string() }),
+        );
         (out.status.code().unwrap_or(-1), v)
     }
 

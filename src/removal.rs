@@ -17,7 +17,11 @@ pub const MAX_DEPTH: usize = 16;
 /// Remove `name` in `dir`: a file, a link (never followed) or a directory with all it holds.
 /// Missing is fine. `shown` names it in errors.
 pub fn remove_at(dir: &OwnedFd, name: &OsStr, shown: &Path) -> Result<(), String> {
-    let mut left = MAX_ENTRIES;
+    remove_within(dir, name, shown, MAX_ENTRIES)
+}
+
+fn remove_within(dir: &OwnedFd, name: &OsStr, shown: &Path, entries: usize) -> Result<(), String> {
+    let mut left = entries;
     remove(dir, name, shown, 0, &mut left)
 }
 
@@ -51,9 +55,10 @@ fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut us
     let (names, more) = sys::list_dir(&sub, *left).map_err(cannot)?;
     if more {
         return Err(format!(
-            "{} is part of a tree of more than {MAX_ENTRIES} entries, which quiesce never writes: \
-             remove it by hand",
-            shown.display()
+            "{} is part of a tree of more entries than the {} quiesce removes: it never writes so \
+             many; remove it by hand",
+            shown.display(),
+            MAX_ENTRIES
         ));
     }
     *left -= names.len();
@@ -105,6 +110,24 @@ mod tests {
         fs::create_dir_all(d.join("t").join(&deep)).unwrap();
         let e = remove_at(&open(&d), OsStr::new("t"), &d.join("t")).unwrap_err();
         assert!(e.contains("nested deeper") && e.contains("by hand"), "{e}");
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn too_large_a_tree_is_refused_and_listing_stops_at_its_limit() {
+        let d = tmpdir("wide");
+        fs::create_dir_all(d.join("t/a")).unwrap();
+        for i in 0..5 {
+            fs::write(d.join(format!("t/a/{i}")), "x").unwrap();
+        }
+        let sub = sys::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
+        assert_eq!(sys::list_dir(&sub, 3).map(|(n, more)| (n.len(), more)).unwrap(), (3, true));
+        let sub = sys::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
+        assert_eq!(sys::list_dir(&sub, 5).map(|(n, more)| (n.len(), more)).unwrap(), (5, false));
+        let e = remove_within(&open(&d), OsStr::new("t"), &d.join("t"), 4).unwrap_err();
+        assert!(e.contains("more entries") && e.contains("by hand"), "{e}");
+        remove_within(&open(&d), OsStr::new("t"), &d.join("t"), 6).unwrap();
+        assert!(!d.join("t").exists());
         fs::remove_dir_all(d).unwrap();
     }
 }

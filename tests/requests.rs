@@ -336,8 +336,10 @@ fn requests_are_listed_in_the_opened_state_dir_not_at_the_path() {
     });
     let st: serde_json::Value = serde_json::from_str(&read(&status)).unwrap();
     assert_eq!(st["nonce"], "n-real", "the request in the opened state dir was not taken: {st}");
-    let res: serde_json::Value =
-        serde_json::from_str(&read(&moved.join("results").join(format!("{id}.json")))).unwrap_or_default();
+    // The result is written after the status.
+    let answer = moved.join("results").join(format!("{id}.json"));
+    wait_for("the request's result", T, || answer.exists());
+    let res: serde_json::Value = serde_json::from_str(&read(&answer)).unwrap_or_default();
     assert_eq!((res["state"].as_str(), res["nonce"].as_str()), (Some("quiescent"), Some("n-real")), "{res}");
     assert!(!moved.join("results").join(format!("{forged}.json")).exists(), "a forged name was answered");
     assert_eq!(count(&state.join("requests")), 1, "the init touched the sandbox user's directory");
@@ -385,6 +387,10 @@ fn results_are_pruned_in_the_opened_state_dir_not_at_the_path() {
     let _ = stop.send(());
     assert!(held.join().unwrap(), "the init read no request in the held directory");
     let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    // The init prunes right after it wrote the result the client saw.
+    wait_for("the prune after the answer", T, || {
+        count(&victim.join("results")) < 70 || count(&moved.join("results")) <= 64
+    });
     assert_eq!(count(&victim.join("results")), 70, "the init pruned the directory the link points at");
     assert_eq!(out.status.code(), Some(0), "{st} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(st["nonce"], "n-held");

@@ -1,6 +1,7 @@
 //! The small subcommands that run beside the init: ps, exec, freeze, keygen.
 
 use crate::cli::{ExecArgs, FreezeArgs, KeygenArgs, PsArgs};
+use crate::files::FileError;
 use crate::procs::{Detail, Reader, Snapshot};
 use crate::requests;
 use crate::spawn::{self, Plan};
@@ -30,12 +31,26 @@ pub struct Published {
     pub start_time: u64,
 }
 
-/// The sandbox the running init published; None when there is no init with a sandbox here.
+/// What the init using `dir` published. None: nothing (no init with a sandbox here, or one still
+/// starting). An error: a sandbox.json is there but cannot be trusted (not root's, writable by
+/// others, a link, not what an init writes), which is never the same as none.
+pub fn published_in(dir: &StateDir) -> Result<Option<Published>, String> {
+    match dir.read(SANDBOX_FILE) {
+        Ok(b) => serde_json::from_slice::<Published>(&b).map(Some).map_err(|e| {
+            format!(
+                "{}: not what a quiesce init publishes ({e}): remove it",
+                dir.file(SANDBOX_FILE).display()
+            )
+        }),
+        Err(FileError::Missing(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The sandbox the running init published, for advice only (which UIDs `ps` marks, whether a
+/// loginuid counts): None when there is no init here or what is there cannot be trusted.
 pub fn published(state_dir: &Path) -> Option<Published> {
-    StateDir::open(state_dir)
-        .ok()
-        .and_then(|d| d.read(SANDBOX_FILE).ok())
-        .and_then(|b| serde_json::from_slice::<Published>(&b).ok())
+    StateDir::open(state_dir).ok().and_then(|d| published_in(&d).ok().flatten())
 }
 
 pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
@@ -201,12 +216,15 @@ pub fn exec(args: ExecArgs) -> i32 {
 }
 
 /// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is
-/// not PID 1 (a pod's pause process or a wrapper shell is PID 1 there). The published start time
+/// not PID 1 (a pod's pause process or a wrapper shell is PID 1 there). sandbox.json is read
+/// through the state dir the client opened once, never its path again: in a parent others may
+/// write in, the path may lead to the sandbox user's directory by now. The published start time
 /// must match, so a pid reused since is never signalled; a pidfd closes the gap between the check
-/// and the signal.
-fn signal_init(state_dir: &Path, sig: i32) -> Result<(), String> {
-    let target = published(state_dir).filter(|p| p.pid > 1);
-    let Some(p) = target else {
+/// and the signal. PID 1 is signalled only when nothing is published: a sandbox.json that cannot
+/// be trusted is refused, not read as "the init is PID 1".
+fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
+    let published = published_in(dir).map_err(|e| format!("{e} (no signal sent)"))?;
+    let Some(p) = published.filter(|p| p.pid > 1) else {
         return sys::kill(1, sig)
             .map_err(|e| format!("cannot signal PID 1: {e} (run this as root inside the container)"));
     };
@@ -262,7 +280,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    if let Err(e) = signal_init(&args.state.state_dir, sig) {
+    if let Err(e) = signal_init(&dir, sig) {
         // Withdrawn, so that no later freeze answers a client that gave up.
         if let Err(w) = requests::withdraw(&dir, &request_id) {
             eprintln!("quiesce freeze: {w}");
@@ -336,5 +354,34 @@ pub fn keygen(args: KeygenArgs) -> i32 {
             eprintln!("quiesce keygen: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    #[test]
+    fn only_a_missing_sandbox_file_means_nothing_was_published() {
+        let d = std::env::temp_dir().join(format!("quiesce-published-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        let sd = StateDir::create(&d).unwrap();
+        assert_eq!(published_in(&sd).map(|p| p.is_none()), Ok(true));
+        let file = d.join(SANDBOX_FILE);
+        fs::write(&file, r#"{"uids":[4242],"lineage":true,"pid":7,"start_time":9}"#).unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(published_in(&sd).unwrap().map(|p| (p.pid, p.start_time)), Some((7, 9)));
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
+        let e = published_in(&sd).unwrap_err();
+        assert!(e.contains(SANDBOX_FILE) && e.contains("writable by group or others"), "{e}");
+        fs::write(&file, "{not json").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = published_in(&sd).unwrap_err();
+        assert!(e.contains(SANDBOX_FILE) && e.contains("remove it"), "{e}");
+        fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &file).unwrap();
+        assert!(published_in(&sd).unwrap_err().contains("symlink"));
+        fs::remove_dir_all(d).unwrap();
     }
 }

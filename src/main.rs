@@ -20,6 +20,7 @@ mod procs;
 mod proctrust;
 #[cfg(test)]
 mod proptests;
+mod removal;
 mod requests;
 mod settle;
 mod spawn;

@@ -9,7 +9,6 @@ use crate::state::{self, StateDir, Status};
 use crate::sys::{self, Pid};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fs;
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -110,15 +109,10 @@ pub struct Intake {
 
 impl Intake {
     /// Fresh `requests/` and `results/`: what a previous init left answers nothing of ours.
+    /// Removed through the state dir's descriptor: its path may lead elsewhere by now.
     pub fn new(state: &StateDir) -> Result<Intake, String> {
         for sub in [REQUESTS, RESULTS] {
-            let p = state.file(sub);
-            match fs::remove_dir_all(&p) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                    return Err(format!("cannot remove stale {}: {e}", p.display()))
-                }
-                _ => {}
-            }
+            state.remove_tree(sub).map_err(|e| format!("stale {sub}/: {e}"))?;
         }
         Ok(Intake {
             requests: state.ensure_sub(REQUESTS)?,
@@ -160,36 +154,25 @@ impl Intake {
 
     /// Take up to PER_WAKE requests, oldest first; returns how many were found.
     fn take(&mut self) -> usize {
-        let mut names = Vec::new();
-        let mut scanned = 0;
-        match fs::read_dir(&self.requests.path) {
-            Ok(rd) => {
-                for e in rd {
-                    scanned += 1;
-                    if scanned > SCAN_LIMIT {
-                        break;
-                    }
-                    match e.map(|e| e.file_name().into_string()) {
-                        Ok(Ok(name)) => names.push(name),
-                        // Not a name a client writes: left alone (only root can write here).
-                        Ok(Err(_)) => {}
-                        Err(e) => log::warn!("listing {}: {e}", self.requests.path.display()),
-                    }
-                }
-            }
+        // Listed through the descriptor opened at start: the path may lead to a directory the
+        // sandbox user made, which could hide requests or name its own.
+        let (listed, left) = match self.requests.list(SCAN_LIMIT) {
+            Ok(l) => l,
             Err(e) => {
                 log::error!("cannot list freeze requests in {}: {e}", self.requests.path.display());
                 self.more = false;
                 return 0;
             }
-        }
+        };
+        // A name that is not UTF-8 is not one a client writes: left alone (only root can write here).
+        let mut names: Vec<String> = listed.into_iter().filter_map(|n| n.into_string().ok()).collect();
         // Leftovers of a take that failed half-way are removed; clients' temp files are theirs.
         for n in names.iter().filter(|n| n.starts_with(TAKEN)) {
             self.remove(n);
         }
         names.retain(|n| !n.starts_with('.'));
         names.sort();
-        self.more = names.len() > PER_WAKE || scanned > SCAN_LIMIT;
+        self.more = names.len() > PER_WAKE || left;
         let mut found = 0;
         for name in names.into_iter().take(PER_WAKE) {
             let taken = format!("{TAKEN}{name}");
@@ -244,21 +227,32 @@ impl Intake {
         self.prune();
     }
 
+    /// Keep the newest KEEP_RESULTS results. Listed, looked at and removed through the results
+    /// directory's descriptor: what the path leads to now may be any directory of root's.
     fn prune(&self) {
-        let Ok(rd) = fs::read_dir(&self.results.path) else { return };
-        let mut all: Vec<(SystemTime, std::path::PathBuf)> = rd
-            .flatten()
-            .take(SCAN_LIMIT)
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        let names = match self.results.list(SCAN_LIMIT) {
+            Ok((n, _)) => n,
+            Err(e) => {
+                log::warn!("cannot list {} to prune it: {e}", self.results.path.display());
+                return;
+            }
+        };
+        let mut all: Vec<((i64, i64), String)> = names
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| !n.starts_with('.'))
+            .filter_map(|n| {
+                let st = self.results.stat(&n).ok()?;
+                (st.st_mode & libc::S_IFMT == libc::S_IFREG).then_some(((st.st_mtime, st.st_mtime_nsec), n))
+            })
             .collect();
         if all.len() <= KEEP_RESULTS {
             return;
         }
         all.sort();
-        for (_, p) in &all[..all.len() - KEEP_RESULTS] {
-            if let Err(e) = fs::remove_file(p) {
-                log::warn!("cannot prune {}: {e}", p.display());
+        for (_, n) in &all[..all.len() - KEEP_RESULTS] {
+            if let Err(e) = self.results.remove(n) {
+                log::warn!("cannot prune {}: {e}", self.results.file(n).display());
             }
         }
     }
@@ -283,6 +277,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::path::PathBuf;
 
     fn state_dir(tag: &str) -> (PathBuf, StateDir) {

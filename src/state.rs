@@ -216,6 +216,24 @@ impl StateDir {
         crate::sys::rename_at(&self.fd, from, to)
     }
 
+    /// Remove `name` here and all it holds, through descriptors (see `removal`).
+    pub fn remove_tree(&self, name: &str) -> Result<(), String> {
+        crate::removal::remove_at(&self.fd, std::ffi::OsStr::new(name), &self.file(name))
+    }
+
+    /// The names in this directory, listed through its descriptor, never its path: at most
+    /// `limit`, and whether more were left.
+    pub fn list(&self, limit: usize) -> io::Result<(Vec<std::ffi::OsString>, bool)> {
+        let fd = crate::sys::open_dir_at(&self.fd, std::ffi::OsStr::new("."))?;
+        crate::sys::list_dir(&fd, limit)
+    }
+
+    /// What `name` here is (type, mode, times), not following a link.
+    pub fn stat(&self, name: &str) -> io::Result<libc::stat> {
+        let c = std::ffi::CString::new(name).map_err(|_| io::Error::other("file name with NUL"))?;
+        crate::sys::fstatat(&self.fd, &c)
+    }
+
     pub fn remove(&self, name: &str) -> io::Result<()> {
         match crate::sys::unlink_at(&self.fd, name) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),

@@ -678,6 +678,71 @@ pub fn mkdir_at(dir: &OwnedFd, name: &str, mode: u32) -> io::Result<()> {
     check(unsafe { libc::fchmodat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t, 0) } as _).map(drop)
 }
 
+/// Remove the empty directory `name` from `dir`.
+pub fn rmdir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(name.as_bytes()).map_err(|_| io::Error::other("file name with NUL"))?;
+    // SAFETY: a valid descriptor and C string.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } as _).map(drop)
+}
+
+/// Remove the non-directory `name` from `dir` (EISDIR when it is a directory).
+pub fn unlink_os_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(name.as_bytes()).map_err(|_| io::Error::other("file name with NUL"))?;
+    // SAFETY: a valid descriptor and C string.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } as _).map(drop)
+}
+
+/// Open the directory `name` in `dir` for listing. A link there is refused (ELOOP), and so is
+/// anything but a directory (ENOTDIR): what is listed is the entry itself, never where it points.
+pub fn open_dir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
+    openat(
+        Some(dir.as_raw_fd()),
+        std::path::Path::new(name),
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+    )
+}
+
+/// The names in an open directory (without `.` and `..`), at most `limit` of them; the flag says
+/// more were left. Read with getdents64 on the descriptor, so the listing is of the directory
+/// the descriptor holds, whatever its path leads to now.
+pub fn list_dir(dir: &OwnedFd, limit: usize) -> io::Result<(Vec<std::ffi::OsString>, bool)> {
+    use std::os::unix::ffi::OsStrExt;
+    // d_ino (8), d_off (8), d_reclen (2), d_type (1), then the name and its NUL.
+    const NAME_AT: usize = 19;
+    let mut buf = vec![0u8; 32 << 10];
+    let mut names = Vec::new();
+    // Every read that returns anything returns at least one entry, so this ends after at most
+    // `limit` + 3 reads (`.`, `..`, and the one that says there is more).
+    loop {
+        // SAFETY: the kernel writes at most buf.len() bytes into buf.
+        let n = check(unsafe {
+            libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buf.as_mut_ptr(), buf.len())
+        })? as usize;
+        if n == 0 {
+            return Ok((names, false));
+        }
+        let mut off = 0;
+        while off + NAME_AT <= n {
+            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+            if reclen < NAME_AT || off + reclen > n {
+                return Err(io::Error::other("getdents64 returned a malformed entry"));
+            }
+            let raw = &buf[off + NAME_AT..off + reclen];
+            let name = &raw[..raw.iter().position(|&b| b == 0).unwrap_or(raw.len())];
+            off += reclen;
+            if name == b"." || name == b".." {
+                continue;
+            }
+            if names.len() == limit {
+                return Ok((names, true));
+            }
+            names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
+        }
+    }
+}
+
 /// Make the entries of `dir` durable (a rename is durable only once its directory is synced).
 pub fn sync_dir(dir: &OwnedFd) -> io::Result<()> {
     let fd = openat(Some(dir.as_raw_fd()), std::path::Path::new("."), libc::O_RDONLY | libc::O_DIRECTORY)?;

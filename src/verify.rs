@@ -162,7 +162,11 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             .snapshot(Detail::Light)
             .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
         // The init says whether a loginuid marks a sandbox launch here; without its word, it does.
-        let lineage = crate::commands::published(&args.state.state_dir).is_none_or(|p| p.lineage);
+        let published = match &dir {
+            Some(d) => crate::commands::published_in(d).ok().flatten(),
+            None => crate::commands::published(&args.state.state_dir),
+        };
+        let lineage = published.is_none_or(|p| p.lineage);
         let tainted = Policy::new(uids, lineage).classify(&snap);
         let alive: Vec<String> = tainted
             .keys()

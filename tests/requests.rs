@@ -156,3 +156,369 @@ fn freeze_finds_the_init_when_a_shell_is_pid_1() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+// The state dir in a parent anyone may write in (a Kubernetes emptyDir is 0777): the sandbox
+// user renames the state dir away and puts its own directory or a link under the name. The
+// intake and the client must go on working with the directory the init opened, and touch
+// nothing at the path.
+
+fn mode(p: &Path, m: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// `args` run on the host as `uid` with no groups: the sandbox user's moves.
+fn as_agent(uid: u32, args: &[&str]) {
+    let u = uid.to_string();
+    let out =
+        output(Command::new("setpriv").args(["--reuid", &u, "--regid", &u, "--clear-groups"]).args(args));
+    assert!(out.status.success(), "{args:?} as {uid}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A container whose directory is a 0777 volume (as an emptyDir without the pod's chmod), its
+/// init published, a workload of `uid` running.
+fn emptydir_container(uid: u32, shell_pid1: bool) -> (Container, Workload) {
+    let u: &'static str = Box::leak(uid.to_string().into_boxed_str());
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", u],
+            prefix: vec!["sh", "-c", "chmod 0777 \"$D\" && exec \"$@\"", "sh"],
+            shell_pid1,
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("the init's sandbox.json", T, || c.state.join("sandbox.json").exists());
+    let w = c.launch(uid, &["sleepers", "2"]);
+    (c, w)
+}
+
+/// Files of root's under `dir/sub`, as a directory of root's the link may point at holds.
+fn root_files(dir: &Path, sub: &str, n: usize) {
+    let d = dir.join(sub);
+    std::fs::create_dir_all(&d).unwrap();
+    for i in 0..n {
+        let f = d.join(format!("{i:032x}.json"));
+        std::fs::write(&f, "{}").unwrap();
+        let t = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + i as u64);
+        std::fs::File::options().write(true).open(&f).unwrap().set_modified(t).unwrap();
+    }
+}
+
+fn count(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map(|r| r.count()).unwrap_or(0)
+}
+
+/// A pipe whose buffer is full: whoever gets its write end as stderr blocks at its first message
+/// until the read end is drained.
+fn full_pipe() -> (std::fs::File, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let (r, w) = unsafe { (std::fs::File::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
+    assert_eq!(unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) }, 0);
+    for chunk in [4096, 1] {
+        let buf = vec![b'.'; chunk];
+        // Bounded: a pipe holds at most 1 MiB unless raised by hand.
+        for _ in 0..(1 << 20) {
+            if unsafe { libc::write(fds[1], buf.as_ptr() as *const libc::c_void, chunk) } < 0 {
+                assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN));
+                break;
+            }
+        }
+    }
+    assert_eq!(unsafe { libc::fcntl(fds[1], libc::F_SETFL, 0) }, 0);
+    (r, w)
+}
+
+/// `pid` holds a descriptor of `dir` and sits in write(2) on its stderr.
+fn blocked_on_stderr_holding(pid: u32, dir: &Path) -> bool {
+    let holds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == dir));
+    let call = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+    holds && call.starts_with(&format!("{} 0x2 ", libc::SYS_write))
+}
+
+/// 1. The init clears what an earlier init left in requests/ and results/ through the state dir
+///    it opened: a link put in its place between the open and the clearing leads nowhere.
+#[test]
+fn stale_intake_is_cleared_in_the_opened_state_dir_not_at_the_path() {
+    let uid = 4761;
+    let u = uid.to_string();
+    let d = scratch("intake-stale");
+    let vol = d.join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    mode(&vol, 0o777);
+    let (state, moved, victim) = (vol.join("state"), vol.join("moved"), d.join("victim"));
+    for f in ["requests/old/deeper/f", "requests/0000", "results/0.json"] {
+        let p = state.join(f);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, "stale").unwrap();
+    }
+    mode(&state, 0o755);
+    root_files(&victim, "requests", 3);
+    root_files(&victim, "results", 3);
+    let (r, w) = full_pipe();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(quiesce())
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["--sandbox-user", &u, "--", "sleep", "1000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(w));
+    let init = guard(cmd);
+    let upid = init.0.id();
+    // Its first message is the warning about the 0777 parent, said once the state dir is open
+    // and before the stale intake is cleared: the full pipe holds the init right there.
+    wait_for("the init holding its state dir, blocked on stderr", T, || {
+        let kids = std::fs::read_to_string(format!("/proc/{upid}/task/{upid}/children")).unwrap_or_default();
+        kids.split_whitespace().filter_map(|k| k.parse().ok()).any(|k| blocked_on_stderr_holding(k, &state))
+    });
+    as_agent(uid, &["mv", s(&state), s(&moved)]);
+    as_agent(uid, &["ln", "-s", s(&victim), s(&state)]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = r;
+        let mut all = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut r, &mut all);
+        let _ = tx.send(all);
+    });
+    wait_for("sandbox.json in the moved state dir", T, || moved.join("sandbox.json").exists());
+    assert_eq!(count(&victim.join("requests")), 3, "the init cleared requests/ through the planted link");
+    assert_eq!(count(&victim.join("results")), 3, "the init cleared results/ through the planted link");
+    assert_eq!(count(&moved.join("requests")), 0, "the stale requests/ (nested) was not cleared");
+    assert_eq!(count(&moved.join("results")), 0, "the stale results/ was not cleared");
+    drop(init);
+    let err = rx.recv_timeout(T).expect("the init's stderr closes once its namespace ends");
+    let err = String::from_utf8_lossy(&err);
+    assert!(err.contains("rename the state dir"), "{}", err.trim_start_matches('.'));
+}
+
+/// 2. Requests are listed through the opened state dir: the sandbox user's directory at the path
+///    neither hides a client's request nor feeds the init names of its own.
+#[test]
+fn requests_are_listed_in_the_opened_state_dir_not_at_the_path() {
+    let uid = 4762;
+    let (mut c, _w) = emptydir_container(uid, false);
+    let (state, moved) = (c.state.clone(), c.path("moved"));
+    as_agent(uid, &["mv", s(&state), s(&moved)]);
+    let forged = "00000000000000010000000000000001";
+    as_agent(
+        uid,
+        &[
+            "sh",
+            "-c",
+            "mkdir -p \"$1/requests\" && printf '{\"nonce\":\"forged\",\"request_id\":\"%s\"}' \"$2\" > \"$1/requests/$2\"",
+            "sh",
+            s(&state),
+            forged,
+        ],
+    );
+    // A client that opened the state dir before the move writes its request there.
+    let id = "00000000000000020000000000000002";
+    let tmp = moved.join("requests").join(".tmp");
+    std::fs::write(&tmp, format!(r#"{{"nonce":"n-real","request_id":"{id}","pid":null}}"#)).unwrap();
+    std::fs::rename(&tmp, moved.join("requests").join(id)).unwrap();
+    c.signal(libc::SIGUSR1);
+    let status = moved.join("status.json");
+    wait_for("a finished freeze", T, || {
+        serde_json::from_str::<serde_json::Value>(&read(&status))
+            .is_ok_and(|v| v["state"] == "quiescent" || v["state"] == "failed")
+    });
+    let st: serde_json::Value = serde_json::from_str(&read(&status)).unwrap();
+    assert_eq!(st["nonce"], "n-real", "the request in the opened state dir was not taken: {st}");
+    // The result is written after the status.
+    let answer = moved.join("results").join(format!("{id}.json"));
+    wait_for("the request's result", T, || answer.exists());
+    let res: serde_json::Value = serde_json::from_str(&read(&answer)).unwrap_or_default();
+    assert_eq!((res["state"].as_str(), res["nonce"].as_str()), (Some("quiescent"), Some("n-real")), "{res}");
+    assert!(!moved.join("results").join(format!("{forged}.json")).exists(), "a forged name was answered");
+    assert_eq!(count(&state.join("requests")), 1, "the init touched the sandbox user's directory");
+    c.signal(libc::SIGTERM);
+    c.wait_code(T);
+}
+
+/// 3. Old results are pruned through the opened state dir: when a link to a directory of root's
+///    is put at the path while a `quiesce freeze` request is being taken, the answer's pruning
+///    deletes nothing there, and a client at the path now refuses instead of reporting success.
+#[test]
+fn results_are_pruned_in_the_opened_state_dir_not_at_the_path() {
+    let uid = 4763;
+    let (mut c, _w) = emptydir_container(uid, false);
+    let (state, moved, victim) = (c.state.clone(), c.path("moved"), c.path("victim"));
+    root_files(&victim, "results", 70);
+    root_files(&state, "results", 70);
+    let (st, mv, vi) = (state.clone(), moved.clone(), victim.clone());
+    let swap = move || {
+        as_agent(uid, &["mv", s(&st), s(&mv)]);
+        as_agent(uid, &["ln", "-s", s(&vi), s(&st)]);
+    };
+    let init = c.init;
+    let Some((stop, held)) = hold_first_open(&state.join("requests"), move |p| p == init, swap) else {
+        skip("results_are_pruned_in_the_opened_state_dir_not_at_the_path", "fanotify is not available here");
+        return;
+    };
+    let q = quiesce();
+    let client = |dir: &Path, nonce: &str| {
+        c.exec(&[
+            s(&q),
+            "freeze",
+            "--state-dir",
+            s(dir),
+            "--wait",
+            "--json",
+            "--timeout",
+            "20",
+            "--nonce",
+            nonce,
+        ])
+    };
+    // The init is held as it reads the request it took; the swap runs then.
+    let out = client(&state, "n-held");
+    let _ = stop.send(());
+    assert!(held.join().unwrap(), "the init read no request in the held directory");
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    // The init prunes right after it wrote the result the client saw.
+    wait_for("the prune after the answer", T, || {
+        count(&victim.join("results")) < 70 || count(&moved.join("results")) <= 64
+    });
+    assert_eq!(count(&victim.join("results")), 70, "the init pruned the directory the link points at");
+    assert_eq!(out.status.code(), Some(0), "{st} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(st["nonce"], "n-held");
+    assert_eq!(count(&moved.join("results")), 64, "the opened state dir's results were not pruned");
+    assert!(moved.join("results").join(format!("{}.json", st["request_id"].as_str().unwrap())).exists());
+    let out = client(&state, "n-path");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "the client used the linked state dir: {err}");
+    assert!(out.stdout.is_empty(), "the client printed a status: {err}");
+    assert!(err.contains(s(&state)) && err.contains("symlink") && err.lines().count() == 1, "{err}");
+    assert_eq!(count(&victim.join("results")), 70);
+    c.signal(libc::SIGTERM);
+    c.wait_code(T);
+}
+
+/// Every open of a file in `dir` waits for this test's word (fanotify permission events); the
+/// first one by a process `by` picks (host pids) runs `first` before it goes on.
+/// None: fanotify is not available here.
+fn hold_first_open(
+    dir: &Path,
+    by: impl Fn(i32) -> bool + Send + 'static,
+    first: impl FnOnce() + Send + 'static,
+) -> Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<bool>)> {
+    use std::os::fd::FromRawFd;
+    let fan = unsafe {
+        libc::fanotify_init(
+            libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC,
+            (libc::O_RDONLY | libc::O_CLOEXEC) as u32,
+        )
+    };
+    if fan < 0 {
+        return None;
+    }
+    let fan = unsafe { std::os::fd::OwnedFd::from_raw_fd(fan) };
+    let path = std::ffi::CString::new(s(dir)).unwrap();
+    let mask = libc::FAN_OPEN_PERM | libc::FAN_EVENT_ON_CHILD;
+    let r = unsafe {
+        use std::os::fd::AsRawFd;
+        libc::fanotify_mark(fan.as_raw_fd(), libc::FAN_MARK_ADD, mask, libc::AT_FDCWD, path.as_ptr())
+    };
+    assert_eq!(r, 0, "fanotify_mark {}: {}", dir.display(), std::io::Error::last_os_error());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let mut first = Some(first);
+        let until = std::time::Instant::now() + Duration::from_secs(120);
+        let mut buf = vec![0u8; 4096];
+        let size = std::mem::size_of::<libc::fanotify_event_metadata>();
+        while rx.try_recv().is_err() && std::time::Instant::now() < until {
+            let mut pfd = libc::pollfd { fd: fan.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+                continue;
+            }
+            let n = unsafe { libc::read(fan.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+            let mut off = 0;
+            while n > 0 && off + size <= n as usize {
+                let m: libc::fanotify_event_metadata =
+                    unsafe { std::ptr::read_unaligned(buf[off..].as_ptr() as *const _) };
+                if by(m.pid) {
+                    if let Some(f) = first.take() {
+                        f();
+                    }
+                }
+                let resp = libc::fanotify_response { fd: m.fd, response: libc::FAN_ALLOW };
+                unsafe {
+                    libc::write(
+                        fan.as_raw_fd(),
+                        &resp as *const _ as *const libc::c_void,
+                        std::mem::size_of::<libc::fanotify_response>(),
+                    );
+                    libc::close(m.fd);
+                }
+                off += (m.event_len as usize).max(size);
+            }
+        }
+        // Closing the group lets any open still held go on.
+        first.is_none()
+    });
+    Some((tx, h))
+}
+
+/// 4. `quiesce freeze` opens the state dir once and signals the init it names there: a swap
+///    after the client opened it neither sends the signal to PID 1 (a shell here, as a pod's
+///    pause process) nor loses the answer; and a client that meets the sandbox user's
+///    directory at the path refuses it, whatever it says about pids and results.
+#[test]
+fn the_client_keeps_to_the_state_dir_it_opened() {
+    let uid = 4764;
+    let (c, w) = emptydir_container(uid, true);
+    let (state, moved) = (c.state.clone(), c.path("moved"));
+    let (st, mv) = (state.clone(), moved.clone());
+    let pid = w.pid;
+    let swap = move || {
+        as_agent(uid, &["mv", s(&st), s(&mv)]);
+        // The sandbox user's own state dir: its own pid as the init, an answer for any request.
+        let script = "mkdir -p \"$1/requests\" \"$1/results\" && \
+                      printf '{\"uids\":[],\"lineage\":false,\"pid\":%s,\"start_time\":0}' \"$2\" > \"$1/sandbox.json\"";
+        as_agent(uid, &["sh", "-c", script, "sh", s(&st), &pid.to_string()]);
+    };
+    let init = c.init;
+    let Some((stop, held)) = hold_first_open(&state.join("requests"), move |p| p != init, swap) else {
+        skip("the_client_keeps_to_the_state_dir_it_opened", "fanotify is not available here");
+        return;
+    };
+    // The client is held while it writes its request, after it opened the state dir; the swap
+    // runs then.
+    let out =
+        c.exec(&[s(&quiesce()), "freeze", "--state-dir", s(&state), "--wait", "--json", "--timeout", "10"]);
+    let _ = stop.send(());
+    assert!(held.join().unwrap(), "the client wrote no request in the held directory");
+    assert!(moved.join("sandbox.json").exists() && state.join("sandbox.json").exists(), "no swap");
+    let res: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert_eq!(
+        (out.status.code(), res["state"].as_str()),
+        (Some(0), Some("quiescent")),
+        "{res} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answered = moved.join("results").join(format!("{}.json", res["request_id"].as_str().unwrap_or("-")));
+    assert!(answered.exists(), "the client's answer is not the init's");
+    // The sandbox user's directory at the path is refused, with the pid it names.
+    let out =
+        c.exec(&[s(&quiesce()), "freeze", "--state-dir", s(&state), "--wait", "--json", "--timeout", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(out.stdout.is_empty(), "a status from the sandbox user's directory was printed: {err}");
+    assert!(
+        err.contains(s(&state)) && err.contains(&format!("uid {uid}")) && err.lines().count() == 1,
+        "{err}"
+    );
+}

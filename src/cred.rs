@@ -48,9 +48,14 @@ fn result_of(errno: i32, uid: u32) -> io::Result<()> {
 
 impl Switcher {
     /// The helper process's pid, when there is one running.
+    /// The helper process's pid while it runs. Checked through its pidfd: once it has exited its
+    /// pid can be handed to another process, which must not pass for the init's own.
     pub fn helper_pid(&self) -> Option<Pid> {
         match self {
-            Switcher::Helper(Some(h)) => Some(h.pid),
+            Switcher::Helper(Some(h)) => {
+                let exited = sys::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
+                (!exited).then_some(h.pid)
+            }
             _ => None,
         }
     }

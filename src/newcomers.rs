@@ -127,23 +127,11 @@ mod tests {
     use super::*;
 
     fn proc(pid: Pid, ppid: Pid, start_time: u64) -> Proc {
-        Proc {
-            pid,
-            ppid,
-            pgid: pid,
-            sid: pid,
-            state: 'S',
-            start_time,
-            comm: String::new(),
-            cmdline: Vec::new(),
-            exe: None,
-            loginuid: None,
-            threads: Vec::new(),
-        }
+        Proc::fixture(pid, ppid, start_time, 0)
     }
 
     fn snap(ps: &[Proc]) -> Snapshot {
-        Snapshot { procs: ps.iter().map(|p| (p.pid, p.clone())).collect() }
+        Snapshot::of(ps)
     }
 
     #[test]
@@ -186,6 +174,7 @@ mod tests {
     fn a_zombie_is_no_newcomer() {
         let mut z = proc(20, 1, 130);
         z.state = 'Z';
+        z.threads.clear();
         let since = Since { ticks: 100, last_pid: None };
         assert!(orphaned(
             &snap(&[proc(1, 0, 1), z]),

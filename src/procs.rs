@@ -73,6 +73,34 @@ pub struct Snapshot {
     pub procs: BTreeMap<Pid, Proc>,
 }
 
+#[cfg(test)]
+impl Proc {
+    /// A process as unit tests build it: leads its own group and session, asleep, one thread
+    /// with `uid` for all four UIDs.
+    pub fn fixture(pid: Pid, ppid: Pid, start_time: u64, uid: u32) -> Proc {
+        Proc {
+            pid,
+            ppid,
+            pgid: pid,
+            sid: pid,
+            state: 'S',
+            start_time,
+            comm: "x".into(),
+            cmdline: Vec::new(),
+            exe: None,
+            loginuid: None,
+            threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4] }],
+        }
+    }
+}
+
+#[cfg(test)]
+impl Snapshot {
+    pub fn of(ps: &[Proc]) -> Snapshot {
+        Snapshot { procs: ps.iter().map(|p| (p.pid, p.clone())).collect() }
+    }
+}
+
 /// Processes from which a light observation is split between two threads.
 const SPLIT_MIN: usize = 64;
 

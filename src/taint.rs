@@ -139,23 +139,11 @@ mod tests {
     use crate::procs::Thread;
 
     fn p(pid: Pid, ppid: Pid, uid: u32) -> Proc {
-        Proc {
-            pid,
-            ppid,
-            pgid: pid,
-            sid: pid,
-            state: 'S',
-            start_time: pid as u64 * 10,
-            comm: "x".into(),
-            cmdline: vec![],
-            exe: None,
-            loginuid: None,
-            threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4] }],
-        }
+        Proc::fixture(pid, ppid, pid as u64 * 10, uid)
     }
 
     fn snap(ps: Vec<Proc>) -> Snapshot {
-        Snapshot { procs: ps.into_iter().map(|p| (p.pid, p)).collect() }
+        Snapshot::of(&ps)
     }
 
     #[test]

@@ -354,10 +354,9 @@ fn t09_injected_from_outside_mid_freeze() {
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["sleepers", "1500"]);
     // Injected from outside the tree, as `docker exec -u` does: its parent is outside the namespace.
-    let u = uid.to_string();
     let a = adv();
     let inject = || {
-        let cmd = c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a, "pause"]);
+        let cmd = c.exec_as_cmd(uid, &[&a, "pause"]);
         c.try_start_ready(cmd, "injected")
     };
     let first = inject().expect("the first injected process");

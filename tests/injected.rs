@@ -41,8 +41,7 @@ fn subcommands_work_under_the_path_the_engine_mounts_the_init_at() {
         let a = adv();
         let tagged = client(&c, &bin, &env, &["exec", "--user", &u, "--", &a, "sleepers", "3"]);
         let _w = c.start_ready(tagged, &format!("{name} exec"));
-        let plain =
-            c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a, "sleepers", "2"]);
+        let plain = c.exec_as_cmd(uid, &[&a, "sleepers", "2"]);
         let _p = c.start_ready(plain, &format!("{name}: setpriv as {uid}"));
 
         let ps = output(&mut client(&c, &bin, &env, &["ps", "--json"]));
@@ -79,10 +78,7 @@ fn subcommands_work_under_the_path_the_engine_mounts_the_init_at() {
 
         // The live probe still works through that path: a process started after the freeze fails
         // verify, and the verifier never runs.
-        let _late = c.start_ready(
-            c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a, "sleepers", "0"]),
-            &format!("{name}: late"),
-        );
+        let _late = c.start_ready(c.exec_as_cmd(uid, &[&a, "sleepers", "0"]), &format!("{name}: late"));
         let out =
             output(&mut client(&c, &bin, &env, &["verify", "--nonce", "inj-1", "--", "echo", "scored"]));
         assert_eq!(out.status.code(), Some(16), "{name}: {}", String::from_utf8_lossy(&out.stderr));
@@ -116,10 +112,7 @@ fn in_a_user_namespace_lineage_tags_with_the_mapped_sandbox_uid_and_a_freeze_pro
 
     let _tagged = c.launch(uid, &["sleepers", "3"]);
     let a = adv();
-    let _plain = c.start_ready(
-        c.exec_cmd(&["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a, "sleepers", "1"]),
-        "plain",
-    );
+    let _plain = c.start_ready(c.exec_as_cmd(uid, &[&a, "sleepers", "1"]), "plain");
     let q = quiesce();
     let st = c.state.to_str().unwrap().to_string();
     let ps = c.exec(&[q.to_str().unwrap(), "ps", "--json", "--state-dir", &st]);

@@ -111,19 +111,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
 
     let (s, moved) = (c.state.to_str().unwrap().to_string(), c.path("moved"));
-    let rename_as_agent = || {
-        c.exec(&[
-            "setpriv",
-            "--reuid",
-            &u,
-            "--regid",
-            &u,
-            "--clear-groups",
-            "mv",
-            &s,
-            moved.to_str().unwrap(),
-        ])
-    };
+    let rename_as_agent = || c.exec_as(uid, &["mv", &s, moved.to_str().unwrap()]);
     // After the initContainer's chmod 0755: refused.
     mode(&c.dir, 0o755);
     let out = rename_as_agent();
@@ -140,18 +128,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let roots = c.path("roots");
     std::fs::create_dir(&roots).unwrap();
     mode(&roots, 0o700);
-    let out = c.exec(&[
-        "setpriv",
-        "--reuid",
-        &u,
-        "--regid",
-        &u,
-        "--clear-groups",
-        "ln",
-        "-s",
-        roots.to_str().unwrap(),
-        &s,
-    ]);
+    let out = c.exec_as(uid, &["ln", "-s", roots.to_str().unwrap(), &s]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let before = std::fs::read(moved.join("status.json")).unwrap();
     c.signal(libc::SIGUSR1);

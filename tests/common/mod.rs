@@ -509,6 +509,18 @@ impl Container {
         output(&mut self.exec_cmd(args))
     }
 
+    /// Like `docker exec -u UID`: entered from outside, switched to `uid` (no lineage tag).
+    pub fn exec_as_cmd(&self, uid: u32, args: &[&str]) -> Command {
+        let u = uid.to_string();
+        let mut full = vec!["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups"];
+        full.extend_from_slice(args);
+        self.exec_cmd(&full)
+    }
+
+    pub fn exec_as(&self, uid: u32, args: &[&str]) -> Output {
+        output(&mut self.exec_as_cmd(uid, args))
+    }
+
     /// Like `docker exec`: join the namespace's PID and mount namespaces, fork, and have the
     /// outside parent wait for the inside child without mirroring its stops (nsenter mirrors
     /// them, which a freeze would turn into a stopped waiter that never reaps).

@@ -3,42 +3,30 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
 
-fn mode(p: &Path, m: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
-}
-
-/// A Secret volume: `key -> ..data/key`, `..data -> ..2026_11_30_x`, the volume root sticky and
-/// world-writable as Kubernetes makes it, the rest root's and 0755. Returns the key's link.
-fn secret_volume(d: &Path) -> PathBuf {
-    let vol = d.join("secret");
-    let real = vol.join("..2026_11_30_x");
-    std::fs::create_dir_all(&real).unwrap();
-    mode(d, 0o755);
-    mode(&vol, 0o1777);
-    mode(&real, 0o755);
-    let out = Command::new("openssl")
-        .args(["genpkey", "-algorithm", "ed25519", "-out"])
-        .arg(real.join("key"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    mode(&real.join("key"), 0o400);
-    symlink("..2026_11_30_x", vol.join("..data")).unwrap();
-    symlink("..data/key", vol.join("key")).unwrap();
+/// A Secret volume holding an Ed25519 key made by openssl; returns the key's link.
+fn key_secret(d: &Path) -> PathBuf {
+    let vol = secret_volume(d, &["key"], |real| {
+        let out = Command::new("openssl")
+            .args(["genpkey", "-algorithm", "ed25519", "-out"])
+            .arg(real.join("key"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    });
     vol.join("key")
 }
 
 #[test]
 fn a_signing_key_behind_secret_volume_links_loads_and_a_writable_directory_is_refused() {
     let d = scratch("secret");
-    let key = secret_volume(&d);
+    let key = key_secret(&d);
     let k = key.to_str().unwrap();
     let mut c = Container::start(&["--sandbox-user", "4251", "--signing-key", k], &["sleep", "1000000"]);
     let _w = c.launch(4251, &["sleepers", "2"]);
@@ -85,16 +73,16 @@ fn a_signing_key_behind_secret_volume_links_loads_and_a_writable_directory_is_re
         assert!(err.contains(&format!("{} on its path", dir.display())), "{what}: {err}");
         assert!(err.contains(fix), "{what}: {err}");
     };
-    mode(&real, 0o775);
+    chmod(&real, 0o775);
     refused("group-writable", &real, "chmod go-w");
-    mode(&real, 0o757);
+    chmod(&real, 0o757);
     refused("world-writable", &real, "chmod go-w");
-    mode(&real, 0o755);
+    chmod(&real, 0o755);
     std::os::unix::fs::chown(&real, Some(4251), None).unwrap();
     refused("owned by 4251", &real, "chown root");
     std::os::unix::fs::chown(&real, Some(0), None).unwrap();
     // Without the sticky bit the volume's root guards nothing.
-    mode(&d.join("secret"), 0o777);
+    chmod(&d.join("secret"), 0o777);
     refused("world-writable, not sticky", &d.join("secret"), "chmod go-w");
 }
 
@@ -135,9 +123,9 @@ fn state_dir_files_that_are_links_or_not_roots_are_refused_by_verify() {
         std::os::unix::fs::chown(&f, Some(4252), None).unwrap();
         refused(&c, &format!("{name} owned by 4252"), "owned by uid 4252");
         std::os::unix::fs::chown(&f, Some(0), None).unwrap();
-        mode(&f, 0o666);
+        chmod(&f, 0o666);
         refused(&c, &format!("{name} writable by others"), "chmod go-w");
-        mode(&f, 0o644);
+        chmod(&f, 0o644);
         passes(&c);
     }
     c.signal(libc::SIGTERM);

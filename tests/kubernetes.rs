@@ -3,13 +3,9 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn mode(p: &Path, m: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
-}
 
 /// The capabilities the init names when it has none, as `capabilities.add` spells them.
 fn needed_caps() -> Vec<String> {
@@ -56,23 +52,12 @@ fn pod_files_carry_what_the_init_needs() {
     );
 }
 
-/// A Secret volume holding a key pair from `quiesce keygen`, mode 0400 (defaultMode), reached
-/// through `..data` links; returns the volume.
-fn secret_volume(d: &Path) -> PathBuf {
-    let vol = d.join("secret");
-    let real = vol.join("..2026_11_30_x");
-    std::fs::create_dir_all(&real).unwrap();
-    mode(d, 0o755);
-    mode(&vol, 0o1777);
-    let out = output(Command::new(quiesce()).arg("keygen").arg("--out").arg(&real));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    mode(&real, 0o755);
-    for f in ["signing.key", "signing.pub"] {
-        mode(&real.join(f), 0o400);
-        symlink(format!("..data/{f}"), vol.join(f)).unwrap();
-    }
-    symlink("..2026_11_30_x", vol.join("..data")).unwrap();
-    vol
+/// A Secret volume holding a key pair from `quiesce keygen`; returns the volume.
+fn keygen_secret(d: &Path) -> PathBuf {
+    secret_volume(d, &["signing.key", "signing.pub"], |real| {
+        let out = output(Command::new(quiesce()).arg("keygen").arg("--out").arg(real));
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    })
 }
 
 /// As pod.yaml lays it out: the state dir one the init creates inside an emptyDir (0777, not
@@ -83,7 +68,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let uid = 4291;
     let u = uid.to_string();
     let keys = scratch("k8s-secret");
-    let vol = secret_volume(&keys);
+    let vol = keygen_secret(&keys);
     let key = vol.join("signing.key");
     let c = Container::start_with(
         Opts {
@@ -113,12 +98,12 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let (s, moved) = (c.state.to_str().unwrap().to_string(), c.path("moved"));
     let rename_as_agent = || c.exec_as(uid, &["mv", &s, moved.to_str().unwrap()]);
     // After the initContainer's chmod 0755: refused.
-    mode(&c.dir, 0o755);
+    chmod(&c.dir, 0o755);
     let out = rename_as_agent();
     assert_ne!(out.status.code(), Some(0), "the agent renamed the state dir out of a 0755 parent");
     assert!(c.state.exists());
     // Without it: the agent can.
-    mode(&c.dir, 0o777);
+    chmod(&c.dir, 0o777);
     let out = rename_as_agent();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!c.state.exists() && moved.exists());
@@ -127,7 +112,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     // directory, nothing in root's, and verify refuses what is at the path now.
     let roots = c.path("roots");
     std::fs::create_dir(&roots).unwrap();
-    mode(&roots, 0o700);
+    chmod(&roots, 0o700);
     let out = c.exec_as(uid, &["ln", "-s", roots.to_str().unwrap(), &s]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let before = std::fs::read(moved.join("status.json")).unwrap();
@@ -141,7 +126,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let out = c.verify(&["--public-key", pubkey.to_str().unwrap(), "--", "echo", "scored"]);
     assert_ne!(out.status.code(), Some(0), "verify accepted a linked state dir");
     assert!(out.stdout.is_empty(), "the verifier ran");
-    mode(&c.dir, 0o1777);
+    chmod(&c.dir, 0o1777);
 }
 
 /// The init says so when its state dir's parent lets others rename it (a 0777 emptyDir without
@@ -152,7 +137,7 @@ fn a_state_dir_parent_others_may_write_is_named_at_start() {
         let d = scratch("k8s-parent");
         let vol = d.join("vol");
         std::fs::create_dir(&vol).unwrap();
-        mode(&vol, m);
+        chmod(&vol, m);
         let out = output(
             Command::new("unshare")
                 .args(["--pid", "--fork", "--mount-proc", "--kill-child"])

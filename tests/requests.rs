@@ -162,11 +162,6 @@ fn freeze_finds_the_init_when_a_shell_is_pid_1() {
 // intake and the client must go on working with the directory the init opened, and touch
 // nothing at the path.
 
-fn mode(p: &Path, m: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
-}
-
 /// `args` run on the host as `uid` with no groups: the sandbox user's moves.
 fn as_agent(uid: u32, args: &[&str]) {
     let u = uid.to_string();
@@ -255,14 +250,14 @@ fn stale_intake_is_cleared_in_the_opened_state_dir_not_at_the_path() {
     let d = scratch("intake-stale");
     let vol = d.join("vol");
     std::fs::create_dir(&vol).unwrap();
-    mode(&vol, 0o777);
+    chmod(&vol, 0o777);
     let (state, moved, victim) = (vol.join("state"), vol.join("moved"), d.join("victim"));
     for f in ["requests/old/deeper/f", "requests/0000", "results/0.json"] {
         let p = state.join(f);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, "stale").unwrap();
     }
-    mode(&state, 0o755);
+    chmod(&state, 0o755);
     root_files(&victim, "requests", 3);
     root_files(&victim, "results", 3);
     let (r, w) = full_pipe();

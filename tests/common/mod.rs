@@ -877,3 +877,29 @@ impl Drop for Container {
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
+
+/// A Kubernetes Secret volume in `d`: `fill` writes `files` into the real directory
+/// `..2026_11_30_x`; each is made 0400 (defaultMode) and reached as `FILE -> ..data/FILE`,
+/// `..data -> ..2026_11_30_x`; the volume root is sticky and world-writable, as Kubernetes makes
+/// it, the rest root's and 0755. Returns the volume.
+pub fn secret_volume(d: &Path, files: &[&str], fill: impl FnOnce(&Path)) -> PathBuf {
+    use std::os::unix::fs::symlink;
+    let vol = d.join("secret");
+    let real = vol.join("..2026_11_30_x");
+    std::fs::create_dir_all(&real).unwrap();
+    chmod(d, 0o755);
+    chmod(&vol, 0o1777);
+    fill(&real);
+    chmod(&real, 0o755);
+    for f in files {
+        chmod(&real.join(f), 0o400);
+        symlink(format!("..data/{f}"), vol.join(f)).unwrap();
+    }
+    symlink("..2026_11_30_x", vol.join("..data")).unwrap();
+    vol
+}
+
+pub fn chmod(p: &Path, m: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}

@@ -104,6 +104,8 @@ fn there(pass: &mut Pass, pid: Pid, start: Option<u64>, goal: Goal) -> Option<bo
     match goal {
         Goal::Dead => Some(dead && stat.num_threads <= 1),
         Goal::Stopped if stat.num_threads <= 1 => Some(dead || matches!(stat.state, 'T' | 't')),
+        // Every thread stopped includes the leader: while it runs, its threads need no read.
+        Goal::Stopped if !dead && !matches!(stat.state, 'T' | 't') => Some(false),
         Goal::Stopped => match pass.task_states(pid) {
             Ok(Some(states)) => Some(states.iter().all(|c| matches!(c, 'T' | 't' | 'Z' | 'X' | 'x'))),
             Ok(None) => Some(true),

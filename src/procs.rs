@@ -805,6 +805,51 @@ mod tests {
     }
 
     #[test]
+    fn stat_state_after_a_hostile_comm() {
+        assert_eq!(stat_state(b"42 (a) b (c\nd) ) T 1 42 42 0").unwrap(), 'T');
+        assert_eq!(stat_state(b"42 (x) t 1").unwrap(), 't');
+        assert!(stat_state(b"42 (x S 1").is_err());
+        assert!(stat_state(b"42 (x)").is_err());
+        assert!(stat_state(b"42 (x)  S").is_err());
+    }
+
+    /// The leader decides only where it holds one of the UIDs: then the other threads are read
+    /// for their state alone, and all of them are there; otherwise every thread's credentials are
+    /// read, as without the UIDs.
+    #[test]
+    fn only_a_leader_holding_the_uid_leaves_its_threads_to_their_state() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let parked = std::thread::spawn(move || {
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let me = sys::getpid();
+        let euid = unsafe { libc::geteuid() };
+        let r = Reader::default();
+        let full = r.snapshot_after(Detail::Light, None).unwrap().procs.remove(&me).unwrap();
+        let other = if euid == 4242 { 4243 } else { 4242 };
+        let undecided =
+            r.snapshot_deciding(Detail::Light, None, &[other]).unwrap().procs.remove(&me).unwrap();
+        let decided = r.snapshot_deciding(Detail::Light, None, &[euid]).unwrap().procs.remove(&me).unwrap();
+        drop(tx);
+        parked.join().unwrap();
+        // Other tests' threads come and go meanwhile: only the leader and the parked thread are
+        // looked at by id.
+        assert!(full.threads.iter().any(|t| t.tid == tid), "{full:?}");
+        assert!(undecided.threads.iter().all(|t| t.creds), "{undecided:?}");
+        assert!(decided.threads.iter().all(|t| t.creds == (t.tid == me)), "{decided:?}");
+        let p = decided.threads.iter().find(|t| t.tid == tid).expect("the parked thread is listed");
+        assert!(matches!(p.state, 'S' | 'R'), "{p:?}");
+        assert!(decided.threads.iter().any(|t| t.tid == me));
+        let leader = full.threads.iter().find(|t| t.tid == me).unwrap();
+        assert_eq!(decided.all_uids().collect::<Vec<_>>(), leader.uids.to_vec());
+        assert_eq!(decided.uid(), full.uid());
+        assert!(decided.alive());
+    }
+
+    #[test]
     fn sees_itself_with_threads() {
         let s = Reader::default().snapshot(Detail::Full).unwrap();
         let me = &s.procs[&sys::getpid()];

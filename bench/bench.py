@@ -451,8 +451,8 @@ def shapes_table(res, runs):
     L += ["- kernel floor: one `kill(-1, SIGKILL)` from a thread switched to the UID, then polling /proc until "
           "none is alive (see below).",
           "- Phases: stop = `kill(-1, SIGSTOP)` as the UID, a wait on the stat lines of a sample of the signalled "
-          "processes, then one full observation (stat and status of every process, the status of every thread of a "
-          "multi-threaded one; two threads read it), repeated while some sandbox process still runs; walk = command "
+          "processes, then one full observation (stat and status of every process; of every other thread of a "
+          "multi-threaded one its stat, or its status where the leader holds no sandbox UID; two threads read it), repeated while some sandbox process still runs; walk = command "
           "line and executable of each on the evidence reader thread; kill = `kill(-1, SIGKILL)` and pidfds for what it "
           "may miss, a wait on a sample for the exits, reaping the init's zombie children; probe = the consistent "
           "observation after the last kill. The floor does none of the stop, the walk or the proof.", ""]

@@ -51,7 +51,7 @@ fn observe(
     detail: Detail,
     prev: Option<&Snapshot>,
 ) -> io::Result<(Snapshot, Tainted)> {
-    let snap = reader.snapshot_after(detail, prev)?;
+    let snap = reader.snapshot_deciding(detail, prev, &policy.uids)?;
     let tainted = policy.classify(&snap);
     policy.remember(&snap, &tainted);
     Ok((snap, tainted))
@@ -106,8 +106,9 @@ fn signal_each(
     let depth = depths(snap);
     targets.sort_by_key(|p| std::cmp::Reverse(depth.get(&p.pid).copied().unwrap_or(0)));
     let mut n = 0;
+    let mut pass = reader.pass()?;
     for p in targets {
-        if procs::signal(reader, p, sig)? {
+        if procs::signal_in(&mut pass, p, sig)? {
             n += 1;
         }
     }

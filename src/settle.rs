@@ -77,16 +77,34 @@ pub fn wait(reader: &Reader, targets: &[Target], goal: Goal, bound: Instant) -> 
     left
 }
 
-/// The pids whose /proc directory belongs to one of `uids`: the kernel gives a process's
-/// directory its effective UID (root when it is not dumpable). One fstatat per pid, without
-/// reading anything the process can make slow.
+/// Pids whose /proc directory belongs to one of `uids`, enough of them for a sample: the kernel
+/// gives a process's directory its effective UID (root when it is not dumpable). One fstatat per
+/// pid looked at, without reading anything the process can make slow. The listing is visited in
+/// strides, so that the first found are spread over it, the highest pid first, and the visit ends
+/// once `SAMPLE` more than a sample's worth are found: the rest would cost an fstatat each and
+/// never be waited on (the observation after the wait finds everything).
 pub fn owned_by(reader: &Reader, uids: &[u32]) -> Vec<Target> {
     let Ok(pass) = reader.pass() else { return Vec::new() };
-    let Ok(pids) = reader.pids() else { return Vec::new() };
-    pids.into_iter()
-        .filter(|&pid| pass.owner(pid).is_some_and(|u| uids.contains(&u)))
-        .map(|p| (p, None))
-        .collect()
+    let Ok(mut pids) = reader.pids() else { return Vec::new() };
+    pids.sort_unstable();
+    let stride = pids.len().div_ceil(SAMPLE).max(1);
+    let order = pids
+        .len()
+        .checked_sub(1)
+        .into_iter()
+        .chain((0..stride).flat_map(|o| (o..pids.len()).step_by(stride)));
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for i in order {
+        if out.len() > 2 * SAMPLE {
+            break;
+        }
+        let pid = pids[i];
+        if seen.insert(pid) && pass.owner(pid).is_some_and(|u| uids.contains(&u)) {
+            out.push((pid, None));
+        }
+    }
+    out
 }
 
 /// Has this process reached `goal`? None: it could not be read (the wait ends).
@@ -104,6 +122,8 @@ fn there(pass: &mut Pass, pid: Pid, start: Option<u64>, goal: Goal) -> Option<bo
     match goal {
         Goal::Dead => Some(dead && stat.num_threads <= 1),
         Goal::Stopped if stat.num_threads <= 1 => Some(dead || matches!(stat.state, 'T' | 't')),
+        // Every thread stopped includes the leader: while it runs, its threads need no read.
+        Goal::Stopped if !dead && !matches!(stat.state, 'T' | 't') => Some(false),
         Goal::Stopped => match pass.task_states(pid) {
             Ok(Some(states)) => Some(states.iter().all(|c| matches!(c, 'T' | 't' | 'Z' | 'X' | 'x'))),
             Ok(None) => Some(true),

@@ -149,7 +149,13 @@ mod tests {
     #[test]
     fn reasons() {
         let mut thread_uid = p(20, 0, 0);
-        thread_uid.threads.push(Thread { tid: 21, state: 'S', uids: [0, 4242, 0, 0], gids: [0; 4] });
+        thread_uid.threads.push(Thread {
+            tid: 21,
+            state: 'S',
+            uids: [0, 4242, 0, 0],
+            gids: [0; 4],
+            creds: true,
+        });
         let mut escapee = p(30, 1, 0);
         escapee.loginuid = Some(4242);
         let s = snap(vec![p(10, 0, 4242), p(11, 10, 0), p(12, 11, 0), p(13, 0, 0), thread_uid, escapee]);

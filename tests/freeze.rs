@@ -655,6 +655,24 @@ fn t22_leader_thread_exited() {
     assert_eq!(live.count(), 0, "a thread of the leader-exited process lives on");
 }
 
+/// Processes of several threads, all under the sandbox UID: the stop reads each other thread's
+/// state from its own stat line. Every thread must be seen stopped (none left `unstopped`), and
+/// the marker names every process with the UID its leader holds.
+#[test]
+fn t24_threads_of_sandbox_leaders_are_seen_stopped() {
+    let uid = 4325;
+    let c = sandbox(uid, &[]);
+    let _w = c.launch(uid, &["thread-procs", "6", "5"]);
+    wait_count(&c, uid, 6);
+    let st = freeze_clean(&c, uid);
+    assert_eq!(st["unstopped"], 0, "a thread was never seen stopped: {st}");
+    let claims = c.marker_claims();
+    let procs = claims["processes"].as_array().cloned().unwrap_or_default();
+    let mine: Vec<_> =
+        procs.iter().filter(|p| p["uids"].as_array().is_some_and(|u| u.contains(&uid.into()))).collect();
+    assert!(mine.len() >= 6, "{claims}");
+}
+
 #[test]
 fn second_freeze_works_like_the_first() {
     let uid = 4324;

@@ -20,6 +20,7 @@ mod procs;
 mod proctrust;
 #[cfg(test)]
 mod proptests;
+mod quickargs;
 mod requests;
 mod settle;
 mod spawn;
@@ -40,7 +41,11 @@ fn main() {
             let rest = std::iter::once(format!("quiesce {name}")).chain(args.iter().skip(2).cloned());
             subcommand(name, rest.collect())
         }
-        None => run_init(cli::InitArgs::parse()),
+        None => {
+            let env_options = quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
+            let quick = quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
+            run_init(quick.unwrap_or_else(cli::InitArgs::parse))
+        }
     };
     std::process::exit(code);
 }

@@ -58,6 +58,29 @@ fn exec_failures_are_127_and_126_with_one_line() {
     assert!(err.contains("permission denied"), "{err}");
 }
 
+/// A step before the exec that fails (here the privilege drop of an init without CAP_SETGID) is
+/// named whole in one line, and the status is 126: the child reports it through the memory it
+/// shares with the init until the exec.
+#[test]
+fn a_failed_privilege_drop_is_126_with_the_step_named() {
+    let q = quiesce();
+    let out = in_namespace(&[
+        "setpriv".as_ref(),
+        "--reuid=1000".as_ref(),
+        "--regid=1000".as_ref(),
+        "--clear-groups".as_ref(),
+        q.as_ref(),
+        "--run-as".as_ref(),
+        "4243".as_ref(),
+        "--".as_ref(),
+        "true".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(126));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot run 'true': setgroups failed"), "{err}");
+}
+
 #[test]
 fn a_child_exiting_127_is_not_an_exec_failure() {
     // catatonit#5: a command that itself exits 127 is reported as its status, silently.

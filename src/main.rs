@@ -189,10 +189,14 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
     let pub_pem = marker::public_pem(&key.verifying_key());
-    let write = |name: &str, data: &[u8]| {
-        state
-            .write_atomic(name, data, 0o644)
-            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))
+    // Synced once the command runs (init::run): no reader needs more than the rename.
+    let mut unsynced = Vec::new();
+    let mut write = |name: &str, data: &[u8]| {
+        let f = state
+            .write_atomic_deferred(name, data, 0o644)
+            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))?;
+        unsynced.push(f);
+        Ok::<(), String>(())
     };
     // A marker or status from before this init started proves nothing about this one.
     for stale in [state::MARKER, state::STATUS] {
@@ -213,6 +217,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
         state,
+        unsynced,
         intake,
         key,
         freeze_signal,

@@ -47,6 +47,8 @@ fn main() {
             run_init(quick.unwrap_or_else(cli::InitArgs::parse))
         }
     };
+    // Lines of the last moments (an exec failure's) may still be with the log writer thread.
+    logging::drain(Duration::from_millis(200));
     std::process::exit(code);
 }
 

@@ -91,13 +91,17 @@ impl Plan {
                 if d.tag {
                     write_loginuid(&self.tag_text);
                 }
-                if libc::setgroups(d.groups.len(), d.groups.as_ptr()) != 0 {
+                // Raw syscalls: the C library's wrappers change every thread of the process
+                // (they signal the others and wait), and this process shares its memory, thread
+                // list included, with the init until the exec; the kernel call changes this one.
+                let (uid, gid) = (d.user.uid as libc::c_long, d.user.gid as libc::c_long);
+                if libc::syscall(libc::SYS_setgroups, d.groups.len(), d.groups.as_ptr()) != 0 {
                     return (errno(), "setgroups");
                 }
-                if libc::setresgid(d.user.gid, d.user.gid, d.user.gid) != 0 {
+                if libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0 {
                     return (errno(), "setresgid");
                 }
-                if libc::setresuid(d.user.uid, d.user.uid, d.user.uid) != 0 {
+                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
                     return (errno(), "setresuid");
                 }
                 if !d.allow_setuid && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {

@@ -230,6 +230,23 @@ mod tests {
         ]
     }
 
+    /// The lines the properties below generate are often ones the quick reader accepts: a
+    /// comparison that only ever met refusals would prove nothing.
+    #[test]
+    fn generated_lines_are_often_accepted() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let lines = (prop::collection::vec(word(), 0..6), prop::collection::vec(word(), 1..4));
+        let mut accepted = 0;
+        for _ in 0..1000 {
+            let (mut line, cmd) = lines.new_tree(&mut runner).expect("a generated line").current();
+            line.push("--".into());
+            line.extend(cmd);
+            accepted += usize::from(parse(&line, false).is_some());
+        }
+        assert!(accepted >= 100, "only {accepted} of 1000 generated lines were accepted");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 

@@ -204,6 +204,18 @@ mod tests {
         assert!(parse(&owned(&["--", "true"]), true).is_none(), "a QUIESCE_* variable goes to clap");
     }
 
+    /// Every variable clap reads for the init is one `env_has_options` notices.
+    #[test]
+    fn every_option_variable_of_clap_sends_the_line_to_clap() {
+        use clap::CommandFactory;
+        let cmd = InitArgs::command();
+        let vars: Vec<_> = cmd.get_arguments().filter_map(|a| a.get_env()).collect();
+        assert!(vars.len() >= 10, "{vars:?}");
+        for v in vars {
+            assert!(env_has_options([v]), "{v:?}");
+        }
+    }
+
     #[test]
     fn option_variables_are_noticed_but_not_the_log_level() {
         assert!(!env_has_options(["PATH", "HOME", "QUIESCE_LOG", "QUIESCE"]));

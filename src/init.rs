@@ -17,6 +17,8 @@ pub struct Sandbox {
     /// The last tracking observation.
     pub seen: crate::procs::Snapshot,
     pub state: StateDir,
+    /// Start-time files not yet synced (see `StateDir::write_atomic_deferred`).
+    pub unsynced: Vec<std::fs::File>,
     pub intake: requests::Intake,
     pub key: SigningKey,
     pub freeze_signal: i32,
@@ -273,6 +275,9 @@ pub fn run(mut cfg: Config) -> i32 {
     // Children left to reap after a full batch: the next turn does not wait.
     let mut backlog = false;
     if let Some(sb) = cfg.sandbox.as_mut() {
+        if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
+            log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
+        }
         track(sb);
         next_track = sb.track_interval.map(|i| Instant::now() + i);
     }

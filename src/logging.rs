@@ -11,7 +11,7 @@ use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::fmt::Write as _;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Mutex;
 
@@ -28,7 +28,7 @@ enum Sink {
     Socket(RawFd),
     /// Where stderr cannot be re-opened (no /proc, or a file the init may not open again): a
     /// thread of its own writes, and may block; the init only hands it lines through a bounded
-    /// queue, never waiting.
+    /// queue, never waiting (only before exiting does it give the thread a bounded time to finish).
     Writer(SyncSender<Vec<u8>>),
     /// Nowhere: no stderr, or one the init cannot write to without risking a hang.
     Off,
@@ -125,6 +125,24 @@ fn private_sink() -> Result<Sink, String> {
 /// Lines the writer thread may hold before the init drops new ones.
 const QUEUE: usize = 64;
 
+/// Lines handed to the writer thread and not yet written (or given up on).
+static UNWRITTEN: AtomicUsize = AtomicUsize::new(0);
+/// The writer thread has stopped: nobody reads its output any more.
+static WRITER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Give the writer thread up to `budget` to write what it holds: the init calls this before it
+/// exits, which would otherwise end the thread with the last lines (an exec failure's) unwritten.
+/// Bounded, as the output may be stopped for good; without a writer thread it returns at once.
+pub fn drain(budget: std::time::Duration) {
+    let end = std::time::Instant::now() + budget;
+    while UNWRITTEN.load(Ordering::Acquire) > 0
+        && !WRITER_GONE.load(Ordering::Acquire)
+        && std::time::Instant::now() < end
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Start the writer thread for `fd`. It starts with every signal blocked, as all of the init's
 /// threads must: one that took a process-directed signal would keep it from the signalfd.
 fn writer(fd: RawFd) -> std::io::Result<Sink> {
@@ -141,11 +159,13 @@ fn writer(fd: RawFd) -> std::io::Result<Sink> {
                         Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
                             // Nobody reads again: stop, and take the SIGPIPE this thread raised.
                             crate::sys::take_pending(libc::SIGPIPE);
+                            WRITER_GONE.store(true, Ordering::Release);
                             return;
                         }
                         Err(_) => break,
                     }
                 }
+                UNWRITTEN.fetch_sub(1, Ordering::Release);
             }
         });
     crate::sys::set_signal_mask(&old)?;
@@ -168,14 +188,22 @@ impl Out {
             Sink::Shared => crate::sys::write(2, buf),
             Sink::Own(fd) => crate::sys::write(fd.as_raw_fd(), buf),
             Sink::Socket(fd) => crate::sys::send_nowait(*fd, buf),
-            Sink::Writer(tx) => match tx.try_send(buf.to_vec()) {
-                Ok(()) => Ok(buf.len()),
-                Err(TrySendError::Full(_)) => Err(std::io::Error::from_raw_os_error(libc::EAGAIN)),
-                Err(TrySendError::Disconnected(_)) => {
-                    self.sink = Sink::Off;
-                    return Wrote::Nothing;
+            Sink::Writer(tx) => {
+                // Counted before the writer can see it, so the count never goes below zero.
+                UNWRITTEN.fetch_add(1, Ordering::AcqRel);
+                match tx.try_send(buf.to_vec()) {
+                    Ok(()) => Ok(buf.len()),
+                    Err(TrySendError::Full(_)) => {
+                        UNWRITTEN.fetch_sub(1, Ordering::AcqRel);
+                        Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
+                    }
+                    Err(TrySendError::Disconnected(_)) => {
+                        UNWRITTEN.fetch_sub(1, Ordering::AcqRel);
+                        self.sink = Sink::Off;
+                        return Wrote::Nothing;
+                    }
                 }
-            },
+            }
         };
         match n {
             Ok(n) if n >= buf.len() => Wrote::All,

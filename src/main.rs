@@ -20,6 +20,7 @@ mod procs;
 mod proctrust;
 #[cfg(test)]
 mod proptests;
+mod quickargs;
 mod removal;
 mod requests;
 mod settle;
@@ -41,8 +42,14 @@ fn main() {
             let rest = std::iter::once(format!("quiesce {name}")).chain(args.iter().skip(2).cloned());
             subcommand(name, rest.collect())
         }
-        None => run_init(cli::InitArgs::parse()),
+        None => {
+            let env_options = quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
+            let quick = quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
+            run_init(quick.unwrap_or_else(cli::InitArgs::parse))
+        }
     };
+    // Lines of the last moments (an exec failure's) may still be with the log writer thread.
+    logging::drain(Duration::from_millis(200));
     std::process::exit(code);
 }
 
@@ -185,10 +192,14 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
     let pub_pem = marker::public_pem(&key.verifying_key());
-    let write = |name: &str, data: &[u8]| {
-        state
-            .write_atomic(name, data, 0o644)
-            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))
+    // Synced once the command runs (init::run): no reader needs more than the rename.
+    let mut unsynced = Vec::new();
+    let mut write = |name: &str, data: &[u8]| {
+        let f = state
+            .write_atomic_deferred(name, data, 0o644)
+            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))?;
+        unsynced.push(f);
+        Ok::<(), String>(())
     };
     // A marker or status from before this init started proves nothing about this one.
     for stale in [state::MARKER, state::STATUS] {
@@ -209,6 +220,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
         state,
+        unsynced,
         intake,
         key,
         freeze_signal,

@@ -4,8 +4,7 @@
 use crate::sys::{self, Pid};
 use crate::users::User;
 use std::ffi::CString;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -92,13 +91,17 @@ impl Plan {
                 if d.tag {
                     write_loginuid(&self.tag_text);
                 }
-                if libc::setgroups(d.groups.len(), d.groups.as_ptr()) != 0 {
+                // Raw syscalls: the C library's wrappers change every thread of the process
+                // (they signal the others and wait), and this process shares its memory, thread
+                // list included, with the init until the exec; the kernel call changes this one.
+                let (uid, gid) = (d.user.uid as libc::c_long, d.user.gid as libc::c_long);
+                if libc::syscall(libc::SYS_setgroups, d.groups.len(), d.groups.as_ptr()) != 0 {
                     return (errno(), "setgroups");
                 }
-                if libc::setresgid(d.user.gid, d.user.gid, d.user.gid) != 0 {
+                if libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0 {
                     return (errno(), "setresgid");
                 }
-                if libc::setresuid(d.user.uid, d.user.uid, d.user.uid) != 0 {
+                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
                     return (errno(), "setresuid");
                 }
                 if !d.allow_setuid && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -156,54 +159,27 @@ impl Plan {
         }
     }
 
-    /// Fork and exec. Returns the child's pid once the exec has happened or failed; a failure
-    /// is printed here and the child exits 127 or 126 so its status tells the same story.
+    /// Start the command. Returns the child's pid once the exec has happened or failed; a
+    /// failure is printed here and the child exits 127 or 126 so its status tells the same story.
+    /// The child shares the init's memory until it execs (`sys::spawn_shared`): what it prepares
+    /// is all syscalls on this plan, made before the call, and a failure it meets is handed back
+    /// in `failed`.
     pub fn spawn(&self) -> io::Result<Pid> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills two descriptors that we then own.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel gave us these descriptors.
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: the init is single-threaded when it forks; the child only makes syscalls
-        // on data prepared before the fork.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if pid == 0 {
-            drop(rd);
+        let mut failed: Option<(i32, &'static str)> = None;
+        let pid = sys::spawn_shared(&mut || {
             let (err, step) = self.prepare_and_exec();
-            let code: u8 = match (step, err) {
+            failed = Some((err, step));
+            match (step, err) {
                 ("exec", libc::ENOENT | libc::ENOTDIR) => 127,
                 _ => 126,
-            };
-            let mut msg = [0u8; 9];
-            msg[..4].copy_from_slice(&err.to_ne_bytes());
-            msg[4] = code;
-            let tag = step.as_bytes();
-            msg[5..5 + tag.len().min(4)].copy_from_slice(&tag[..tag.len().min(4)]);
-            // SAFETY: a write of a local buffer to our pipe end.
-            unsafe { libc::write(wr.as_raw_fd(), msg.as_ptr() as *const libc::c_void, msg.len()) };
-            sys::exit_now(code as i32);
-        }
-        drop(wr);
+            }
+        })?;
         if self.own_pgroup {
             // Both sides set the group, so a signal forwarded right away already finds it.
             // SAFETY: setpgid on our own child; EACCES after its exec is harmless.
             unsafe { libc::setpgid(pid, pid) };
         }
-        let mut buf = Vec::new();
-        let mut f = std::fs::File::from(rd);
-        // EOF without data: the exec succeeded (the pipe closed on exec).
-        if let Err(e) = f.read_to_end(&mut buf) {
-            // The child's exit status still tells 126/127; only the message is lost.
-            log::warn!("cannot read the exec status of '{}': {e}", self.name);
-        }
-        if buf.len() >= 9 {
-            let err = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
-            let step = String::from_utf8_lossy(&buf[5..9]).trim_end_matches('\0').to_string();
+        if let Some((err, step)) = failed {
             // The child may already have run something that stopped the output: never block.
             if step == "exec" {
                 crate::logging::line(format_args!("{}", self.failure(err).1));
@@ -248,14 +224,10 @@ fn write_loginuid(text: &str) -> bool {
 /// under a remapping (rootless Podman) a UID without a mapping there is refused while a sandbox
 /// UID, which must be mapped to run at all, is taken.
 pub fn lineage_available(uid: u32) -> bool {
-    // SAFETY: the child only makes syscalls and exits.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return false;
+    // Made here: the child shares this process's memory and must not allocate.
+    let text = uid.to_string();
+    match sys::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
+        Ok(pid) => matches!(sys::wait_child(pid), Ok(0)),
+        Err(_) => false,
     }
-    if pid == 0 {
-        let ok = tag_lineage(uid);
-        sys::exit_now(if ok { 0 } else { 1 });
-    }
-    matches!(sys::wait_child(pid), Ok(0))
 }

@@ -194,6 +194,27 @@ impl StateDir {
     /// directory above may be one the sandbox user can write in (a Kubernetes emptyDir is 0777),
     /// and a path can be made to lead elsewhere after the check; the descriptor cannot.
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
+        self.write_file(name, data, mode, true)?;
+        crate::sys::sync_dir(&self.fd)
+    }
+
+    /// Like `write_atomic`, but durable only once `make_durable` has synced the file returned:
+    /// for the files the init writes at start, whose fsyncs (milliseconds on a disk) need not
+    /// delay the command. Readers see the file whole either way (the rename is atomic); what
+    /// waits is only its survival of a crash of the machine, which the init does not survive.
+    pub fn write_atomic_deferred(&self, name: &str, data: &[u8], mode: u32) -> io::Result<fs::File> {
+        self.write_file(name, data, mode, false)
+    }
+
+    /// Sync files written by `write_atomic_deferred`, then this directory's entries.
+    pub fn make_durable(&self, files: Vec<fs::File>) -> io::Result<()> {
+        for f in files {
+            f.sync_all()?;
+        }
+        crate::sys::sync_dir(&self.fd)
+    }
+
+    fn write_file(&self, name: &str, data: &[u8], mode: u32, sync: bool) -> io::Result<fs::File> {
         let mut rnd = [0u8; 8];
         crate::sys::getrandom(&mut rnd)?;
         let tmp = format!(".{name}.{}", hex(&rnd));
@@ -201,14 +222,15 @@ impl StateDir {
         let res = (|| {
             f.write_all(data)?;
             f.set_permissions(fs::Permissions::from_mode(mode))?;
-            f.sync_all()?;
+            if sync {
+                f.sync_all()?;
+            }
             crate::sys::rename_at(&self.fd, &tmp, name)
         })();
         if res.is_err() {
             let _ = crate::sys::unlink_at(&self.fd, &tmp);
         }
-        res?;
-        crate::sys::sync_dir(&self.fd)
+        res.map(|()| f)
     }
 
     /// Take `from` away under the name `to` (both in this directory).

@@ -444,6 +444,42 @@ pub fn is_procfs(path: &str) -> io::Result<bool> {
 }
 
 /// Exit now without running destructors (used in a forked child).
+/// Stack for a `spawn_shared` child: its steps are a few syscalls on prepared data.
+const SHARED_CHILD_STACK: usize = 32 * 1024;
+
+/// Start a child that shares this process's memory until it execs or exits, and wait for that
+/// (clone with CLONE_VM|CLONE_VFORK, as posix_spawn does): unlike fork, nothing is copied, so the
+/// start costs no page-table copy and no copy-on-write faults afterwards. The calling thread is
+/// suspended meanwhile; other threads run on. `child` runs in the new process on a stack of its
+/// own and must keep to syscalls on data prepared before the call: no allocation, no locks (the
+/// heap and every lock are the parent's, possibly held by another thread). What it writes to
+/// captured variables is visible here once this returns. Its return value is its exit status.
+/// Call it from the main thread: the child's stack is a buffer in this frame.
+pub fn spawn_shared<F: FnMut() -> i32>(child: &mut F) -> io::Result<Pid> {
+    extern "C" fn trampoline<F: FnMut() -> i32>(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `&mut F` passed to clone below, alive until clone returns, and
+        // this process is the only one running it meanwhile (the parent thread is suspended).
+        let child = unsafe { &mut *(arg as *mut F) };
+        exit_now(child())
+    }
+    // No allocation and no zeroing: the child writes what it uses.
+    let mut stack = std::mem::MaybeUninit::<[u8; SHARED_CHILD_STACK]>::uninit();
+    // SAFETY: the buffer is this frame's and unused by the suspended parent; it outlives the
+    // child's use of it (the parent resumes only once the child has exec'd or exited). The top
+    // is aligned down to 16 bytes for the ABI.
+    let pid = unsafe {
+        let top = (stack.as_mut_ptr() as *mut u8).add(SHARED_CHILD_STACK);
+        let top = top.sub(top as usize % 16);
+        libc::clone(
+            trampoline::<F>,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            child as *mut F as *mut libc::c_void,
+        )
+    };
+    check(pid as _).map(|p| p as Pid)
+}
+
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns.
     unsafe { libc::_exit(code) }

@@ -27,7 +27,7 @@ pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
         if uid == u32::MAX {
             return Err(format!("user '{shown}' is not a valid UID: use a number below 4294967295"));
         }
-        return Ok(parse_passwd(passwd).into_iter().find(|u| u.uid == uid).unwrap_or(User {
+        return Ok(entries(passwd).find(|u| u.uid == uid).map(Entry::user).unwrap_or(User {
             name: spec.to_string(),
             uid,
             gid: uid,
@@ -37,9 +37,9 @@ pub fn resolve(spec: &str, passwd: &str) -> Result<User, String> {
     if !spec.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-$".contains(&b)) {
         return Err(format!("user '{shown}' is malformed: give a user name or a numeric UID"));
     }
-    parse_passwd(passwd)
-        .into_iter()
+    entries(passwd)
         .find(|u| u.name == spec)
+        .map(Entry::user)
         .ok_or_else(|| format!("user '{shown}' is not in /etc/passwd: add it or give a numeric UID"))
 }
 
@@ -63,22 +63,36 @@ pub fn read_group() -> String {
     fs::read_to_string("/etc/group").unwrap_or_default()
 }
 
+/// Every well-formed entry (the property tests compare it with what they wrote).
+#[cfg(test)]
 pub(crate) fn parse_passwd(text: &str) -> Vec<User> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            if f.len() < 7 {
-                return None;
-            }
-            Some(User {
-                name: f[0].to_string(),
-                uid: f[2].parse().ok()?,
-                gid: f[3].parse().ok()?,
-                home: f[5].to_string(),
-            })
-        })
-        .collect()
+    entries(text).map(Entry::user).collect()
+}
+
+/// One passwd line, borrowed: a lookup allocates only for the entry it returns.
+struct Entry<'a> {
+    name: &'a str,
+    uid: u32,
+    gid: u32,
+    home: &'a str,
+}
+
+impl Entry<'_> {
+    fn user(self) -> User {
+        User { name: self.name.to_string(), uid: self.uid, gid: self.gid, home: self.home.to_string() }
+    }
+}
+
+/// The well-formed entries of `text`: seven or more fields with numeric UID and GID.
+fn entries(text: &str) -> impl Iterator<Item = Entry<'_>> {
+    text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        let (uid, gid) = (f.nth(1)?, f.next()?);
+        let home = f.nth(1)?;
+        f.next()?;
+        Some(Entry { name, uid: uid.parse().ok()?, gid: gid.parse().ok()?, home })
+    })
 }
 
 /// Supplementary groups of `user`: every group that lists the name, plus the primary group.

@@ -58,6 +58,61 @@ fn exec_failures_are_127_and_126_with_one_line() {
     assert!(err.contains("permission denied"), "{err}");
 }
 
+/// A step before the exec that fails (here the privilege drop of an init without CAP_SETGID) is
+/// named whole in one line, and the status is 126: the child reports it through the memory it
+/// shares with the init until the exec.
+#[test]
+fn a_failed_privilege_drop_is_126_with_the_step_named() {
+    let q = quiesce();
+    let out = in_namespace(&[
+        "setpriv".as_ref(),
+        "--reuid=1000".as_ref(),
+        "--regid=1000".as_ref(),
+        "--clear-groups".as_ref(),
+        q.as_ref(),
+        "--run-as".as_ref(),
+        "4243".as_ref(),
+        "--".as_ref(),
+        "true".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(126));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot run 'true': setgroups failed"), "{err}");
+}
+
+/// The command's child shares the init's memory until its exec, the C library's thread list
+/// included: its drop to the sandbox user must change that child alone, never the init's threads
+/// (which a sandbox user runs beside).
+#[test]
+fn the_privilege_drop_leaves_every_thread_of_the_init_root() {
+    let q = quiesce();
+    let d = scratch("drop-threads");
+    let state = d.join("state");
+    let script = "for t in /proc/1/task/*; do grep -H '^Uid:' $t/status; done; id -u";
+    let out = in_namespace(&[
+        q.as_ref(),
+        "--sandbox-user".as_ref(),
+        "4242".as_ref(),
+        "--run-as".as_ref(),
+        "4242".as_ref(),
+        "--state-dir".as_ref(),
+        state.as_ref(),
+        "--".as_ref(),
+        "sh".as_ref(),
+        "-c".as_ref(),
+        script.as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    let uids: Vec<&str> = text.lines().filter(|l| l.contains("Uid:")).collect();
+    assert!(uids.len() >= 2, "the init runs threads with a sandbox user: {text}");
+    for l in &uids {
+        assert!(l.ends_with("Uid:\t0\t0\t0\t0"), "{l}");
+    }
+    assert_eq!(text.lines().last(), Some("4242"), "{text}");
+}
+
 #[test]
 fn a_child_exiting_127_is_not_an_exec_failure() {
     // catatonit#5: a command that itself exits 127 is reported as its status, silently.

@@ -245,6 +245,12 @@ fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
 }
 
 pub fn freeze(args: FreezeArgs) -> i32 {
+    // The client is root and alive for exactly the length of every freeze: a root escapee must
+    // not be able to ptrace it into forking a process the freeze cannot tell from the client's.
+    if let Err(e) = sys::set_not_dumpable() {
+        eprintln!("quiesce freeze: cannot mark this process non-dumpable: {e}");
+        return 2;
+    }
     let sig = match crate::cli::freeze_signal(&args.freeze_signal) {
         Ok(s) => s,
         Err(e) => {

@@ -149,10 +149,21 @@ impl StateDir {
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent).map_err(|e| create_error(path, &e))?;
             }
-            match fs::create_dir(path) {
+            // Made with its mode, through the parent's descriptor, never chmodded by path: in a
+            // parent anyone may write in, the new directory can be swapped for a link between a
+            // mkdir and a chmod, which would follow it. What is at the path is checked at open.
+            let (parent, name) = match (path.parent(), path.file_name()) {
+                (Some(p), Some(n)) => (if p.as_os_str().is_empty() { Path::new(".") } else { p }, n),
+                _ => return Err(format!("state dir {}: not a directory path", path.display())),
+            };
+            let dir = crate::sys::open_dir(parent).map_err(|e| create_error(path, &e))?;
+            match crate::sys::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
                 Ok(()) => {
-                    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+                    // The umask may have taken bits away; set them on what was opened and checked.
+                    let made = StateDir::open(path)?;
+                    crate::sys::fchmod(&made.fd, 0o755)
                         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+                    return Ok(made);
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(create_error(path, &e)),

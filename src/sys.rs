@@ -714,6 +714,19 @@ pub fn mkdir_at(dir: &OwnedFd, name: &str, mode: u32) -> io::Result<()> {
     check(unsafe { libc::fchmodat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t, 0) } as _).map(drop)
 }
 
+/// Make the directory `name` in `dir`, `mode` less the umask, and nothing else: where others
+/// may write in `dir`, a chmod by name could follow a link put there since.
+pub fn mkdir_only_at(dir: &OwnedFd, name: &str, mode: u32) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: a valid descriptor and C string.
+    check(unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) } as _).map(drop)
+}
+
+pub fn fchmod(fd: &OwnedFd, mode: u32) -> io::Result<()> {
+    // SAFETY: a valid descriptor.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) } as _).map(drop)
+}
+
 /// Remove the empty directory `name` from `dir`.
 pub fn rmdir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;

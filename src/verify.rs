@@ -186,6 +186,12 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
 }
 
 pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
+    // A root process of the container that a root escapee could ptrace into forking for it; the
+    // exec of the verifier makes it dumpable again as the kernel decides.
+    if let Err(e) = crate::sys::set_not_dumpable() {
+        eprintln!("quiesce verify: cannot mark this process non-dumpable: {e}");
+        return 2;
+    }
     let result = check(&args, &expected_uids);
     let report = match &result {
         Ok(c) => Report {

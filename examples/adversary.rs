@@ -464,6 +464,19 @@ fn main() {
                 }
             }
         }
+        // Attach to PID as a tracer and let go: exit 0 when the kernel allowed it, 3 otherwise.
+        "seize" => {
+            let pid = arg(2, 0) as i32;
+            if pid <= 0 {
+                fail("seize needs a pid");
+            }
+            if unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) } != 0 {
+                eprintln!("adversary: PTRACE_SEIZE {pid}: {}", std::io::Error::last_os_error());
+                std::process::exit(3);
+            }
+            unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
+            std::process::exit(0);
+        }
         // A tracer attached to its own child, continuing it forever.
         "ptrace" => {
             let c = fork_checked();

@@ -531,3 +531,61 @@ fn p13_a_launcher_that_forks_during_the_freeze() {
         }
     }
 }
+
+/// A root escapee can ptrace a root process of the container into forking for it
+/// (docs/threat-model.md, "A sandbox process that is root"). The freeze client, root and alive
+/// for the whole freeze, must not be such a process: it makes itself non-dumpable. Root without
+/// CAP_SYS_PTRACE, as under Docker's default capabilities, may trace the container's own root
+/// command (the control) but not the client.
+#[test]
+fn p14_the_freeze_client_cannot_be_traced() {
+    let uid = 4614;
+    let u = uid.to_string();
+    let no_ptrace = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"];
+    let c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], prefix: no_ptrace.to_vec(), ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    // The init, stopped from outside, cannot answer: the client waits, as during a long freeze.
+    c.signal(libc::SIGSTOP);
+    let q = quiesce();
+    let st = c.state.to_str().unwrap().to_string();
+    let client =
+        [&no_ptrace[..], &[q.to_str().unwrap(), "freeze", "--state-dir", &st, "--wait", "--timeout", "20"]]
+            .concat();
+    let mut cmd = c.exec_cmd(&client);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let _client = guard(cmd);
+    let find = |name: &str, arg: &str| {
+        c.processes().into_iter().find(|p| {
+            p.0 != 1
+                && p.3 == name
+                && c.proc_read(p.0, "cmdline").is_some_and(|l| l.split('\0').any(|a| a == arg))
+        })
+    };
+    wait_for("the freeze client", Duration::from_secs(10), || find("quiesce", "freeze").is_some());
+    let client_pid = find("quiesce", "freeze").unwrap().0;
+    let command_pid = find("sleep", "1000000").expect("the init's command").0;
+    let a = adv();
+    let seize = |pid: i32| c.exec(&[&no_ptrace[..], &[a.as_str(), "seize", &pid.to_string()]].concat());
+    let control = seize(command_pid);
+    let out = seize(client_pid);
+    c.signal(libc::SIGCONT);
+    if !control.status.success() {
+        skip(
+            "p14_the_freeze_client_cannot_be_traced",
+            &format!(
+                "root cannot trace the container's own root command here ({}): the client's refusal is not what stops it",
+                String::from_utf8_lossy(&control.stderr).trim()
+            ),
+        );
+        return;
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the freeze client was traced: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -35,7 +35,18 @@ use clap::Parser;
 use std::time::Duration;
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    // Arguments that are not UTF-8 are refused in one line before anything starts (reading them
+    // as strings would abort PID 1).
+    let args: Vec<String> =
+        match std::env::args_os().enumerate().map(|(i, a)| a.into_string().map_err(|a| (i, a))).collect() {
+            Ok(a) => a,
+            Err((i, a)) => {
+                eprintln!(
+                    "quiesce: argument {i} ({a:?}) is not valid UTF-8: quiesce takes UTF-8 arguments only"
+                );
+                std::process::exit(2);
+            }
+        };
     let sub = args.get(1).map(String::as_str).filter(|a| cli::SUBCOMMANDS.contains(a));
     let code = match sub {
         Some(name) => {
@@ -96,6 +107,12 @@ fn run_init(a: cli::InitArgs) -> i32 {
     // The private key must never land in a core dump; ptrace by a same-UID process is also refused.
     if let Err(e) = sys::set_not_dumpable() {
         return fatal(format!("cannot mark the init non-dumpable: {e}"));
+    }
+    if sys::suid_dumpable() == Some(1) {
+        // Every credential switch resets the flag to this value until the init sets it back.
+        log::warn!(
+            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace              the init and read its signing key; set it to 0 or 2 on the host"
+        );
     }
     if sys::getpid() != 1 || a.subreaper {
         if let Err(e) = sys::set_child_subreaper() {

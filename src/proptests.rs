@@ -189,7 +189,8 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 
 /// A passwd entry the parser must read back: fields without ':' or newlines.
 fn passwd_user() -> impl Strategy<Value = users::User> {
-    ("[a-z_][a-z0-9_.-]{0,31}", any::<u32>(), any::<u32>(), "/[a-zA-Z0-9/ ._-]{0,40}")
+    // 4294967295 is refused as an ID (it means "unchanged" to the kernel): never written.
+    ("[a-z_][a-z0-9_.-]{0,31}", 0..u32::MAX, 0..u32::MAX, "/[a-zA-Z0-9/ ._-]{0,40}")
         .prop_map(|(name, uid, gid, home)| users::User { name, uid, gid, home })
 }
 

@@ -19,16 +19,16 @@ pub struct Drop {
     pub tag: bool,
 }
 
-/// Everything prepared before fork, so that the child only makes syscalls.
+/// Everything prepared before the child starts, so that it only makes syscalls.
 pub struct Plan {
     name: String,
     candidates: Vec<CString>,
     /// Owns the strings that `argv_ptrs` points into.
     #[allow(dead_code)]
     argv: Vec<CString>,
-    /// NULL-terminated pointers into `argv`, made before fork: the child must not allocate.
+    /// NULL-terminated pointers into `argv`, made beforehand: the child must not allocate.
     argv_ptrs: Vec<*const libc::c_char>,
-    /// The lineage tag's text, made before fork for the same reason.
+    /// The lineage tag's text, made beforehand for the same reason.
     tag_text: String,
     drop: Option<Drop>,
     own_pgroup: bool,
@@ -104,6 +104,11 @@ impl Plan {
                 if libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0 {
                     return (errno(), "setresuid");
                 }
+                // A credential change resets the dumpable flag of the memory, and this memory is
+                // the init's (its signing key included) until the exec: non-dumpable again at once.
+                if libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 {
+                    return (errno(), "dumpable");
+                }
                 if !d.allow_setuid && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return (errno(), "no_new_privs");
                 }
@@ -174,6 +179,13 @@ impl Plan {
                 _ => 126,
             }
         })?;
+        if self.drop.is_some() {
+            // The child's credential changes reset the shared memory's dumpable flag; a drop that
+            // failed half-way left it as the host's fs.suid_dumpable says.
+            if let Err(e) = sys::set_not_dumpable() {
+                log::error!("cannot mark the init non-dumpable again after starting '{}': {e}", self.name);
+            }
+        }
         if self.own_pgroup {
             // Both sides set the group, so a signal forwarded right away already finds it.
             // SAFETY: setpgid on our own child; EACCES after its exec is harmless.

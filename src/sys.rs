@@ -315,6 +315,12 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     if thread_setresuid(uid, uid, 0).is_err() {
         return errno_now();
     }
+    // Each switch resets the dumpable flag of the whole process's memory (the signing key's) to
+    // the host's fs.suid_dumpable: set it back at once, while this thread holds the sandbox UID.
+    if let Err(e) = set_not_dumpable() {
+        let _ = thread_setresuid(0, 0, 0);
+        return e.raw_os_error().unwrap_or(libc::EPERM);
+    }
     let mut sent_err = 0;
     for _ in 0..sweeps.max(1) {
         // SAFETY: plain syscall.
@@ -325,6 +331,9 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     }
     if thread_setresuid(0, 0, 0).is_err() {
         return errno_now();
+    }
+    if let Err(e) = set_not_dumpable() {
+        return e.raw_os_error().unwrap_or(libc::EPERM);
     }
     match thread_getresuid() {
         Ok((0, 0, 0)) => {}
@@ -411,6 +420,11 @@ pub fn set_child_subreaper() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } as _).map(|_| ())
 }
 
+/// The host's fs.suid_dumpable (None: unreadable).
+pub fn suid_dumpable() -> Option<u8> {
+    std::fs::read_to_string("/proc/sys/fs/suid_dumpable").ok()?.trim().parse().ok()
+}
+
 pub fn set_not_dumpable() -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as _).map(|_| ())
@@ -443,7 +457,6 @@ pub fn is_procfs(path: &str) -> io::Result<bool> {
     }
 }
 
-/// Exit now without running destructors (used in a forked child).
 /// Stack for a `spawn_shared` child: its steps are a few syscalls on prepared data.
 const SHARED_CHILD_STACK: usize = 32 * 1024;
 
@@ -462,6 +475,21 @@ pub fn spawn_shared<F: FnMut() -> i32>(child: &mut F) -> io::Result<Pid> {
         let child = unsafe { &mut *(arg as *mut F) };
         exit_now(child())
     }
+    // Every signal blocked across the clone, by the kernel call: the C library's full set leaves
+    // out the signals it keeps for itself, and no handler of the parent may run on the child's
+    // stack in the parent's memory. The child sets its own mask before it execs.
+    let all: u64 = !0;
+    let mut old: u64 = 0;
+    // SAFETY: rt_sigprocmask with valid 8-byte sets.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &all as *const u64,
+            &mut old as *mut u64,
+            8usize,
+        )
+    })?;
     // No allocation and no zeroing: the child writes what it uses.
     let mut stack = std::mem::MaybeUninit::<[u8; SHARED_CHILD_STACK]>::uninit();
     // SAFETY: the buffer is this frame's and unused by the suspended parent; it outlives the
@@ -477,9 +505,21 @@ pub fn spawn_shared<F: FnMut() -> i32>(child: &mut F) -> io::Result<Pid> {
             child as *mut F as *mut libc::c_void,
         )
     };
-    check(pid as _).map(|p| p as Pid)
+    let cloned = check(pid as _).map(|p| p as Pid);
+    // SAFETY: as above; restores the caller's mask.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &old as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    })?;
+    cloned
 }
 
+/// Exit now without running destructors (used in a forked child).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns.
     unsafe { libc::_exit(code) }

@@ -83,7 +83,9 @@ impl Entry<'_> {
     }
 }
 
-/// The well-formed entries of `text`: seven or more fields with numeric UID and GID.
+/// The well-formed entries of `text`: seven or more fields with numeric UID and GID. 4294967295
+/// is no ID: to setresuid and setresgid it means "leave unchanged", so a user with it would run
+/// as root.
 fn entries(text: &str) -> impl Iterator<Item = Entry<'_>> {
     text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| {
         let mut f = l.split(':');
@@ -91,7 +93,8 @@ fn entries(text: &str) -> impl Iterator<Item = Entry<'_>> {
         let (uid, gid) = (f.nth(1)?, f.next()?);
         let home = f.nth(1)?;
         f.next()?;
-        Some(Entry { name, uid: uid.parse().ok()?, gid: gid.parse().ok()?, home })
+        let id = |s: &str| s.parse::<u32>().ok().filter(|&n| n != u32::MAX);
+        Some(Entry { name, uid: id(uid)?, gid: id(gid)?, home })
     })
 }
 
@@ -119,6 +122,13 @@ mod tests {
     use super::*;
     const PW: &str = "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000::/home/agent:/bin/sh\n#c\nbad:line\n";
     const GR: &str = "agent:x:1000:\nwork:x:2000:agent,bob\nother:x:3000:bob\n";
+
+    #[test]
+    fn an_entry_with_the_id_that_means_unchanged_is_no_user() {
+        for line in ["evil:x:4294967295:4243::/tmp:/bin/sh\n", "evil:x:4243:4294967295::/tmp:/bin/sh\n"] {
+            assert!(resolve("evil", line).is_err(), "{line}");
+        }
+    }
 
     #[test]
     fn names_and_numbers() {

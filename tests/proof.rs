@@ -589,3 +589,73 @@ fn p14_the_freeze_client_cannot_be_traced() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// fs.suid_dumpable set for one test and put back when it ends, panics included.
+struct SuidDumpable(String);
+
+impl SuidDumpable {
+    fn set(v: &str) -> SuidDumpable {
+        let f = "/proc/sys/fs/suid_dumpable";
+        let old = std::fs::read_to_string(f).expect("fs.suid_dumpable");
+        std::fs::write(f, v).expect("cannot set fs.suid_dumpable");
+        SuidDumpable(old.trim().to_string())
+    }
+}
+
+impl Drop for SuidDumpable {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/fs/suid_dumpable", &self.0);
+    }
+}
+
+/// Every switch to a sandbox UID (the command's privilege drop, which shares the init's memory
+/// until its exec, and the credential thread's kill as the UID) resets the dumpable flag of the
+/// init's memory to the host's fs.suid_dumpable; with 1, root without CAP_SYS_PTRACE (and the
+/// sandbox UID, for as long as a switch lasts) could trace the init and read its signing key. The
+/// init sets the flag back at once. Only fs.suid_dumpable = 1 tells the two apart from outside,
+/// so the test sets it for its own length and puts it back.
+#[test]
+fn p15_the_init_stays_non_dumpable_after_switching_to_a_sandbox_uid() {
+    let uid = 4615;
+    let u = uid.to_string();
+    let no_ptrace = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"];
+    let _host = SuidDumpable::set("1");
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--run-as", &u],
+            prefix: no_ptrace.to_vec(),
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    let a = adv();
+    let seize = |pid: i32| c.exec(&[&no_ptrace[..], &[a.as_str(), "seize", &pid.to_string()]].concat());
+    // The control: a dumpable root process of the container with the init's capabilities.
+    let mut root = c.exec_cmd(&[&no_ptrace[..], &["sleep", "1000"]].concat());
+    root.stdout(Stdio::null());
+    let _root = guard(root);
+    let root_sleep = || c.processes().into_iter().find(|p| p.1 == 0 && p.3 == "sleep").map(|p| p.0);
+    wait_for("a root sleep", Duration::from_secs(10), || root_sleep().is_some());
+    let control = seize(root_sleep().unwrap());
+    assert!(
+        control.status.success(),
+        "root could not trace a root process: {}",
+        String::from_utf8_lossy(&control.stderr)
+    );
+    let after_start = seize(1);
+    assert_eq!(
+        after_start.status.code(),
+        Some(3),
+        "the init was traceable after its command's privilege drop"
+    );
+    let _w = c.launch(uid, &["sleepers", "3"]);
+    let (code, st) = c.freeze("n-1");
+    assert_eq!(code, 0, "{st}");
+    let after_freeze = seize(1);
+    assert_eq!(
+        after_freeze.status.code(),
+        Some(3),
+        "the init was traceable after a freeze's switches to the sandbox UID"
+    );
+}

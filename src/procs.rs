@@ -586,22 +586,9 @@ impl Pass<'_> {
     /// Every thread of `pid` with the leader as its status was just read and the others read
     /// for their state alone, from their stat line: for a process whose leader decides.
     fn thread_states(&mut self, pid: Pid, leader: Thread) -> io::Result<Read<Vec<Thread>>> {
-        let task = self.reader.root.join(pid.to_string()).join("task");
-        let rd = match fs::read_dir(&task) {
-            Ok(rd) => rd,
-            Err(e) if is_gone(&e) => return Ok(Read::Gone),
-            Err(e) => return Err(unknown(&task, e)),
-        };
+        let Read::Ok(tids) = self.task_ids(pid)? else { return Ok(Read::Gone) };
         let mut out = Vec::new();
-        for ent in rd {
-            let ent = match ent {
-                Ok(ent) => ent,
-                Err(e) if is_gone(&e) => return Ok(Read::Gone),
-                Err(e) => return Err(unknown(&task, e)),
-            };
-            let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
-                continue;
-            };
+        for tid in tids {
             if tid == pid {
                 continue;
             }
@@ -621,7 +608,8 @@ impl Pass<'_> {
         Ok(Read::Ok(out))
     }
 
-    fn threads(&mut self, pid: Pid) -> io::Result<Read<Vec<Thread>>> {
+    /// The thread ids listed under /proc/PID/task.
+    fn task_ids(&self, pid: Pid) -> io::Result<Read<Vec<Pid>>> {
         let task = self.reader.root.join(pid.to_string()).join("task");
         let rd = match fs::read_dir(&task) {
             Ok(rd) => rd,
@@ -637,9 +625,17 @@ impl Pass<'_> {
                 Err(e) if is_gone(&e) => return Ok(Read::Gone),
                 Err(e) => return Err(unknown(&task, e)),
             };
-            let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
-                continue;
-            };
+            if let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) {
+                out.push(tid);
+            }
+        }
+        Ok(Read::Ok(out))
+    }
+
+    fn threads(&mut self, pid: Pid) -> io::Result<Read<Vec<Thread>>> {
+        let Read::Ok(tids) = self.task_ids(pid)? else { return Ok(Read::Gone) };
+        let mut out = Vec::new();
+        for tid in tids {
             let file = format!("task/{tid}/status");
             match self.file(pid, &file)? {
                 // A thread that exited while we listed: the others still count.

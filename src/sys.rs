@@ -317,12 +317,12 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     }
     // Each switch resets the dumpable flag of the whole process's memory (the signing key's) to
     // the host's fs.suid_dumpable: set it back at once, while this thread holds the sandbox UID.
-    if let Err(e) = set_not_dumpable() {
-        let _ = thread_setresuid(0, 0, 0);
-        return e.raw_os_error().unwrap_or(libc::EPERM);
-    }
-    let mut sent_err = 0;
-    for _ in 0..sweeps.max(1) {
+    // A failure here sends nothing, but the switch back below still runs and is still checked.
+    let mut sent_err = match set_not_dumpable() {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+    };
+    for _ in 0..if sent_err == 0 { sweeps.max(1) } else { 0 } {
         // SAFETY: plain syscall.
         if unsafe { libc::kill(-1, sig) } < 0 {
             sent_err = errno_now();

@@ -604,7 +604,9 @@ impl SuidDumpable {
 
 impl Drop for SuidDumpable {
     fn drop(&mut self) {
-        let _ = std::fs::write("/proc/sys/fs/suid_dumpable", &self.0);
+        if let Err(e) = std::fs::write("/proc/sys/fs/suid_dumpable", &self.0) {
+            eprintln!("cannot put fs.suid_dumpable back to {}: {e}; set it by hand", self.0);
+        }
     }
 }
 

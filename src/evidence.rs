@@ -14,6 +14,10 @@
 //! read again while that reader is stuck on it, and a new reader takes the rest. At most
 //! `MAX_STUCK` readers may be stuck at once; past that, or when no thread can be started (a
 //! pids limit), evidence is recorded as unreadable.
+//!
+//! Speed. The reads are the kernel's CPU work; a large walk hands them to two readers in turn
+//! (a second core halves it), each answering in the order it was asked. The second reader is
+//! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::marker::Evidence;
 use crate::procs::{Proc, Reader};
@@ -42,8 +46,11 @@ const WALK_SHARE: u32 = 4;
 const WALK_MAX: Duration = Duration::from_secs(2);
 /// Readers left stuck in the kernel at once; each holds a small stack.
 const MAX_STUCK: usize = 4;
-/// Reads handed to a reader ahead of the answers.
+/// Reads handed to the readers ahead of the answers.
 const WINDOW: usize = 64;
+/// Readers one walk uses at most, and the targets from which it uses more than one.
+const LANES: usize = 2;
+const LANES_FROM: usize = 64;
 
 /// What the walk gathered: the entries kept, and how many did not fit the marker.
 #[derive(Debug, Default)]
@@ -149,12 +156,12 @@ struct Worker {
 }
 
 struct Pool {
-    worker: Option<Worker>,
+    workers: [Option<Worker>; LANES],
     /// Readers left behind, still in the kernel or on their way out.
     stuck: Vec<Arc<Slot>>,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool { worker: None, stuck: Vec::new() });
+static POOL: Mutex<Pool> = Mutex::new(Pool { workers: [None, None], stuck: Vec::new() });
 
 fn pool() -> MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|e| e.into_inner())
@@ -164,8 +171,8 @@ fn pool() -> MutexGuard<'static, Pool> {
 /// at a pids limit cannot keep it from existing at freeze time.
 pub fn start() -> io::Result<()> {
     let mut p = pool();
-    if p.worker.is_none() {
-        p.worker = Some(spawn()?);
+    if p.workers[0].is_none() {
+        p.workers[0] = Some(spawn()?);
     }
     Ok(())
 }
@@ -390,11 +397,13 @@ fn finish(t: Target, reply: Option<Reply>) -> Evidence {
     e
 }
 
-/// A target waiting for its answer; `sent` is false when it will not be read.
+/// A target waiting for its answer from the reader of `lane`; `sent` is false when it will not
+/// be read.
 struct InFlight {
     target: Target,
     reserve: usize,
     sent: bool,
+    lane: usize,
 }
 
 struct Walk<'a> {
@@ -402,19 +411,22 @@ struct Walk<'a> {
     until: Instant,
     /// A thread could not be started during this walk: do not try again for every target.
     spawn_failed: bool,
+    /// Lanes this walk uses, and the one the next target goes to.
+    lanes: usize,
+    next: usize,
 }
 
 impl Walk<'_> {
-    /// The reader to hand jobs to, started if there is none and the limits allow.
-    fn worker(&mut self) -> Option<&Worker> {
-        if self.pool.worker.is_none() && !self.spawn_failed {
+    /// The reader of `lane`, started if there is none and the limits allow.
+    fn worker(&mut self, lane: usize) -> Option<&Worker> {
+        if self.pool.workers[lane].is_none() && !self.spawn_failed {
             self.pool.stuck.retain(|s| !s.lock().done);
             if self.pool.stuck.len() >= MAX_STUCK {
                 log::warn!("evidence: {MAX_STUCK} readers are stuck in the kernel; the rest is unreadable");
                 self.spawn_failed = true;
             } else {
                 match spawn() {
-                    Ok(w) => self.pool.worker = Some(w),
+                    Ok(w) => self.pool.workers[lane] = Some(w),
                     Err(e) => {
                         log::warn!("evidence: cannot start a reader thread ({e}); the rest is unreadable");
                         self.spawn_failed = true;
@@ -422,7 +434,25 @@ impl Walk<'_> {
                 }
             }
         }
-        self.pool.worker.as_ref()
+        self.pool.workers[lane].as_ref()
+    }
+
+    /// Use a second lane when the walk is large, there is a second core and its reader runs or
+    /// can be started now; otherwise the first lane takes everything.
+    fn widen(&mut self, targets: usize) {
+        if targets < LANES_FROM || !crate::procs::several_cores() {
+            return;
+        }
+        if self.pool.workers[1].is_none() {
+            match spawn() {
+                Ok(w) => self.pool.workers[1] = Some(w),
+                Err(e) => {
+                    log::debug!("evidence: one reader for this walk (a second could not start: {e})");
+                    return;
+                }
+            }
+        }
+        self.lanes = LANES;
     }
 
     /// A reader left behind is stuck on this target: reading it again would only strand another.
@@ -433,25 +463,31 @@ impl Walk<'_> {
         })
     }
 
-    /// Hand a target to the reader; false when it will not be read.
-    fn send(&mut self, t: &Target) -> bool {
+    /// Hand a target to the reader of `lane`; false when it will not be read.
+    fn send(&mut self, t: &Target, lane: usize) -> bool {
         if Instant::now() >= self.until || self.stuck_on(t.key()) {
             return false;
         }
-        let job = Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
-        let Some(w) = self.worker() else { return false };
-        if w.jobs.send(job).is_ok() {
+        let job = || Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
+        let Some(w) = self.worker(lane) else { return false };
+        if w.jobs.send(job()).is_ok() {
             return true;
         }
         // The reader ended (it could not restore its credentials): once more with a new one.
-        self.pool.worker = None;
-        let job = Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
-        self.worker().is_some_and(|w| w.jobs.send(job).is_ok())
+        self.pool.workers[lane] = None;
+        self.worker(lane).is_some_and(|w| w.jobs.send(job()).is_ok())
     }
 
-    /// Stop waiting for the current reader; it is left where it is.
-    fn abandon(&mut self, pid: Pid) {
-        if let Some(w) = self.pool.worker.take() {
+    /// The lane for the next target.
+    fn lane(&mut self) -> usize {
+        let l = self.next % self.lanes;
+        self.next = self.next.wrapping_add(1);
+        l
+    }
+
+    /// Stop waiting for the reader of `lane`; it is left where it is.
+    fn abandon(&mut self, lane: usize, pid: Pid) {
+        if let Some(w) = self.pool.workers[lane].take() {
             let mut s = w.slot.lock();
             s.abandoned = true;
             if !s.done {
@@ -468,8 +504,9 @@ impl Walk<'_> {
 
 /// Read the evidence of every target, in order, within the bounds above and before `until`.
 /// `since`: the pid counter read before the observation the targets come from.
-pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant, since: Option<Pid>) -> Gathered {
-    let mut walk = Walk { pool: pool(), until, spawn_failed: false };
+pub fn gather(targets: Vec<Target>, until: Instant, since: Option<Pid>) -> Gathered {
+    let mut walk = Walk { pool: pool(), until, spawn_failed: false, lanes: 1, next: 0 };
+    walk.widen(targets.len());
     let mut targets = targets.into_iter().peekable();
     let mut out = Gathered::default();
     let mut used = 2; // []
@@ -483,9 +520,10 @@ pub fn gather(targets: impl IntoIterator<Item = Target>, until: Instant, since: 
                 break;
             }
             let Some(target) = targets.next() else { break };
-            let sent = walk.send(&target);
+            let lane = walk.lane();
+            let sent = walk.send(&target, lane);
             reserved += reserve;
-            flight.push_back(InFlight { target, reserve, sent });
+            flight.push_back(InFlight { target, reserve, sent, lane });
         }
         let Some(head) = flight.pop_front() else {
             // Nothing in flight and the next does not fit (or there is none): the rest is counted.
@@ -516,19 +554,20 @@ pub fn add_late(g: &mut Gathered, t: Target) {
 }
 
 /// The answer for `head`, or None once its reader is left behind; what was handed to that
-/// reader after it goes to a new one.
+/// reader after it goes to a new one in its lane. Each reader answers in the order it was asked,
+/// and every target asked of it before `head` has had its answer.
 fn wait(walk: &mut Walk, head: &InFlight, flight: &mut VecDeque<InFlight>) -> Option<Reply> {
     let left = walk.until.saturating_duration_since(Instant::now());
-    let got = match walk.pool.worker.as_ref() {
+    let got = match walk.pool.workers[head.lane].as_ref() {
         Some(w) => w.replies.recv_timeout(READ_WAIT.min(left)),
         None => Err(RecvTimeoutError::Disconnected),
     };
     match got {
         Ok(r) => Some(r),
         Err(_) => {
-            walk.abandon(head.target.evidence.pid);
-            for f in flight.iter_mut().filter(|f| f.sent) {
-                f.sent = walk.send(&f.target);
+            walk.abandon(head.lane, head.target.evidence.pid);
+            for f in flight.iter_mut().filter(|f| f.sent && f.lane == head.lane) {
+                f.sent = walk.send(&f.target, f.lane);
             }
             None
         }
@@ -605,7 +644,8 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got = gather([Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5), None);
+        let got =
+            gather(vec![Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5), None);
         assert_eq!(got.omitted, 0);
         let e = &got.processes[0];
         assert!(!e.unreadable && e.cmdline.as_ref().is_some_and(|c| !c.is_empty()), "{e:?}");
@@ -615,7 +655,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got = gather((0..3).map(|_| Target::of(&me, &[])), Instant::now(), None);
+        let got = gather((0..3).map(|_| Target::of(&me, &[])).collect(), Instant::now(), None);
         assert_eq!(got.processes.len(), 3);
         assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));
     }

@@ -92,17 +92,40 @@ fn missable(p: &Proc, uids: &[u32]) -> bool {
     }
 }
 
-/// Signal live sandbox processes through pidfds, children before parents: all of them, or only
-/// those the kernel-side channel may have missed.
+/// Which live sandbox processes a kill signals through a channel of their own (a pidfd, their
+/// group), besides kill(-1) as the sandbox UIDs.
+#[derive(Clone, Copy)]
+enum Reach<'u> {
+    /// Every one.
+    All,
+    /// Those kill(-1) may have missed, and those the stop observation saw running: the only ones
+    /// that can have left its reach since. A stopped process acts again only once something
+    /// continues it (its own SIGCONT timer), and then the proof finds and kills whatever it did.
+    /// A process holding a UID outside the sandbox's (a setuid program's root) counts as
+    /// running: continued, it switches for good in one call.
+    Unsettled(&'u [u32]),
+}
+
+impl Reach<'_> {
+    fn needs(&self, p: &Proc) -> bool {
+        match *self {
+            Reach::All => true,
+            Reach::Unsettled(uids) => {
+                missable(p, uids) || !p.stopped() || p.all_uids().any(|u| !uids.contains(&u))
+            }
+        }
+    }
+}
+
+/// Signal live sandbox processes through pidfds, children before parents: those `reach` names.
 fn signal_each(
     reader: &Reader,
     snap: &Snapshot,
     tainted: &Tainted,
     sig: i32,
-    only_missable: Option<&[u32]>,
+    reach: Reach,
 ) -> io::Result<usize> {
-    let mut targets: Vec<&Proc> =
-        live(snap, tainted).filter(|p| only_missable.is_none_or(|u| missable(p, u))).collect();
+    let mut targets: Vec<&Proc> = live(snap, tainted).filter(|p| reach.needs(p)).collect();
     let depth = depths(snap);
     targets.sort_by_key(|p| std::cmp::Reverse(depth.get(&p.pid).copied().unwrap_or(0)));
     let mut n = 0;
@@ -119,16 +142,16 @@ fn signal_each(
 /// observation saw. A group signal reaches the whole group at once, and a fork in progress cannot
 /// slip past it (the kernel restarts a fork that a group signal interrupts): the one channel that
 /// catches a root-owned escapee that hops to a new pid faster than a pidfd can follow, as long as
-/// it stays in its group. With `only_missable`, only groups where that can happen: with a live
-/// member kill(-1) may miss, or one that was not stopped (a stopped process cannot fork, exec or
-/// hop, so a group of stopped members kill(-1) reaches has no one the group signal adds).
-fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, only_missable: Option<&[u32]>) -> Vec<&'a Proc> {
+/// it stays in its group. Only groups with a live member `reach` names (a stopped process cannot
+/// fork, exec or hop, so a group of stopped members kill(-1) reaches has no one the group signal
+/// adds).
+fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, reach: Reach) -> Vec<&'a Proc> {
     let own = sys::getpgrp();
     // Per group: all live members are sandbox processes; some live member needs the group signal.
     let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
     for p in snap.procs.values().filter(|p| p.alive()) {
         let ok = tainted.contains_key(&p.pid);
-        let needs = only_missable.is_none_or(|u| missable(p, u) || !p.stopped());
+        let needs = reach.needs(p);
         let g = groups.entry(p.pgid).or_insert((true, false));
         g.0 &= ok;
         g.1 |= needs;
@@ -149,10 +172,10 @@ fn kill_groups(
     snap: &Snapshot,
     tainted: &Tainted,
     sig: i32,
-    only_missable: Option<&[u32]>,
+    reach: Reach,
 ) -> io::Result<usize> {
     let mut n = 0;
-    for leader in sandbox_groups(snap, tainted, only_missable) {
+    for leader in sandbox_groups(snap, tainted, reach) {
         let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
@@ -210,27 +233,15 @@ impl Run<'_> {
         }
     }
 
-    /// Both channels: the kernel-atomic kill(-1) as each sandbox UID, then pidfds for whatever
-    /// its permission check may have missed (`all`: for every live sandbox process).
-    fn both_channels(
-        &mut self,
-        sig: i32,
-        snap: &Snapshot,
-        tainted: &Tainted,
-        all: bool,
-    ) -> Result<(), String> {
+    /// Every channel: the kernel-atomic kill(-1) as each sandbox UID, then pidfds and process
+    /// groups for the processes `reach` names.
+    fn kill_channels(&mut self, snap: &Snapshot, tainted: &Tainted, reach: Reach) -> Result<(), String> {
+        let sig = libc::SIGKILL;
         self.cred
             .kill_all_as(&self.policy.uids, sig)
             .map_err(|e| format!("credential switch failed: {e}"))?;
-        let uids = self.policy.uids.clone();
-        let only = if all { None } else { Some(uids.as_slice()) };
-        signal_each(self.reader, snap, tainted, sig, only).map_err(|e| format!("signal failed: {e}"))?;
-        if sig == libc::SIGKILL {
-            // Every group while anything was left running; otherwise those kill(-1) may miss.
-            let groups = if all || !self.unstopped.is_empty() { None } else { Some(uids.as_slice()) };
-            kill_groups(self.reader, snap, tainted, sig, groups)
-                .map_err(|e| format!("signal failed: {e}"))?;
-        }
+        signal_each(self.reader, snap, tainted, sig, reach).map_err(|e| format!("signal failed: {e}"))?;
+        kill_groups(self.reader, snap, tainted, sig, reach).map_err(|e| format!("signal failed: {e}"))?;
         Ok(())
     }
 
@@ -337,7 +348,7 @@ impl Run<'_> {
     fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
         let t = Instant::now();
         self.recorded = live(&snap, tainted).map(|p| (p.pid, p.start_time)).collect();
-        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid]));
+        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid])).collect();
         self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline), self.since);
         self.phases.walk = ms(t.elapsed());
         snap
@@ -388,28 +399,24 @@ pub fn run(
     let snap = run.walk(snap, &tainted);
 
     let t = Instant::now();
-    // Every channel at the first kill too: a process that restarts itself after the stop (a
-    // SIGCONT timer) may have hopped out of what the stop observation says.
-    if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, true) {
+    // kill(-1) reaches every stopped process it can reach, and anything one of them forks
+    // before dying; the other channels go to the rest. A process some SIGCONT restarted after
+    // the stop observation and that left kill(-1)'s reach meanwhile is the proof's to find.
+    let uids = run.policy.uids.clone();
+    let reach = if run.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
+    if let Err(e) = run.kill_channels(&snap, &tainted, reach) {
         return run.fail(e, survivors(&snap, &tainted));
     }
     let sent = Instant::now();
     let killed: Vec<settle::Target> = live(&snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
     let left = settle::wait(run.reader, &killed, settle::Goal::Dead, (sent + EXIT_WAIT).min(run.deadline));
     let exited = Instant::now();
-    // Reaping is cheaper than reading: a zombie child of the init left for the proof costs it a
-    // stat and a status; reaped, it is not even listed. Never during the observation (see
-    // consistency), and bounded: what is left after a share of the budget is read as a zombie.
-    let reap_until = exited + (run.deadline.saturating_duration_since(exited) / 8);
-    let mut batches = 0;
-    while (run.reap)() && Instant::now() < reap_until {
-        batches += 1;
-    }
+    // The zombies are left for after the proof: each costs it one stat read (a dead process's
+    // line says all there is), no more than reaping it costs here, and the kill is over sooner.
     log::debug!(
-        "kill: signals sent in {:?}, waited {:?} for exits ({left} of a sample left), reaped in {:?} ({batches} full batches)",
+        "kill: signals sent in {:?}, waited {:?} for exits ({left} of a sample left)",
         sent - t,
         exited - sent,
-        exited.elapsed()
     );
     run.phases.kill = ms(t.elapsed());
 
@@ -504,11 +511,45 @@ pub fn run(
                 left,
             );
         }
-        if let Err(e) = run.both_channels(libc::SIGKILL, &snap, &tainted, true) {
+        if let Err(e) = run.kill_channels(&snap, &tainted, Reach::All) {
             return run.fail(e, left);
         }
         (run.reap)();
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procs::Thread;
+
+    fn stopped(mut p: Proc) -> Proc {
+        p.state = 'T';
+        p.threads.iter_mut().for_each(|t| t.state = 'T');
+        p
+    }
+
+    #[test]
+    fn the_first_kill_leaves_to_kill_minus_one_only_what_it_surely_reaches() {
+        let uids = [4242];
+        let reach = Reach::Unsettled(&uids);
+        // Stopped, every UID the sandbox's: kill(-1) as 4242 reaches it and all it can become.
+        assert!(!reach.needs(&stopped(Proc::fixture(10, 1, 5, 4242))));
+        // Running: it may fork or change anything before the kill.
+        assert!(reach.needs(&Proc::fixture(11, 1, 5, 4242)));
+        // Root leader (tainted by lineage or history): kill(-1) as 4242 misses it.
+        assert!(reach.needs(&stopped(Proc::fixture(12, 1, 5, 0))));
+        // A setuid program's effective and saved root: continued, it is root for good in one call.
+        let mut suid = stopped(Proc::fixture(13, 1, 5, 4242));
+        suid.threads[0].uids = [4242, 0, 0, 0];
+        assert!(reach.needs(&suid));
+        // A leader that is a zombie while another thread runs.
+        let mut gone = stopped(Proc::fixture(14, 1, 5, 4242));
+        gone.threads[0].state = 'Z';
+        gone.threads.push(Thread { tid: 15, state: 'T', uids: [4242; 4], gids: [0; 4], creds: true });
+        assert!(reach.needs(&gone));
+        assert!(Reach::All.needs(&stopped(Proc::fixture(10, 1, 5, 4242))));
     }
 }

@@ -117,7 +117,7 @@ impl Snapshot {
 const SPLIT_MIN: usize = 64;
 
 /// Can a second thread run at the same time as this one?
-fn several_cores() -> bool {
+pub fn several_cores() -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(sys::cpus) > 1
 }
@@ -287,13 +287,15 @@ impl Reader {
 
     /// The pids /proc lists right now (thread-group leaders).
     pub fn pids(&self) -> io::Result<Vec<Pid>> {
+        let dir = sys::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
         let mut out = Vec::new();
-        for ent in fs::read_dir(&self.root).map_err(|e| unknown(&self.root, e))? {
-            let ent = ent.map_err(|e| unknown(&self.root, e))?;
-            if let Some(pid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) {
+        // No allocation per entry: the freeze lists the table several times.
+        sys::each_entry(&dir, usize::MAX, |name| {
+            if let Some(pid) = std::str::from_utf8(name).ok().and_then(|s| s.parse::<Pid>().ok()) {
                 out.push(pid);
             }
-        }
+        })
+        .map_err(|e| unknown(&self.root, e))?;
         Ok(out)
     }
 
@@ -492,6 +494,26 @@ impl Pass<'_> {
     /// Ok(None): it exited (or `pid` is a thread's id, not a process's).
     pub fn read(&mut self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
         let Some(stat) = self.stat(pid)? else { return Ok(None) };
+        let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
+        // A zombie whose thread count (read with its state) is down to itself is a dead process
+        // with nothing left that can act: its stat line says all there is. After a kill, every
+        // process killed is one of these until it is reaped. (A thread's id never reads so: its
+        // group still counts the leader and the thread.)
+        if matches!(stat.state, 'Z' | 'X' | 'x') && stat.num_threads <= 1 {
+            return Ok(Some(Proc {
+                pid: stat.pid,
+                ppid: stat.ppid,
+                pgid: stat.pgid,
+                sid: stat.sid,
+                state: stat.state,
+                start_time: stat.start_time,
+                comm: stat.comm,
+                cmdline: Vec::new(),
+                exe: None,
+                loginuid: known,
+                threads: vec![Thread::state_only(pid, stat.state)],
+            }));
+        }
         // The leader's status says how many threads there are; only a multi-threaded process
         // (whose threads may hold other credentials) needs its task directory walked.
         let st = match self.file(pid, "status")? {
@@ -526,7 +548,6 @@ impl Pass<'_> {
         } else {
             vec![leader]
         };
-        let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
         let loginuid = match known {
             Some(u) => Some(u),
             None => match self.file(pid, "loginuid")? {
@@ -798,6 +819,29 @@ mod tests {
         child.wait().unwrap();
         assert!(!h.signal(libc::SIGKILL).unwrap());
         assert_eq!(r.read(pid, Detail::Light).unwrap(), None);
+    }
+
+    #[test]
+    fn a_dead_process_is_read_from_its_stat_alone() {
+        // A child that exited and is not reaped yet: dead, and nothing but stat was needed.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as Pid;
+        let r = Reader::default();
+        let mut seen = None;
+        for _ in 0..500 {
+            match r.read(pid, Detail::Light).unwrap() {
+                Some(p) if p.state == 'Z' => {
+                    seen = Some(p);
+                    break;
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(2)),
+            }
+        }
+        child.wait().unwrap();
+        let p = seen.expect("the child never showed as a zombie");
+        assert!(!p.alive());
+        assert_eq!(p.threads.len(), 1);
+        assert!(!p.threads[0].creds, "credentials read from a dead process's status");
     }
 
     #[test]

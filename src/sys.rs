@@ -798,10 +798,18 @@ pub fn open_dir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<OwnedFd>
 /// the descriptor holds, whatever its path leads to now.
 pub fn list_dir(dir: &OwnedFd, limit: usize) -> io::Result<(Vec<std::ffi::OsString>, bool)> {
     use std::os::unix::ffi::OsStrExt;
+    let mut names = Vec::new();
+    let more = each_entry(dir, limit, |name| names.push(std::ffi::OsStr::from_bytes(name).to_os_string()))?;
+    Ok((names, more))
+}
+
+/// Hand every name of an open directory (without `.` and `..`) to `f`, at most `limit` of them,
+/// without an allocation per name; true when more were left.
+pub fn each_entry(dir: &OwnedFd, limit: usize, mut f: impl FnMut(&[u8])) -> io::Result<bool> {
     // d_ino (8), d_off (8), d_reclen (2), d_type (1), then the name and its NUL.
     const NAME_AT: usize = 19;
     let mut buf = vec![0u8; 32 << 10];
-    let mut names = Vec::new();
+    let mut seen = 0;
     // Every read that returns anything returns at least one entry, so this ends after at most
     // `limit` + 3 reads (`.`, `..`, and the one that says there is more).
     loop {
@@ -810,7 +818,7 @@ pub fn list_dir(dir: &OwnedFd, limit: usize) -> io::Result<(Vec<std::ffi::OsStri
             libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buf.as_mut_ptr(), buf.len())
         })? as usize;
         if n == 0 {
-            return Ok((names, false));
+            return Ok(false);
         }
         let mut off = 0;
         while off + NAME_AT <= n {
@@ -824,10 +832,11 @@ pub fn list_dir(dir: &OwnedFd, limit: usize) -> io::Result<(Vec<std::ffi::OsStri
             if name == b"." || name == b".." {
                 continue;
             }
-            if names.len() == limit {
-                return Ok((names, true));
+            if seen == limit {
+                return Ok(true);
             }
-            names.push(std::ffi::OsStr::from_bytes(name).to_os_string());
+            seen += 1;
+            f(name);
         }
     }
 }

@@ -635,6 +635,38 @@ fn main() {
             unsafe { libc::syscall(libc::SYS_exit, 0) };
             unreachable!();
         }
+        // Exec from a thread that is not the leader, over and over: each exec swaps the execing
+        // thread into the leader's pid (de_thread) while the old leader is a zombie. With G > 0
+        // (as root) it first takes G supplementary groups, which makes each status read of it
+        // long enough for the swap to land inside it. Ready once, on the first run.
+        "exec-hop" => {
+            let groups = arg(2, 0) as usize;
+            if std::env::args().nth(3).as_deref() != Some("again") {
+                if groups > 0 {
+                    let g: Vec<libc::gid_t> = (1..=groups as libc::gid_t).collect();
+                    if unsafe { libc::setgroups(g.len(), g.as_ptr()) } != 0 {
+                        fail("setgroups");
+                    }
+                }
+                ready();
+            }
+            // Named now: once the leader has exited, /proc/self/exe no longer resolves.
+            let exe = std::env::current_exe().unwrap_or_else(|_| fail("current_exe"));
+            let exe = CString::new(exe.as_os_str().as_encoded_bytes()).unwrap_or_default();
+            std::thread::spawn(move || {
+                let args: Vec<CString> = ["adversary", "exec-hop", &groups.to_string(), "again"]
+                    .iter()
+                    .map(|a| CString::new(*a).unwrap_or_default())
+                    .collect();
+                let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+                argv.push(std::ptr::null());
+                unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+                fail("execv");
+            });
+            // The leader ends at once, so the exec always comes from a non-leader thread.
+            unsafe { libc::syscall(libc::SYS_exit, 0) };
+            unreachable!();
+        }
         // N children block on a pipe; the parent exits, orphaning them; they all exit at once
         // when the last write end closes.
         "orphans" => {

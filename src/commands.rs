@@ -75,6 +75,8 @@ struct PsRow<'a> {
     user: String,
     uids: Vec<u32>,
     state: char,
+    /// A zombie leader with a live thread is alive; so is one read mid-exec (see procs).
+    alive: bool,
     comm: &'a str,
     cmdline: &'a [String],
     depth: usize,
@@ -144,6 +146,7 @@ pub fn ps(args: PsArgs) -> i32 {
                     .unwrap_or_else(|_| p.uid().to_string()),
                 uids: all,
                 state: p.state,
+                alive: p.alive(),
                 comm: &p.comm,
                 cmdline: &p.cmdline,
                 depth,

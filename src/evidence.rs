@@ -417,39 +417,37 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// Start a reader for `lane`, unless `MAX_STUCK` readers are stuck already.
+    fn start(&mut self, lane: usize) -> Result<(), String> {
+        self.pool.stuck.retain(|s| !s.lock().done);
+        if self.pool.stuck.len() >= MAX_STUCK {
+            return Err(format!("{MAX_STUCK} readers are stuck in the kernel"));
+        }
+        self.pool.workers[lane] = Some(spawn().map_err(|e| format!("cannot start a reader thread ({e})"))?);
+        Ok(())
+    }
+
     /// The reader of `lane`, started if there is none and the limits allow.
     fn worker(&mut self, lane: usize) -> Option<&Worker> {
         if self.pool.workers[lane].is_none() && !self.spawn_failed {
-            self.pool.stuck.retain(|s| !s.lock().done);
-            if self.pool.stuck.len() >= MAX_STUCK {
-                log::warn!("evidence: {MAX_STUCK} readers are stuck in the kernel; the rest is unreadable");
+            if let Err(e) = self.start(lane) {
+                log::warn!("evidence: {e}; the rest is unreadable");
                 self.spawn_failed = true;
-            } else {
-                match spawn() {
-                    Ok(w) => self.pool.workers[lane] = Some(w),
-                    Err(e) => {
-                        log::warn!("evidence: cannot start a reader thread ({e}); the rest is unreadable");
-                        self.spawn_failed = true;
-                    }
-                }
             }
         }
         self.pool.workers[lane].as_ref()
     }
 
     /// Use a second lane when the walk is large, there is a second core and its reader runs or
-    /// can be started now; otherwise the first lane takes everything.
+    /// can be started now (within the same limits); otherwise the first lane takes everything.
     fn widen(&mut self, targets: usize) {
         if targets < LANES_FROM || !crate::procs::several_cores() {
             return;
         }
         if self.pool.workers[1].is_none() {
-            match spawn() {
-                Ok(w) => self.pool.workers[1] = Some(w),
-                Err(e) => {
-                    log::debug!("evidence: one reader for this walk (a second could not start: {e})");
-                    return;
-                }
+            if let Err(e) = self.start(1) {
+                log::debug!("evidence: one reader for this walk: {e}");
+                return;
             }
         }
         self.lanes = LANES;

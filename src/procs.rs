@@ -495,11 +495,13 @@ impl Pass<'_> {
     pub fn read(&mut self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
         let Some(stat) = self.stat(pid)? else { return Ok(None) };
         let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
-        // A zombie whose thread count (read with its state) is down to itself is a dead process
+        // A zombie whose thread count (read with its state) is exactly itself is a dead process
         // with nothing left that can act: its stat line says all there is. After a kill, every
-        // process killed is one of these until it is reaped. (A thread's id never reads so: its
-        // group still counts the leader and the thread.)
-        if matches!(stat.state, 'Z' | 'X' | 'x') && stat.num_threads <= 1 {
+        // process killed is one of these until it is reaped. Not a count of 0: that is how a task
+        // the kernel already released reads, and a read that goes through a leader an exec from
+        // another thread just swapped out (de_thread) reads so while the pid names the live
+        // execer. (A thread's id never reads as 1: its group still counts leader and thread.)
+        if matches!(stat.state, 'Z' | 'X' | 'x') && stat.num_threads == 1 {
             return Ok(Some(Proc {
                 pid: stat.pid,
                 ppid: stat.ppid,
@@ -535,7 +537,7 @@ impl Pass<'_> {
         // the same read as its state) is down to itself is a dead process, and its one status
         // says all there is.
         let leader = Thread { tid: pid, state: lstate, uids: luids, gids: lgids, creds: true };
-        let threads = if nthreads > 1 {
+        let mut threads = if nthreads > 1 {
             let read = if luids.iter().any(|u| self.deciding.contains(u)) {
                 self.thread_states(pid, leader)?
             } else {
@@ -548,6 +550,17 @@ impl Pass<'_> {
         } else {
             vec![leader]
         };
+        // Dead only when the leader reads dead with a count, read with its state, of exactly
+        // itself. Any other way of reading no live thread may be a read that straddled an exec
+        // from another thread, which swaps the execer into the leader's pid (de_thread): through
+        // the old leader the status reads a count of 0 (released), or the threads it counted
+        // are gone by the time the task directory is read while the execer lives under the pid.
+        // Such a process counts as alive: the proof kills it through its pid and looks again,
+        // and a process that really died meanwhile reads dead the next time.
+        let dead = |c: char| matches!(c, 'Z' | 'X' | 'x');
+        if threads.iter().all(|t| dead(t.state)) && !(nthreads == 1 && dead(lstate)) {
+            threads.push(Thread::state_only(pid, '?'));
+        }
         let loginuid = match known {
             Some(u) => Some(u),
             None => match self.file(pid, "loginuid")? {

@@ -140,3 +140,34 @@ fn exec_runs_in_place_with_the_commands_status() {
     let out = c.exec(&[q.to_str().unwrap(), "exec", "--user", "root!", "--", "true"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_process_that_execs_from_a_thread_is_never_read_as_dead() {
+    // Each exec from a thread that is not the leader swaps that thread into the leader's pid while
+    // the old leader is a zombie. A read of /proc/PID that straddles the swap goes through the old
+    // leader: Z, with a count of 0 once the kernel released it, or with its other threads gone by
+    // the time the task directory is read. A live process read as dead gets no kill of its own and
+    // passes the proof, so every read must count it alive. 11,500 groups make each status read
+    // long enough for the swap to land inside it (about 5 in 3,000 reads did, when it could).
+    let uid = 4509;
+    let c = Container::start(&["--sandbox-user", &uid.to_string()], &["sleep", "1000000"]);
+    let hop = c.launch_root(&["exec-hop", "11500"]);
+    let q = quiesce();
+    let script =
+        format!("for i in $(seq 3000); do '{}' ps --json --sandbox-user {uid} || exit 1; done", q.display());
+    let out = c.exec(&["sh", "-c", &script]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (mut read, mut absent) = (0, 0);
+    for doc in serde_json::Deserializer::from_slice(&out.stdout).into_iter::<serde_json::Value>() {
+        let doc = doc.expect("quiesce ps printed something that is not JSON");
+        match doc["processes"].as_array().unwrap().iter().find(|p| p["pid"] == hop.pid) {
+            Some(p) => {
+                read += 1;
+                assert_eq!(p["alive"], true, "read {read}: the hopping process read as dead: {p}");
+            }
+            None => absent += 1,
+        }
+    }
+    eprintln!("exec hop: {read} reads alive, {absent} without it");
+    assert!(read >= 2900, "{read} reads found the process, {absent} did not");
+}

@@ -453,9 +453,10 @@ def shapes_table(res, runs):
           "- Phases: stop = `kill(-1, SIGSTOP)` as the UID, a wait on the stat lines of a sample of the signalled "
           "processes, then one full observation (stat and status of every process; of every other thread of a "
           "multi-threaded one its stat, or its status where the leader holds no sandbox UID; two threads read it), repeated while some sandbox process still runs; walk = command "
-          "line and executable of each on the evidence reader thread; kill = `kill(-1, SIGKILL)` and pidfds for what it "
-          "may miss, a wait on a sample for the exits, reaping the init's zombie children; probe = the consistent "
-          "observation after the last kill. The floor does none of the stop, the walk or the proof.", ""]
+          "line and executable of each on the evidence readers (two from 64 processes); kill = `kill(-1, SIGKILL)`, "
+          "pidfds and group signals for what it may miss, a wait on a sample for the exits; probe = the consistent "
+          "observation after the last kill (a dead process read from its stat line; the init reaps its zombie "
+          "children after the proof). The floor does none of the stop, the walk or the proof.", ""]
     return L
 
 

@@ -162,6 +162,30 @@ pub struct Stat {
     pub start_time: u64,
 }
 
+impl Stat {
+    /// The process this stat line describes, with what else was read of it.
+    fn into_proc(
+        self,
+        threads: Vec<Thread>,
+        loginuid: Option<u32>,
+        evidence: (Vec<String>, Option<String>),
+    ) -> Proc {
+        Proc {
+            pid: self.pid,
+            ppid: self.ppid,
+            pgid: self.pgid,
+            sid: self.sid,
+            state: self.state,
+            start_time: self.start_time,
+            comm: self.comm,
+            cmdline: evidence.0,
+            exe: evidence.1,
+            loginuid,
+            threads,
+        }
+    }
+}
+
 /// Parse /proc/PID/stat. comm may hold spaces, parentheses and newlines, so the fields after
 /// it are found from the *last* ')'.
 pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
@@ -502,19 +526,8 @@ impl Pass<'_> {
         // another thread just swapped out (de_thread) reads so while the pid names the live
         // execer. (A thread's id never reads as 1: its group still counts leader and thread.)
         if matches!(stat.state, 'Z' | 'X' | 'x') && stat.num_threads == 1 {
-            return Ok(Some(Proc {
-                pid: stat.pid,
-                ppid: stat.ppid,
-                pgid: stat.pgid,
-                sid: stat.sid,
-                state: stat.state,
-                start_time: stat.start_time,
-                comm: stat.comm,
-                cmdline: Vec::new(),
-                exe: None,
-                loginuid: known,
-                threads: vec![Thread::state_only(pid, stat.state)],
-            }));
+            let leader = Thread::state_only(pid, stat.state);
+            return Ok(Some(stat.into_proc(vec![leader], known, (Vec::new(), None))));
         }
         // The leader's status says how many threads there are; only a multi-threaded process
         // (whose threads may hold other credentials) needs its task directory walked.
@@ -575,19 +588,7 @@ impl Pass<'_> {
         } else {
             (Vec::new(), None)
         };
-        Ok(Some(Proc {
-            pid: stat.pid,
-            ppid: stat.ppid,
-            pgid: stat.pgid,
-            sid: stat.sid,
-            state: stat.state,
-            start_time: stat.start_time,
-            comm: stat.comm,
-            cmdline,
-            exe,
-            loginuid,
-            threads,
-        }))
+        Ok(Some(stat.into_proc(threads, loginuid, (cmdline, exe))))
     }
 
     /// The state of every thread of `pid`, from each thread's stat line; Ok(None) if it exited.

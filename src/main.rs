@@ -111,7 +111,8 @@ fn run_init(a: cli::InitArgs) -> i32 {
     if sys::suid_dumpable() == Some(1) {
         // Every credential switch resets the flag to this value until the init sets it back.
         log::warn!(
-            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace              the init and read its signing key; set it to 0 or 2 on the host"
+            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
+             the init and read its signing key; set it to 0 or 2 on the host"
         );
     }
     if sys::getpid() != 1 || a.subreaper {

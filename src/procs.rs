@@ -46,18 +46,23 @@ pub struct Proc {
     pub threads: Vec<Thread>,
 }
 
+/// A state letter of a task that has exited: zombie or dead.
+fn exited(state: char) -> bool {
+    matches!(state, 'Z' | 'X' | 'x')
+}
+
 impl Proc {
     /// Dead means every thread is a zombie or gone; a zombie leader with a running thread is alive.
     pub fn alive(&self) -> bool {
         if self.threads.is_empty() {
-            return !matches!(self.state, 'Z' | 'X' | 'x');
+            return !exited(self.state);
         }
-        self.threads.iter().any(|t| !matches!(t.state, 'Z' | 'X' | 'x'))
+        self.threads.iter().any(|t| !exited(t.state))
     }
 
     /// Every live thread is stopped (T) or traced-stopped (t).
     pub fn stopped(&self) -> bool {
-        self.threads.iter().all(|t| matches!(t.state, 'T' | 't' | 'Z' | 'X' | 'x'))
+        self.threads.iter().all(|t| matches!(t.state, 'T' | 't') || exited(t.state))
     }
 
     /// Every UID of every thread whose credentials were read.
@@ -525,7 +530,7 @@ impl Pass<'_> {
         // the kernel already released reads, and a read that goes through a leader an exec from
         // another thread just swapped out (de_thread) reads so while the pid names the live
         // execer. (A thread's id never reads as 1: its group still counts leader and thread.)
-        if matches!(stat.state, 'Z' | 'X' | 'x') && stat.num_threads == 1 {
+        if exited(stat.state) && stat.num_threads == 1 {
             let leader = Thread::state_only(pid, stat.state);
             return Ok(Some(stat.into_proc(vec![leader], known, (Vec::new(), None))));
         }
@@ -546,9 +551,7 @@ impl Pass<'_> {
         let nthreads = st
             .threads
             .ok_or_else(|| self.unknown(pid, "status", io::Error::other("status has no Threads line")))?;
-        // A zombie leader with other threads still running is alive; one whose count (taken in
-        // the same read as its state) is down to itself is a dead process, and its one status
-        // says all there is.
+        // Only a process counting other threads than its leader has them read.
         let leader = Thread { tid: pid, state: lstate, uids: luids, gids: lgids, creds: true };
         let mut threads = if nthreads > 1 {
             let read = if luids.iter().any(|u| self.deciding.contains(u)) {
@@ -570,8 +573,7 @@ impl Pass<'_> {
         // are gone by the time the task directory is read while the execer lives under the pid.
         // Such a process counts as alive: the proof kills it through its pid and looks again,
         // and a process that really died meanwhile reads dead the next time.
-        let dead = |c: char| matches!(c, 'Z' | 'X' | 'x');
-        if threads.iter().all(|t| dead(t.state)) && !(nthreads == 1 && dead(lstate)) {
+        if threads.iter().all(|t| exited(t.state)) && !(nthreads == 1 && exited(lstate)) {
             threads.push(Thread::state_only(pid, '?'));
         }
         let loginuid = match known {

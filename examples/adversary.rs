@@ -154,6 +154,38 @@ fn any_alive(uid: u32) -> bool {
     false
 }
 
+/// UID's processes and the stat paths of all their threads, from one listing of /proc.
+fn tasks_of(uid: u32) -> (Vec<String>, Vec<String>) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut pids, mut stats) = (Vec::new(), Vec::new());
+    let Ok(rd) = std::fs::read_dir("/proc") else { return (pids, stats) };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        if std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()).ok() != Some(uid) {
+            continue;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
+        for t in tasks.flatten() {
+            stats.push(format!("/proc/{pid}/task/{}/stat", t.file_name().to_string_lossy()));
+        }
+        pids.push(pid.to_string());
+    }
+    (pids, stats)
+}
+
+/// Does the stat file at PATH read stopped or dead (or gone)?
+fn stopped(path: &str, buf: &mut Vec<u8>) -> bool {
+    use std::io::Read;
+    buf.clear();
+    let Ok(mut f) = std::fs::File::open(path) else { return true };
+    if f.read_to_end(buf).is_err() {
+        return true;
+    }
+    let Some(close) = buf.iter().rposition(|&b| b == b')') else { return true };
+    matches!(buf.get(close + 2), Some(b'T' | b'Z' | b'X' | b't'))
+}
+
 fn path_c(p: &str) -> CString {
     CString::new(p).expect("path without NUL")
 }
@@ -706,6 +738,58 @@ fn main() {
                 }
             }
             println!("{:.3}", t.elapsed().as_secs_f64() * 1000.0);
+        }
+        // The freeze's own steps done bare, as the benchmark's second reference: SIGSTOP to the
+        // UID, poll every thread's stat until all are stopped, read each process's command line
+        // and executable, SIGKILL to the UID, poll until none is alive. No safety, no proof
+        // beyond the last poll, no marker. Prints total, stop, walk and kill ms.
+        "protocol-floor" => {
+            let uid = arg(2, 4242) as u32;
+            let as_uid = move |sig: i32| {
+                std::thread::spawn(move || {
+                    assert_eq!(raw_setresuid(uid, uid, 0), 0);
+                    unsafe { libc::kill(-1, sig) };
+                    assert_eq!(raw_setresuid(0, 0, 0), 0);
+                })
+                .join()
+                .unwrap()
+            };
+            let t = std::time::Instant::now();
+            let deadline = t + Duration::from_secs(10);
+            as_uid(libc::SIGSTOP);
+            // Each thread is read until it reads stopped, and not again: the fewest reads that
+            // see every thread stopped.
+            let (pids, mut pending) = tasks_of(uid);
+            let mut buf = Vec::with_capacity(1024);
+            while !pending.is_empty() {
+                if std::time::Instant::now() > deadline {
+                    println!("timeout");
+                    return;
+                }
+                pending.retain(|p| !stopped(p, &mut buf));
+            }
+            let stopped = t.elapsed();
+            for pid in &pids {
+                let _ = std::fs::read(format!("/proc/{pid}/cmdline"));
+                let _ = std::fs::read_link(format!("/proc/{pid}/exe"));
+            }
+            let walked = t.elapsed();
+            as_uid(libc::SIGKILL);
+            while any_alive(uid) {
+                if std::time::Instant::now() > deadline {
+                    println!("timeout");
+                    return;
+                }
+            }
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            let total = t.elapsed();
+            println!(
+                "{:.3} {:.3} {:.3} {:.3}",
+                ms(total),
+                ms(stopped),
+                ms(walked - stopped),
+                ms(total - walked)
+            );
         }
         // Run as root: a FUSE file system at MNT that answers INIT and nothing else, so a
         // process that touches it blocks in the kernel for good (uninterruptible once read).

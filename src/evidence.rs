@@ -417,11 +417,16 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    /// Start a reader for `lane`, unless `MAX_STUCK` readers are stuck already.
+    /// Start a reader for `lane`, unless that could make more than `MAX_STUCK` stuck: the
+    /// readers of the other lanes count too, since each of them can still be left behind.
     fn start(&mut self, lane: usize) -> Result<(), String> {
         self.pool.stuck.retain(|s| !s.lock().done);
-        if self.pool.stuck.len() >= MAX_STUCK {
-            return Err(format!("{MAX_STUCK} readers are stuck in the kernel"));
+        let others = self.pool.workers.iter().enumerate().filter(|&(l, w)| l != lane && w.is_some()).count();
+        if self.pool.stuck.len() + others >= MAX_STUCK {
+            return Err(format!(
+                "{} readers are stuck in the kernel and {others} more may be (at most {MAX_STUCK})",
+                self.pool.stuck.len()
+            ));
         }
         self.pool.workers[lane] = Some(spawn().map_err(|e| format!("cannot start a reader thread ({e})"))?);
         Ok(())

@@ -120,15 +120,21 @@ fn marker_evidence_is_capped_with_a_count_of_the_rest() {
 /// in a read from that file system while another of its threads waits for it in mbind(), which
 /// SIGKILL does not interrupt: reading its cmdline now waits for as long as the daemon is silent.
 fn fuse_lock_holder(c: &Container, uid: u32, daemon_uid: Option<u32>) -> (Guard, Guard, i32) {
-    let mnt = c.path("fuse");
+    fuse_lock_holder_at(c, "fuse", uid, daemon_uid)
+}
+
+/// The same, with its own FUSE mount at `name` in the container's directory.
+fn fuse_lock_holder_at(c: &Container, name: &str, uid: u32, daemon_uid: Option<u32>) -> (Guard, Guard, i32) {
+    let mnt = c.path(name);
     std::fs::create_dir(&mnt).unwrap();
     let m = mnt.to_str().unwrap().to_string();
     let du = daemon_uid.map(|u| u.to_string());
     let mut args = vec!["fuse-serve", m.as_str()];
     args.extend(du.as_deref());
-    let (d, _) = launch_root(c, "daemon", &args);
+    let (d, _) = launch_root(c, &format!("daemon-{name}"), &args);
     let file = mnt.join("x");
-    let (v, pid) = launch_as(c, uid, "victim", &["fuse-mmap-victim", file.to_str().unwrap(), "mbind"]);
+    let (v, pid) =
+        launch_as(c, uid, &format!("victim-{name}"), &["fuse-mmap-victim", file.to_str().unwrap(), "mbind"]);
     (d, v, pid)
 }
 
@@ -189,6 +195,45 @@ fn a_read_that_waits_on_an_unkillable_process_is_a_bounded_failure() {
     // freeze does not start another for it.
     eprintln!("unkillable lock holder: init threads {threads:?}");
     assert_eq!(threads[1], threads[2], "threads of the init: {threads:?}");
+}
+
+#[test]
+fn readers_stuck_on_many_unkillable_processes_stay_within_their_bound() {
+    // Six processes stay in D state after SIGKILL, each holding its mmap lock, among a hundred
+    // sleepers: a walk large enough for two readers. Each freeze may strand readers on them, but
+    // never more than four at once, however many freezes ask, and whichever reader would start.
+    let uid = 4510;
+    if !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: no /dev/fuse on this machine");
+        return;
+    }
+    let c = sandbox(uid, &["--freeze-timeout", "8"]);
+    let holders: Vec<(Guard, Guard, i32)> =
+        (0..6).map(|i| fuse_lock_holder_at(&c, &format!("fuse{i}"), uid, None)).collect();
+    let mut victims: Vec<i64> = holders.iter().map(|h| h.2 as i64).collect();
+    victims.sort_unstable();
+    let _s = launch_as(&c, uid, "sleepers", &["sleepers", "100"]);
+    let mut stuck = Vec::new();
+    for round in ["n-1", "n-2", "n-3"] {
+        let t = Instant::now();
+        let (code, st) = c.freeze_within(round, Some(60));
+        eprintln!(
+            "six unkillable lock holders: freeze {round} ended after {:?}: {}",
+            t.elapsed(),
+            st["state"]
+        );
+        assert_eq!(code, 1, "{st}");
+        assert_eq!(st["state"], "failed", "{st}");
+        let mut named: Vec<i64> =
+            st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
+        named.sort_unstable();
+        assert_eq!(named, victims, "{st}");
+        assert!(!c.marker_exists());
+        stuck.push(init_threads_in_d(c.init));
+    }
+    eprintln!("six unkillable lock holders: init threads in D after each freeze {stuck:?}");
+    assert!(stuck.iter().all(|&n| n <= 4), "init threads stuck in the kernel: {stuck:?}");
+    assert!(stuck[0] >= 1, "no reader was stuck: the test did not reach the bound: {stuck:?}");
 }
 
 /// Threads of `pid` in uninterruptible (or killable) sleep.

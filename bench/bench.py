@@ -343,10 +343,10 @@ def m_protocol(ns, state):
     """The freeze's steps done bare (stop, poll stopped, command lines, kill, poll gone): the
     least any stop-walk-kill-prove freeze costs on this shape. Total and phase ms."""
     r = ns.enter([ADV, "protocol-floor", str(UID)], capture_output=True, text=True)
-    out = r.stdout.split()
-    if len(out) != 4:
+    try:
+        total, stop, walk, kill = map(float, r.stdout.split())
+    except ValueError:  # "timeout", an error line, or nothing
         return False, float("nan"), None
-    total, stop, walk, kill = map(float, out)
     return True, total, {"stop": stop, "walk": walk, "kill": kill}
 
 

@@ -154,35 +154,49 @@ fn any_alive(uid: u32) -> bool {
     false
 }
 
-/// UID's processes and the stat paths of all their threads, from one listing of /proc.
-fn tasks_of(uid: u32) -> (Vec<String>, Vec<String>) {
+/// Did this error say the process (or thread) is gone, as opposed to unreadable?
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
+}
+
+/// UID's processes and the stat paths of all their threads, from one listing of /proc; None
+/// when something could not be read (a process that exited meanwhile is left out).
+fn tasks_of(uid: u32) -> Option<(Vec<String>, Vec<String>)> {
     use std::os::unix::fs::MetadataExt;
     let (mut pids, mut stats) = (Vec::new(), Vec::new());
-    let Ok(rd) = std::fs::read_dir("/proc") else { return (pids, stats) };
-    for e in rd.flatten() {
-        let name = e.file_name();
+    for e in std::fs::read_dir("/proc").ok()? {
+        let name = e.ok()?.file_name();
         let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else { continue };
-        if std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()).ok() != Some(uid) {
-            continue;
+        match std::fs::metadata(format!("/proc/{pid}")) {
+            Ok(m) if m.uid() == uid => {}
+            Ok(_) => continue,
+            Err(e) if gone(&e) => continue,
+            Err(_) => return None,
         }
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { continue };
-        for t in tasks.flatten() {
-            stats.push(format!("/proc/{pid}/task/{}/stat", t.file_name().to_string_lossy()));
+        let tasks = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+            Ok(t) => t,
+            Err(e) if gone(&e) => continue,
+            Err(_) => return None,
+        };
+        for t in tasks {
+            stats.push(format!("/proc/{pid}/task/{}/stat", t.ok()?.file_name().to_string_lossy()));
         }
         pids.push(pid.to_string());
     }
-    (pids, stats)
+    Some((pids, stats))
 }
 
-/// Does the stat file at PATH read stopped or dead (or gone)?
+/// Does the stat file at PATH read stopped or dead, or is the thread gone? An unreadable line is
+/// not stopped: the caller keeps reading until its deadline.
 fn stopped(path: &str, buf: &mut Vec<u8>) -> bool {
     use std::io::Read;
     buf.clear();
-    let Ok(mut f) = std::fs::File::open(path) else { return true };
-    if f.read_to_end(buf).is_err() {
-        return true;
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_to_end(buf));
+    match read {
+        Ok(_) => {}
+        Err(e) => return gone(&e),
     }
-    let Some(close) = buf.iter().rposition(|&b| b == b')') else { return true };
+    let Some(close) = buf.iter().rposition(|&b| b == b')') else { return false };
     matches!(buf.get(close + 2), Some(b'T' | b'Z' | b'X' | b't'))
 }
 
@@ -748,18 +762,27 @@ fn main() {
             let as_uid = move |sig: i32| {
                 std::thread::spawn(move || {
                     assert_eq!(raw_setresuid(uid, uid, 0), 0);
-                    unsafe { libc::kill(-1, sig) };
+                    let r = unsafe { libc::kill(-1, sig) };
+                    // ESRCH: nothing of the UID left to signal.
+                    let ok = r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
                     assert_eq!(raw_setresuid(0, 0, 0), 0);
+                    ok
                 })
                 .join()
                 .unwrap()
             };
             let t = std::time::Instant::now();
             let deadline = t + Duration::from_secs(10);
-            as_uid(libc::SIGSTOP);
+            if !as_uid(libc::SIGSTOP) {
+                println!("error: kill(-1, SIGSTOP) as {uid} failed");
+                return;
+            }
             // Each thread is read until it reads stopped, and not again: the fewest reads that
             // see every thread stopped.
-            let (pids, mut pending) = tasks_of(uid);
+            let Some((pids, mut pending)) = tasks_of(uid) else {
+                println!("error: /proc unreadable");
+                return;
+            };
             let mut buf = Vec::with_capacity(1024);
             while !pending.is_empty() {
                 if std::time::Instant::now() > deadline {
@@ -769,12 +792,17 @@ fn main() {
                 pending.retain(|p| !stopped(p, &mut buf));
             }
             let stopped = t.elapsed();
+            // The reads are what is timed; what they return (or that the process is gone)
+            // does not matter to the reference.
             for pid in &pids {
                 let _ = std::fs::read(format!("/proc/{pid}/cmdline"));
                 let _ = std::fs::read_link(format!("/proc/{pid}/exe"));
             }
             let walked = t.elapsed();
-            as_uid(libc::SIGKILL);
+            if !as_uid(libc::SIGKILL) {
+                println!("error: kill(-1, SIGKILL) as {uid} failed");
+                return;
+            }
             while any_alive(uid) {
                 if std::time::Instant::now() > deadline {
                     println!("timeout");

@@ -530,7 +530,8 @@ impl Pass<'_> {
         // the kernel already released reads, and a read that goes through a leader an exec from
         // another thread just swapped out (de_thread) reads so while the pid names the live
         // execer. (A thread's id never reads as 1: its group still counts leader and thread.)
-        if exited(stat.state) && stat.num_threads == 1 {
+        // `ps` (Full) reads on, to show whose zombie it is.
+        if detail == Detail::Light && exited(stat.state) && stat.num_threads == 1 {
             let leader = Thread::state_only(pid, stat.state);
             return Ok(Some(stat.into_proc(vec![leader], known, (Vec::new(), None))));
         }
@@ -853,11 +854,16 @@ mod tests {
                 _ => std::thread::sleep(std::time::Duration::from_millis(2)),
             }
         }
+        let full = r.read(pid, Detail::Full).unwrap();
         child.wait().unwrap();
         let p = seen.expect("the child never showed as a zombie");
         assert!(!p.alive());
         assert_eq!(p.threads.len(), 1);
         assert!(!p.threads[0].creds, "credentials read from a dead process's status");
+        // What `ps` shows of the same zombie: whose it is.
+        let full = full.expect("the zombie was reaped before its second read");
+        assert!(!full.alive());
+        assert_eq!(full.uid(), unsafe { libc::getuid() }, "{full:?}");
     }
 
     #[test]

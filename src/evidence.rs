@@ -13,7 +13,8 @@
 //! does not answer is left where it is stuck, its target is recorded as unreadable and never
 //! read again while that reader is stuck on it, and a new reader takes the rest. At most
 //! `MAX_STUCK` readers may be stuck at once; past that, or when no thread can be started (a
-//! pids limit), evidence is recorded as unreadable.
+//! pids limit), evidence is recorded as unreadable. Processes sharing one memory map
+//! (clone(CLONE_VM)) are separate targets: one held lock can strand every reader allowed.
 //!
 //! Speed. The reads are the kernel's CPU work; a large walk hands them to two readers in turn
 //! (a second core halves it), each answering in the order it was asked. The second reader is

@@ -182,6 +182,13 @@ pub struct VerifyArgs {
     /// Skip the live probe for sandbox processes (not recommended)
     #[arg(long)]
     pub no_live_probe: bool,
+    /// Refuse a marker from a freeze whose init did not follow launches by loginuid (lineage)
+    #[arg(long)]
+    pub require_lineage: bool,
+    /// Refuse a marker from a container where setuid binaries could make a sandbox process root
+    /// (no no-new-privileges)
+    #[arg(long)]
+    pub require_no_setuid: bool,
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,

@@ -2,6 +2,7 @@
 
 use crate::cli::{ExecArgs, FreezeArgs, KeygenArgs, PsArgs};
 use crate::files::FileError;
+use crate::launches;
 use crate::procs::{Detail, Reader, Snapshot};
 use crate::requests;
 use crate::spawn::{self, Plan};
@@ -205,8 +206,13 @@ pub fn exec(args: ExecArgs) -> i32 {
         }
     };
     let groups = users::groups_of(&user, &users::read_group());
-    if !args.no_lineage && !spawn::tag_lineage(user.uid) {
+    let tagged = !args.no_lineage && spawn::tag_lineage(user.uid);
+    if !args.no_lineage && !tagged {
         log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
+    }
+    if let Err(e) = record_launch(&args, tagged) {
+        eprintln!("quiesce exec: {e}");
+        return 2;
     }
     let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: false };
     match Plan::new(&args.command, Some(drop)) {
@@ -216,6 +222,48 @@ pub fn exec(args: ExecArgs) -> i32 {
             2
         }
     }
+}
+
+/// Tell the init about this launch before the command runs (see `launches`). No state dir or
+/// nothing published there: no quiesce init with a sandbox runs here, and there is no one to tell.
+fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
+    let Ok(dir) = StateDir::open(&args.state.state_dir) else { return Ok(()) };
+    let Some(published) = published_in(&dir)? else { return Ok(()) };
+    let reader = Reader::default();
+    let start =
+        |pid: Pid| reader.start_time(pid).map_err(|e| format!("cannot read the start time of {pid}: {e}"));
+    let pid = sys::getpid();
+    let start_time =
+        start(pid)?.ok_or("cannot find this process in /proc: mount proc for this PID namespace")?;
+    // A launcher that exits meanwhile hands this process to another parent: name the one it has.
+    let (ppid, parent_start_time) = parent_identity(&start)?;
+    let nnp = sys::no_new_privs().map_err(|e| format!("cannot read no_new_privs: {e}"))?;
+    let launch = launches::Launch {
+        pid,
+        start_time,
+        ppid,
+        parent_start_time,
+        lineage: published.lineage && tagged,
+        setuid: args.allow_setuid && !nnp,
+    };
+    launches::record(&dir, &launch)
+}
+
+/// The parent and its start time, read until the two agree (a parent that exits between the
+/// reads is replaced by the one this process was handed to); 0, 0 for a parent outside.
+fn parent_identity(start: &dyn Fn(Pid) -> Result<Option<u64>, String>) -> Result<(Pid, u64), String> {
+    for _ in 0..8 {
+        let ppid = sys::getppid();
+        if ppid == 0 {
+            return Ok((0, 0));
+        }
+        if let Some(t) = start(ppid)? {
+            if sys::getppid() == ppid {
+                return Ok((ppid, t));
+            }
+        }
+    }
+    Err("the parent of this process kept changing: cannot record who launched it".into())
 }
 
 /// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is

@@ -3,6 +3,7 @@
 
 use crate::consistency;
 use crate::evidence::{self, Gathered};
+use crate::launches;
 use crate::newcomers;
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::settle;
@@ -11,7 +12,46 @@ use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// Where the freeze starts from, besides the init's last observation.
+pub struct Context<'a> {
+    /// Taken when the request was taken, before anything announced the freeze.
+    pub since: newcomers::Since,
+    pub launches: &'a launches::Registry,
+    pub launchers: &'a mut newcomers::Launchers,
+    /// The client that asked for this freeze: root, entered from outside, alive throughout.
+    pub client: Option<Pid>,
+    /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
+    /// become root before any observation saw it, so the outside vouches for no newcomer.
+    pub outside_unseen: bool,
+}
+
+/// The freeze's start point: the pid counter first, then the clock; a process of the starting
+/// tick with a pid handed out after it is new. Unreadable clock: every process counts as born
+/// during the freeze (more refusals, never fewer).
+pub fn start_point() -> newcomers::Since {
+    newcomers::Since {
+        last_pid: consistency::last_pid(Path::new("/proc")).ok(),
+        ticks: sys::boot_ticks().unwrap_or(0),
+    }
+}
+
+/// Take the launch records written since the last call: each launched process is remembered as
+/// the sandbox's (history) and its launcher noted.
+pub fn take_launches(
+    reg: &launches::Registry,
+    policy: &mut Policy,
+    launchers: &mut newcomers::Launchers,
+) -> Result<usize, String> {
+    let got = reg.take()?;
+    for l in &got {
+        policy.history.insert((l.pid, l.start_time));
+        launchers.add(l);
+    }
+    Ok(got.len())
+}
 
 pub struct Config {
     pub cred: crate::cred::Switcher,
@@ -369,15 +409,15 @@ pub fn run(
     policy: &mut Policy,
     reader: &Reader,
     seen: &Snapshot,
+    ctx: Context,
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    // Counter first: a process of the starting tick with a pid handed out after it is new.
-    // Unreadable clock: every process counts as born during the freeze (more refusals, never fewer).
-    let born_since = newcomers::Since {
-        last_pid: consistency::last_pid(reader.root()).ok(),
-        ticks: sys::boot_ticks().unwrap_or(0),
-    };
+    let Context { since: born_since, launches, launchers, client, outside_unseen } = ctx;
+    let mut ancestry = newcomers::Ancestry::from_launchers(launchers);
+    if outside_unseen {
+        ancestry.suspect_outside();
+    }
     let mut run = Run {
         cred: &mut cfg.cred,
         reader,
@@ -390,7 +430,7 @@ pub fn run(
         recorded: HashSet::new(),
         unstopped: Vec::new(),
         since: None,
-        ancestry: newcomers::Ancestry::default(),
+        ancestry,
     };
     let (snap, tainted) = match run.stop(cfg.stop_wait, seen) {
         Ok(x) => x,
@@ -425,6 +465,16 @@ pub fn run(
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
     loop {
+        // Launches recorded since the freeze began: their processes and launchers count before
+        // the proof's observation is classified (a record precedes its process's first step).
+        match take_launches(launches, run.policy, launchers) {
+            Ok(0) => {}
+            Ok(_) => run.ancestry.add_launchers(launchers),
+            Err(e) => {
+                run.phases.probe = ms(t.elapsed());
+                return run.fail(format!("launch records unreadable: {e}"), Vec::new());
+            }
+        }
         // The proof: a consistent observation taken after the last kill.
         let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
         let (snap, passes) = match observed {
@@ -456,10 +506,16 @@ pub fn run(
         let left = survivors(&snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
-            let own: Vec<Pid> = run.cred.helper_pid().into_iter().collect();
+            let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(client).collect();
             let now = consistency::last_pid(run.reader.root()).ok();
-            let orphans =
+            let mut orphans =
                 newcomers::orphaned(&snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
+            let newcomers_found = !orphans.is_empty();
+            for p in newcomers::unfollowed_children(&snap, &tainted, launchers, sys::getpid(), &own) {
+                if !orphans.iter().any(|o| o.pid == p.pid) {
+                    orphans.push(p);
+                }
+            }
             // A root process entered from outside in the middle of switching to a sandbox UID
             // (`docker exec -u` during the freeze) or a short-lived child of a launcher reads the
             // same: look again for a short while, failing only if one is still there. What such a
@@ -478,15 +534,23 @@ pub fn run(
                     .iter()
                     .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
                     .collect();
-                return run.fail(
+                let reason = if newcomers_found {
                     format!(
                         "{} process(es) appeared during the freeze with no parent that can vouch for them ({}): they cannot \
                          be told from the sandbox's; retry once no root daemon forks during a freeze",
                         orphans.len(),
                         named.join(", ")
-                    ),
-                    found,
-                );
+                    )
+                } else {
+                    format!(
+                        "{} process(es) born since a launch that lineage does not follow and a setuid binary can make \
+                         root, under its launcher, the init or the outside ({}): they cannot be told from what such \
+                         a launch leaves behind; launch with lineage, or without setuid (no-new-privileges)",
+                        orphans.len(),
+                        named.join(", ")
+                    )
+                };
+                return run.fail(reason, found);
             }
             run.phases.total = ms(start.elapsed());
             return Outcome {

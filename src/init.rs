@@ -2,7 +2,9 @@
 //! shut down cleanly. Once the command runs, nothing here may end the init by error.
 
 use crate::freeze;
+use crate::launches;
 use crate::marker::{self, Claims};
+use crate::newcomers;
 use crate::procs::{self, Detail, Reader};
 use crate::requests::{self, Request};
 use crate::spawn::Plan;
@@ -25,6 +27,14 @@ pub struct Sandbox {
     pub freeze: freeze::Config,
     pub after_freeze_exit: bool,
     pub track_interval: Option<Duration>,
+    /// Where `quiesce exec` records its launches, and what they said so far.
+    pub launches: launches::Registry,
+    pub launchers: newcomers::Launchers,
+    /// The init runs with no_new_privs (so does everything entered into the container): no
+    /// setuid binary makes any process root.
+    pub no_new_privs: bool,
+    /// When the last tracking refresh completed; None: the last one was cut off.
+    pub tracked_at: Option<Instant>,
 }
 
 pub struct Config {
@@ -137,8 +147,13 @@ fn now_unix() -> u64 {
 }
 
 fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>) {
+    // The start point comes before anything outside the init can tell that a freeze is under
+    // way (the old marker's removal, "freezing" in status.json): a process that waits for those
+    // to act makes what it makes after this point, where the proof looks for newcomers.
+    let born_since = freeze::start_point();
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
+    let client = pending_request.as_ref().and_then(|r| r.pid);
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
         id: id.clone(),
@@ -164,8 +179,28 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         log::error!("cannot write status: {e}");
     }
     log::info!("freeze {id}: starting");
+    // The stop starts from the last refresh: one that is older than the interval, or was cut off
+    // (a fork storm, a signal), may not have seen a sandbox process that lives now, nor where it
+    // came from. Look again first, within a bound: a storm must not hold the freeze back.
+    let stale = match (sb.tracked_at, sb.track_interval) {
+        (Some(at), Some(every)) => at.elapsed() > every,
+        _ => true,
+    };
+    if stale {
+        let until = Instant::now() + FRESH_LOOK;
+        if !track(sb, &|| Instant::now() >= until) {
+            log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
+        }
+    }
     let reader = Reader::default();
-    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, &mut || reaper.reap());
+    let ctx = freeze::Context {
+        since: born_since,
+        launches: &sb.launches,
+        launchers: &mut sb.launchers,
+        client,
+        outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
+    };
+    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
@@ -189,6 +224,8 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 processes_omitted: out.evidence.omitted,
                 phases_ms: out.phases.clone(),
                 version: env!("CARGO_PKG_VERSION").into(),
+                lineage: Some(sb.policy.lineage),
+                setuid: Some(!sb.no_new_privs),
             };
             marker::sign(&sb.key, &claims)
         });
@@ -236,18 +273,33 @@ fn publish(sb: &Sandbox, status: &Status) {
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
 /// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
 /// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
-fn track(sb: &mut Sandbox) {
+/// Launch records are taken first: a record is written before its process runs sandbox code,
+/// so every launched process the listing then finds is known as the sandbox's. Returns whether
+/// the refresh completed.
+fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
+    if let Err(e) = freeze::take_launches(&sb.launches, &mut sb.policy, &mut sb.launchers) {
+        // The freeze reads them again and fails if it cannot.
+        log::warn!("tracking: {e}");
+    }
     let reader = Reader::default();
-    match reader.snapshot_since(&sb.seen, &|| sys::other_signal_pending(libc::SIGCHLD)) {
+    match reader.snapshot_since(&sb.seen, abort) {
         Ok(Some(snap)) => {
             let tainted = sb.policy.classify(&snap);
             sb.policy.remember(&snap, &tainted);
+            sb.launchers.prune(&snap);
             sb.seen = snap;
+            sb.tracked_at = Some(Instant::now());
+            return true;
         }
-        Ok(None) => log::debug!("tracking interrupted by a pending signal"),
+        Ok(None) => log::debug!("tracking interrupted"),
         Err(e) => log::warn!("tracking: {e}"),
     }
+    sb.tracked_at = None;
+    false
 }
+
+/// How long a freeze waits, at most, for a fresh observation when the last refresh is stale.
+const FRESH_LOOK: Duration = Duration::from_secs(1);
 
 /// Run the init; returns the exit code.
 pub fn run(mut cfg: Config) -> i32 {
@@ -278,7 +330,7 @@ pub fn run(mut cfg: Config) -> i32 {
         if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
             log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
         }
-        track(sb);
+        track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
         next_track = sb.track_interval.map(|i| Instant::now() + i);
     }
 
@@ -362,7 +414,7 @@ pub fn run(mut cfg: Config) -> i32 {
                 && (periodic || on_child)
                 && !sys::other_signal_pending(libc::SIGCHLD)
             {
-                track(sb);
+                track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
                 last_track = now;
                 next_track = sb.track_interval.map(|i| now + i);
             }

@@ -11,6 +11,7 @@ mod files;
 mod freeze;
 mod init;
 mod keypem;
+mod launches;
 mod logging;
 mod marker;
 mod newcomers;
@@ -224,6 +225,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
     let intake = requests::Intake::new(&state)?;
+    let launches = launches::Registry::new(&state)?;
     write(state::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = sys::getpid();
@@ -234,6 +236,18 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     let published = commands::Published { uids: uids.clone(), lineage, pid: me, start_time };
     write(commands::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
+    let no_new_privs =
+        sys::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
+    let mut launchers = newcomers::Launchers::default();
+    // The command started with --run-as is a launch by the init itself.
+    launchers.add_command(start_time, a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs);
+    if !lineage && !no_new_privs {
+        log::warn!(
+            "lineage is off and setuid binaries work here: a sandbox process that becomes root is told from root's \
+             own only by observation and launch records, and freezes refuse what they cannot tell apart; run the \
+             container with no-new-privileges, or where lineage works"
+        );
+    }
     Ok(init::Sandbox {
         policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
@@ -250,5 +264,9 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         },
         after_freeze_exit: a.after_freeze == "exit",
         track_interval: (interval > Duration::ZERO).then_some(interval),
+        launches,
+        launchers,
+        no_new_privs,
+        tracked_at: None,
     })
 }

@@ -54,6 +54,14 @@ pub struct Claims {
     pub processes_omitted: u64,
     pub phases_ms: crate::state::Phases,
     pub version: String,
+    /// Whether a loginuid marked sandbox launches (lineage followed them); absent in markers of
+    /// versions before it was carried, which a policy that asks for it refuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<bool>,
+    /// Whether a setuid binary could make a sandbox process root (the init ran without
+    /// no_new_privs, so processes entered into the container did too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setuid: Option<bool>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,6 +204,8 @@ mod tests {
             processes_omitted: 0,
             phases_ms: Default::default(),
             version: "0".into(),
+            lineage: Some(true),
+            setuid: Some(false),
         }
     }
 

@@ -16,10 +16,11 @@
 //! ppid 0 is refused too. Processes entered from outside otherwise (the orchestrator's own
 //! `docker exec`, the freeze client) are not orphans.
 
+use crate::launches::Launch;
 use crate::procs::{Proc, Snapshot};
 use crate::sys::Pid;
 use crate::taint::{Reason, Tainted};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// When the freeze began: the boot clock in ticks (stat's start-time unit) and the pid counter.
 pub struct Since {
@@ -41,6 +42,100 @@ impl Since {
     }
 }
 
+/// What the launch records (and the init's own start of the command) say, kept for as long as
+/// each launcher lives: who started sandbox processes, and since when a launch that lineage
+/// does not follow and that a setuid binary can make root ("unfollowed") may have handed a
+/// child to it. Such a child may be born long before a freeze and never be observed as the
+/// sandbox's: the proof refuses every untainted child of such a parent born since, whatever its
+/// age ([`unfollowed_children`]).
+#[derive(Debug, Default, Clone)]
+pub struct Launchers {
+    /// (pid, start time) of each launcher → the start tick of its first unfollowed launch.
+    by_launcher: HashMap<(Pid, u64), Option<u64>>,
+    /// A launch came from outside the PID namespace; Some: an unfollowed one, since that tick.
+    outside: Option<Option<u64>>,
+    /// An unfollowed launch anywhere, since that tick: its children that it leaves behind go to
+    /// the init (or the nearest subreaper above it) when it exits.
+    init_since: Option<u64>,
+}
+
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
+}
+
+impl Launchers {
+    /// Take in one launch; its process itself is the policy's to remember (history).
+    pub fn add(&mut self, l: &Launch) {
+        let since = l.unfollowed().then_some(l.start_time);
+        if l.ppid == 0 {
+            self.outside = Some(earliest(self.outside.flatten(), since));
+        } else {
+            let e = self.by_launcher.entry((l.ppid, l.parent_start_time)).or_insert(None);
+            *e = earliest(*e, since);
+        }
+        self.init_since = earliest(self.init_since, since);
+    }
+
+    /// The command the init starts itself, as a launch by the init.
+    pub fn add_command(&mut self, start_time: u64, unfollowed: bool) {
+        if unfollowed {
+            self.init_since = earliest(self.init_since, Some(start_time));
+        }
+    }
+
+    /// Forget launchers that are gone: a later process with the same pid is another process.
+    pub fn prune(&mut self, snap: &Snapshot) {
+        self.by_launcher.retain(|(pid, st), _| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+    }
+
+    /// Whether any launch so far may become root unseen.
+    pub fn any_unfollowed(&self) -> bool {
+        self.init_since.is_some()
+    }
+
+    /// Since when `parent` (None: the outside, ppid 0) may hold a child of an unfollowed launch;
+    /// `init`: the init's pid.
+    fn unfollowed_since(&self, parent: Option<&Proc>, init: Pid) -> Option<u64> {
+        match parent {
+            None => self.outside.flatten(),
+            Some(p) if p.pid == init || p.pid == 1 => self.init_since,
+            Some(p) => self.by_launcher.get(&(p.pid, p.start_time)).copied().flatten(),
+        }
+    }
+}
+
+/// Live, untainted processes (not the init's own) whose parent may hold what an unfollowed launch
+/// left behind and that were born since that launch: a launcher of one, the init, the outside.
+/// Unlike [`orphaned`] this looks at processes of any age: an escape before the freeze leaves the
+/// same child as one during it. A launcher's other children, a root daemon that daemonized since,
+/// an orchestrator's `docker exec` are named too: they cannot be told apart from an escapee's.
+pub fn unfollowed_children<'a>(
+    snap: &'a Snapshot,
+    tainted: &Tainted,
+    launchers: &Launchers,
+    init: Pid,
+    own: &[Pid],
+) -> Vec<&'a Proc> {
+    if !launchers.any_unfollowed() {
+        return Vec::new();
+    }
+    snap.procs
+        .values()
+        .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !own.contains(&p.pid))
+        .filter(|p| {
+            let parent = if p.ppid == 0 { None } else { snap.procs.get(&p.ppid) };
+            if p.ppid != 0 && parent.is_none() {
+                // A parent gone from the table: nothing vouches, and an escapee that exited is one.
+                return launchers.init_since.is_some_and(|t| p.start_time >= t);
+            }
+            launchers.unfollowed_since(parent, init).is_some_and(|t| p.start_time >= t)
+        })
+        .collect()
+}
+
 /// The processes seen, during one freeze, above a sandbox process whose descendants lineage does
 /// not mark (its loginuid is not the sandbox's: lineage off, or entered with `docker exec -u`).
 /// A child such a process makes with CLONE_PARENT, or leaves to a subreaper above it, has one of
@@ -54,6 +149,29 @@ pub struct Ancestry {
 }
 
 impl Ancestry {
+    /// What the launch records say: the launcher of an unfollowed launch is above it whether or
+    /// not an observation saw the launch under it, and so is the outside. (A followed launch's
+    /// children carry its loginuid: its launcher's new children are the launcher's own.)
+    pub fn from_launchers(l: &Launchers) -> Ancestry {
+        Ancestry {
+            above: l.by_launcher.iter().filter(|(_, since)| since.is_some()).map(|(k, _)| *k).collect(),
+            outside: l.outside.flatten().is_some(),
+        }
+    }
+
+    /// Add the launchers of launches recorded since.
+    pub fn add_launchers(&mut self, l: &Launchers) {
+        let more = Ancestry::from_launchers(l);
+        self.above.extend(more.above);
+        self.outside |= more.outside;
+    }
+
+    /// Count the outside as above a sandbox process: lineage off while a setuid binary can make a
+    /// process entered with `docker exec -u` root, so one may have come from there unseen.
+    pub fn suspect_outside(&mut self) {
+        self.outside = true;
+    }
+
     /// Add what one observation shows. Every observation of the freeze is noted: a chain can
     /// change between them (a parent exits, its children move to a subreaper).
     pub fn note(&mut self, snap: &Snapshot, tainted: &Tainted, init: Pid) {
@@ -236,5 +354,50 @@ mod tests {
         let got: Vec<Pid> =
             orphaned(&entered, &from_outside, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![30]);
+    }
+
+    #[test]
+    fn an_unfollowed_launch_leaves_its_launcher_the_init_and_the_outside_unable_to_vouch_since_it() {
+        use crate::launches::Launch;
+        // 10: a root launcher; 20: its unfollowed launch at tick 50; 30: a root service beside it.
+        let s = snap(&[
+            proc(1, 0, 1),
+            proc(10, 1, 5),
+            proc(20, 10, 50),
+            proc(30, 1, 7),
+            proc(11, 10, 40), // the launcher's child from before the launch
+            proc(12, 10, 60), // born under the launcher since: an escape's child, or its own
+            proc(31, 30, 70), // the service's child: the service vouches
+            proc(40, 1, 80),  // handed to the init since
+            proc(41, 1, 45),  // a daemon from before the launch
+            proc(50, 0, 90),  // entered from outside since; no launch came from there
+        ]);
+        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let launch =
+            Launch { pid: 20, start_time: 50, ppid: 10, parent_start_time: 5, lineage: false, setuid: true };
+        let mut l = Launchers::default();
+        let got = |l: &Launchers, own: &[Pid]| -> Vec<Pid> {
+            unfollowed_children(&s, &tainted, l, 1, own).iter().map(|p| p.pid).collect()
+        };
+        l.add(&Launch { setuid: false, ..launch.clone() });
+        l.add(&Launch { lineage: true, ..launch.clone() });
+        assert!(got(&l, &[]).is_empty(), "followed or setuid-less launches leave nothing unseen");
+        l.add(&launch);
+        assert_eq!(got(&l, &[]), vec![12, 40]);
+        assert_eq!(got(&l, &[40]), vec![12], "the init's own helpers and the freeze client");
+        l.add(&Launch { pid: 21, start_time: 85, ppid: 0, parent_start_time: 0, ..launch.clone() });
+        assert_eq!(got(&l, &[]), vec![12, 40, 50]);
+        // The launcher gone, a later process with its pid is another process.
+        let mut later = s.clone();
+        later.procs.insert(10, proc(10, 1, 95));
+        l.prune(&later);
+        assert!(!unfollowed_children(&later, &tainted, &l, 1, &[]).iter().any(|p| p.pid == 12));
+        // The launch's launcher is above it for newcomers during the freeze, unobserved.
+        let a = Ancestry::from_launchers(&Launchers {
+            by_launcher: [((10, 5), Some(50))].into(),
+            ..Default::default()
+        });
+        assert!(!a.vouches(&proc(10, 1, 5)));
+        assert!(a.vouches(&proc(30, 1, 7)));
     }
 }

@@ -425,6 +425,18 @@ pub fn suid_dumpable() -> Option<u8> {
     std::fs::read_to_string("/proc/sys/fs/suid_dumpable").ok()?.trim().parse().ok()
 }
 
+/// Whether this process runs with no_new_privs: set, it is inherited by every child and by every
+/// process an engine enters into the container, and no setuid binary raises anyone's privilege.
+pub fn no_new_privs() -> io::Result<bool> {
+    // SAFETY: prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) } as _).map(|v| v == 1)
+}
+
+pub fn getppid() -> Pid {
+    // SAFETY: getppid cannot fail.
+    unsafe { libc::getppid() }
+}
+
 pub fn set_not_dumpable() -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as _).map(|_| ())

@@ -20,6 +20,7 @@ pub mod code {
     pub const CONTAINER: i32 = 15;
     pub const LIVE: i32 = 16;
     pub const UNSAFE: i32 = 17;
+    pub const POLICY: i32 = 18;
 }
 
 #[derive(Serialize)]
@@ -124,6 +125,31 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             format!("marker nonce {:?} is not the expected one", claims.nonce),
         )?;
     }
+    // What the freeze could rest on: a marker from a configuration the verifier does not accept
+    // proves less than it needs (docs/threat-model.md, "What the configuration changes").
+    let policy = |asked: bool, got: Option<bool>, want: bool, what: &'static str, flag: &str, fix: &str| {
+        if !asked || got == Some(want) {
+            return Ok(());
+        }
+        let said = got.map_or("does not say".to_string(), |v| format!("says {what}={v}"));
+        Err(Fail(code::POLICY, what, format!("marker {said}, and {flag} asks for {what}={want}: {fix}")))
+    };
+    policy(
+        args.require_lineage,
+        claims.lineage,
+        true,
+        "lineage",
+        "--require-lineage",
+        "run the init where it can write loginuids (not from a login session, without --no-lineage)",
+    )?;
+    policy(
+        args.require_no_setuid,
+        claims.setuid,
+        false,
+        "setuid",
+        "--require-no-setuid",
+        "run the container with no-new-privileges",
+    )?;
     let now = now_unix();
     if claims.iat > now + 60 {
         return Err(Fail(code::TIME, "iat", format!("marker is from {} s in the future", claims.iat - now)));

@@ -440,6 +440,34 @@ fn main() {
             if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
                 fail("timer_settime");
             }
+            // `now`: escape at once, before any observation can see this process: its record of
+            // the launch is all the init has.
+            if std::env::args().nth(4).as_deref() == Some("now") {
+                if raw_setresuid(0, 0, 0) != 0 {
+                    fail("setresuid to root");
+                }
+                let parent = std::env::args().nth(3).as_deref() == Some("parent");
+                let child = if parent {
+                    unsafe {
+                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
+                    }
+                } else {
+                    fork()
+                };
+                if child == 0 {
+                    unsafe { libc::setsid() };
+                    unsafe { libc::timer_delete(timer) };
+                    ready();
+                    forever();
+                }
+                // The test waits for the child's ready file; this process is gone by then.
+                let file = std::env::var("ADV_READY").unwrap_or_default();
+                let until = std::time::Instant::now() + Duration::from_secs(5);
+                while !std::path::Path::new(&file).exists() && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::process::exit(0);
+            }
             ready();
             let mut last = std::time::Instant::now();
             loop {
@@ -473,6 +501,36 @@ fn main() {
                 }
                 std::process::exit(0);
             }
+        }
+        // The sandbox's own load on the machine: a busy loop per core and WRITERS processes that
+        // write and fsync a file in DIR (the state dir's file system) without pause.
+        "load" => {
+            let dir = std::env::args().nth(2).unwrap_or_else(|| ".".into());
+            let writers = arg(3, 2);
+            let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+            for _ in 0..cores {
+                if fork() == 0 {
+                    let mut x = 0u64;
+                    loop {
+                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    }
+                }
+            }
+            for i in 0..writers {
+                if fork() == 0 {
+                    let path = format!("{dir}/.load-{}-{i}", std::process::id());
+                    let Ok(mut f) = std::fs::File::create(&path) else { fail("create a load file") };
+                    let block = [7u8; 4096];
+                    loop {
+                        use std::io::{Seek, Write};
+                        if f.write_all(&block).is_err() || f.sync_all().is_err() || f.rewind().is_err() {
+                            fail("write the load file");
+                        }
+                    }
+                }
+            }
+            ready();
+            forever();
         }
         // Two processes that restart each other.
         "restart" => {

@@ -21,8 +21,9 @@ pub struct Context<'a> {
     pub since: newcomers::Since,
     pub launches: &'a launches::Registry,
     pub launchers: &'a mut newcomers::Launchers,
-    /// The client that asked for this freeze: root, entered from outside, alive throughout.
-    pub client: Option<Pid>,
+    /// Processes that are the init's own whenever they were born: the client that asked for this
+    /// freeze (root, entered from outside, alive throughout) and the init's command.
+    pub own: Vec<Pid>,
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
@@ -413,7 +414,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    let Context { since: born_since, launches, launchers, client, outside_unseen } = ctx;
+    let Context { since: born_since, launches, launchers, own: also_own, outside_unseen } = ctx;
     let mut ancestry = newcomers::Ancestry::from_launchers(launchers);
     if outside_unseen {
         ancestry.suspect_outside();
@@ -506,7 +507,7 @@ pub fn run(
         let left = survivors(&snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
-            let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(client).collect();
+            let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(also_own.iter().copied()).collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
                 newcomers::orphaned(&snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);

@@ -47,6 +47,8 @@ pub struct Config {
 
 struct Reaper {
     main: Pid,
+    /// The command's start time, read once it ran (None: unreadable).
+    main_start: Option<u64>,
     status: Option<i32>,
     /// waitpid said ECHILD: the init has no child at all.
     childless: bool,
@@ -153,7 +155,16 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     let born_since = freeze::start_point();
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
-    let client = pending_request.as_ref().and_then(|r| r.pid);
+    // The init's own command is the init's, whenever it was born: the same pid with the same
+    // start time (a later process with its pid is another one).
+    let command =
+        reaper.main_start.filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
+    let own: Vec<Pid> = pending_request
+        .as_ref()
+        .and_then(|r| r.pid)
+        .into_iter()
+        .chain(command.map(|_| reaper.main))
+        .collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
         id: id.clone(),
@@ -197,7 +208,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         since: born_since,
         launches: &sb.launches,
         launchers: &mut sb.launchers,
-        client,
+        own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
     let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
@@ -318,7 +329,8 @@ pub fn run(mut cfg: Config) -> i32 {
         }
     };
     log::debug!("command started as pid {main}");
-    let mut reaper = Reaper { main, status: None, childless: false };
+    let main_start = Reader::default().start_time(main).ok().flatten();
+    let mut reaper = Reaper { main, main_start, status: None, childless: false };
     let mut shutdown = Shutdown::None;
     let mut frozen = false;
     let mut term_after_freeze = false;

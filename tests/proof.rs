@@ -427,36 +427,11 @@ fn escape_is_refused(name: &str, uid: u32, how: Escape) {
         let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let _s = c.launch(uid, &["sleepers", "1000"]);
-        let status = c.state.join("status.json");
-        let status = status.to_str().unwrap();
-        let mode = if matches!(how, Escape::Fork) { "fork" } else { "parent" };
-        let _w = match how {
-            Escape::ParentUnderLauncher => {
-                // The shell stops itself afterwards rather than forking again: a launcher that
-                // starts something during a freeze fails it (its child is a newcomer it cannot
-                // vouch for), which is not what this test looks at.
-                let q = quiesce();
-                let script = format!(
-                    "'{}' exec --user {uid} --allow-setuid --no-lineage -- '{suid}' cont-escape '{status}' parent; kill -STOP $$",
-                    q.display()
-                );
-                c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "cont-escape under a root shell")
-            }
-            _ => {
-                c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &["cont-escape", status, mode])
-            }
-        };
+        let _w = start_escape(&c, uid, &suid, how, "");
         std::thread::sleep(Duration::from_millis(200));
         let (code, st) = c.freeze("n-1");
         // The child, if the escape happened: root for good, alive, wherever its parent is.
-        let escaped: Vec<i32> = c
-            .pids()
-            .into_iter()
-            .filter(|&p| {
-                c.stat(p).is_some_and(|s| s.live())
-                    && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
-            })
-            .collect();
+        let escaped = escaped(&c);
         if escaped.is_empty() {
             assert_eq!(code, 0, "{how:?} attempt {attempt}: {st}");
             continue;
@@ -497,6 +472,102 @@ fn p12c_root_child_handed_to_the_outside_with_clone_parent() {
         4364,
         Escape::ParentFromOutside,
     );
+}
+
+/// The live processes named `adversary-suid` (the setuid copy's children keep its name).
+fn escaped(c: &Container) -> Vec<i32> {
+    c.pids()
+        .into_iter()
+        .filter(|&p| {
+            c.stat(p).is_some_and(|s| s.live())
+                && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
+        })
+        .collect()
+}
+
+/// Start cont-escape the way `how` says; `extra`: more cont-escape arguments (`now`).
+fn start_escape(c: &Container, uid: u32, suid: &str, how: Escape, extra: &str) -> Workload {
+    let status = c.state.join("status.json");
+    let status = status.to_str().unwrap();
+    let mode = if matches!(how, Escape::Fork) { "fork" } else { "parent" };
+    match how {
+        Escape::ParentUnderLauncher => {
+            // The shell stops itself afterwards rather than forking again: a launcher that
+            // starts something during a freeze fails it (its child is a newcomer it cannot
+            // vouch for), which is not what these tests look at.
+            let q = quiesce();
+            let script = format!(
+                "'{}' exec --user {uid} --allow-setuid --no-lineage -- '{suid}' cont-escape '{status}' {mode} {extra}; kill -STOP $$",
+                q.display()
+            );
+            c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "cont-escape under a root shell")
+        }
+        _ => c.launch_bin(
+            uid,
+            &["--allow-setuid", "--no-lineage"],
+            suid,
+            &["cont-escape", status, mode, extra],
+        ),
+    }
+}
+
+/// The same escape as p12's, made at once, before any observation can see the process: a root
+/// child under the launcher, under the init, or outside, born before the freeze, that nothing
+/// observed as the sandbox's. Only the launch record tells the init who started it. Every
+/// freeze must refuse, naming the child: deterministic, no attempt left to luck.
+#[test]
+fn p16_an_escape_before_any_observation_is_refused() {
+    for (uid, how) in
+        [(4371, Escape::Fork), (4372, Escape::ParentUnderLauncher), (4373, Escape::ParentFromOutside)]
+    {
+        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let suid = setuid_copy(&c);
+        let w = start_escape(&c, uid, &suid, how, "now");
+        let child = w.pid;
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(escaped(&c).contains(&child), "{how:?}: the escapee's child is not alive");
+        let (code, st) = c.freeze("n-1");
+        assert_eq!(code, 1, "{how:?}: a marker was signed while {child} lives: {st}");
+        assert!(!c.marker_exists());
+        let reason = st["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("born since a launch that lineage does not follow"), "{how:?}: {st}");
+        let named: Vec<i64> =
+            st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
+        assert!(named.contains(&(child as i64)), "{how:?}: {child} not named: {st}");
+        assert!(escaped(&c).contains(&child), "{how:?}: the child was alive throughout");
+    }
+}
+
+/// p12b with the load made by the sandbox user itself (a busy loop per core, two writers that
+/// fsync without pause on the state dir's file system), which once let the escape happen between
+/// the freeze's announcement and its start point. Every attempt that escapes must be refused;
+/// the launcher is known from its launch record, so it vouches for nothing whatever was observed.
+#[test]
+fn p12d_escape_under_a_launcher_while_the_sandbox_loads_the_machine() {
+    use std::os::unix::fs::PermissionsExt;
+    let uid = 4374;
+    let mut escapes = 0;
+    for attempt in 1..=6 {
+        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let suid = setuid_copy(&c);
+        let scratch = c.path("scratch");
+        std::fs::create_dir(&scratch).unwrap();
+        std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let _load = c.launch(uid, &["load", scratch.to_str().unwrap(), "2"]);
+        let _s = c.launch(uid, &["sleepers", "1000"]);
+        let _w = start_escape(&c, uid, &suid, Escape::ParentUnderLauncher, "");
+        std::thread::sleep(Duration::from_millis(200));
+        let (code, st) = c.freeze("n-1");
+        let alive = escaped(&c);
+        if alive.is_empty() {
+            assert_eq!(code, 0, "attempt {attempt}: {st}");
+            continue;
+        }
+        escapes += 1;
+        assert_eq!(code, 1, "attempt {attempt}: a marker was signed while {alive:?} lives: {st}");
+        assert!(!c.marker_exists());
+    }
+    eprintln!("p12d: {escapes} of 6 attempts escaped, every one refused");
 }
 
 /// A root launcher that starts something when its sandbox process dies (`sh -c 'quiesce exec …;

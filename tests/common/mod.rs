@@ -529,7 +529,11 @@ impl Container {
         assert!(self.init > 0, "no namespace to enter: the init exited before the harness saw it");
         let mut c = Command::new(args[0]);
         c.args(&args[1..]);
-        c.env("ADV", adversary()).env("Q", quiesce()).env("D", &self.dir);
+        // As the image's default state dir would be: `quiesce exec` records its launches there.
+        c.env("ADV", adversary())
+            .env("Q", quiesce())
+            .env("D", &self.dir)
+            .env("QUIESCE_STATE_DIR", &self.state);
         let pidns = std::ffi::CString::new(format!("/proc/{}/ns/pid", self.init)).unwrap();
         let mntns = std::ffi::CString::new(format!("/proc/{}/ns/mnt", self.init)).unwrap();
         // A user namespace of the container's own is joined first, as engines do: its root then

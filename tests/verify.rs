@@ -216,6 +216,71 @@ fn expired_future_nonce_and_uids() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
 }
 
+/// The marker says what configuration the freeze ran in; a verifier that demands one refuses
+/// markers that do not say so, with exit 18. The test namespace has no no_new_privs (setuid
+/// binaries work), and lineage is on unless the init is told otherwise.
+#[test]
+fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
+    let (c, key) = frozen(4408, "p");
+    let t = marker(&c);
+    let claims = claims_of(&t);
+    assert_eq!(claims["setuid"], true, "{claims}");
+    let lineage = claims["lineage"].as_bool().expect("the marker says whether lineage was on");
+    refused(&c.verify(&["--require-no-setuid", "--", "echo", "scored"]), 18, "setuid");
+    let with_lineage = c.verify(&["--require-lineage", "--", "echo", "scored"]);
+    if lineage {
+        assert_eq!(String::from_utf8_lossy(&with_lineage.stdout).trim(), "scored");
+    } else {
+        refused(&with_lineage, 18, "lineage unavailable here");
+    }
+    let mut off = claims.clone();
+    off["lineage"] = false.into();
+    refused(&verify_token(&c, &pyjwt_sign(&off, &key, "EdDSA"), &["--require-lineage"]), 18, "lineage off");
+    let mut silent = claims.clone();
+    silent.as_object_mut().unwrap().remove("setuid");
+    silent["setuid"] = serde_json::Value::Null;
+    refused(
+        &verify_token(&c, &pyjwt_sign(&silent, &key, "EdDSA"), &["--require-no-setuid"]),
+        18,
+        "says nothing",
+    );
+    let mut nnp = claims.clone();
+    nnp["setuid"] = false.into();
+    let out = verify_token(&c, &pyjwt_sign(&nnp, &key, "EdDSA"), &["--require-no-setuid"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without a policy the setuid marker passes as before.
+    let out = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+
+    // An init with no_new_privs (Docker's no-new-privileges): its marker says setuid: false.
+    let u = "4409";
+    let n = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", u],
+            prefix: vec!["setpriv", "--no-new-privs"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("n's sandbox", Duration::from_secs(10), || n.state.join("sandbox.json").exists());
+    let _w = n.launch(4409, &["sleepers", "5"]);
+    let (code, st) = n.freeze("q");
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(claims_of(&marker(&n))["setuid"], false);
+    let out = n.verify(&["--require-no-setuid", "--nonce", "q", "--", "echo", "scored"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn marker_from_another_pid_namespace_is_refused() {
     let (a, key) = frozen(4407, "n");

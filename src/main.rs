@@ -1,7 +1,6 @@
 //! quiesce: a container init that proves the sandbox user's processes are gone.
 //! Data flows one way: observe /proc (procs) → decide (taint) → act (freeze) → prove → sign (marker).
 
-mod capcheck;
 mod cli;
 mod commands;
 mod consistency;
@@ -10,6 +9,7 @@ mod evidence;
 mod files;
 mod freeze;
 mod init;
+mod kernel;
 mod keypem;
 mod logging;
 mod marker;
@@ -26,10 +26,11 @@ mod requests;
 mod settle;
 mod spawn;
 mod state;
-mod sys;
 mod taint;
-mod users;
 mod verify;
+
+// Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
+use kernel::{capcheck, sys, users};
 
 use clap::Parser;
 use std::time::Duration;

@@ -1,0 +1,3 @@
+pub mod capcheck;
+pub mod sys;
+pub mod users;

@@ -6,7 +6,6 @@ mod commands;
 mod consistency;
 mod cred;
 mod evidence;
-mod files;
 mod freeze;
 mod init;
 mod kernel;
@@ -21,8 +20,6 @@ mod proctrust;
 #[cfg(test)]
 mod proptests;
 mod quickargs;
-mod removal;
-mod requests;
 mod settle;
 mod spawn;
 mod state;
@@ -31,6 +28,7 @@ mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use kernel::{capcheck, sys, users};
+use state::{files, removal, requests};
 
 use clap::Parser;
 use std::time::Duration;

@@ -3,7 +3,6 @@
 
 mod cli;
 mod commands;
-mod consistency;
 mod cred;
 mod evidence;
 mod freeze;
@@ -13,14 +12,12 @@ mod keypem;
 mod logging;
 mod marker;
 mod newcomers;
+mod observe;
 #[cfg(test)]
 mod parsebench;
-mod procs;
-mod proctrust;
 #[cfg(test)]
 mod proptests;
 mod quickargs;
-mod settle;
 mod spawn;
 mod state;
 mod taint;
@@ -28,6 +25,7 @@ mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use kernel::{capcheck, sys, users};
+use observe::{consistency, procs, proctrust, settle};
 use state::{files, removal, requests};
 
 use clap::Parser;

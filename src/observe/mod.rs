@@ -1,0 +1,4 @@
+pub mod consistency;
+pub mod procs;
+pub mod proctrust;
+pub mod settle;

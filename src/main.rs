@@ -3,6 +3,7 @@
 
 mod cli;
 mod commands;
+mod decide;
 mod cred;
 mod evidence;
 mod freeze;
@@ -11,7 +12,6 @@ mod kernel;
 mod keypem;
 mod logging;
 mod marker;
-mod newcomers;
 mod observe;
 #[cfg(test)]
 mod parsebench;
@@ -20,10 +20,10 @@ mod proptests;
 mod quickargs;
 mod spawn;
 mod state;
-mod taint;
 mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
+use decide::{newcomers, taint};
 use kernel::{capcheck, sys, users};
 use observe::{consistency, procs, proctrust, settle};
 use state::{files, removal, requests};

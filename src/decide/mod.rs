@@ -1,0 +1,2 @@
+pub mod newcomers;
+pub mod taint;

@@ -4,8 +4,6 @@
 mod cli;
 mod commands;
 mod decide;
-mod cred;
-mod evidence;
 mod freeze;
 mod init;
 mod kernel;
@@ -24,6 +22,7 @@ mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use decide::{newcomers, taint};
+use freeze::{cred, evidence};
 use kernel::{capcheck, sys, users};
 use observe::{consistency, procs, proctrust, settle};
 use state::{files, removal, requests};

@@ -1,0 +1,5 @@
+pub mod cred;
+pub mod evidence;
+mod run;
+
+pub use run::*;

@@ -7,7 +7,6 @@ mod decide;
 mod freeze;
 mod init;
 mod kernel;
-mod keypem;
 mod logging;
 mod marker;
 mod observe;
@@ -24,6 +23,7 @@ mod verify;
 use decide::{newcomers, taint};
 use freeze::{cred, evidence};
 use kernel::{capcheck, sys, users};
+use marker::keypem;
 use observe::{consistency, procs, proctrust, settle};
 use state::{files, removal, requests};
 

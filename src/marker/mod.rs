@@ -1,0 +1,4 @@
+mod jws;
+pub mod keypem;
+
+pub use jws::*;

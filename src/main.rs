@@ -7,7 +7,6 @@ mod decide;
 mod freeze;
 mod init;
 mod kernel;
-mod logging;
 mod marker;
 mod observe;
 #[cfg(test)]
@@ -15,13 +14,13 @@ mod parsebench;
 #[cfg(test)]
 mod proptests;
 mod quickargs;
-mod spawn;
 mod state;
 mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use decide::{newcomers, taint};
 use freeze::{cred, evidence};
+use init::{logging, spawn};
 use kernel::{capcheck, sys, users};
 use marker::keypem;
 use observe::{consistency, procs, proctrust, settle};

@@ -1,0 +1,5 @@
+pub mod logging;
+mod run;
+pub mod spawn;
+
+pub use run::*;

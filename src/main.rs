@@ -13,11 +13,11 @@ mod observe;
 mod parsebench;
 #[cfg(test)]
 mod proptests;
-mod quickargs;
 mod state;
 mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
+use cli::quickargs;
 use decide::{newcomers, taint};
 use freeze::{cred, evidence};
 use init::{logging, spawn};

@@ -1,0 +1,4 @@
+mod args;
+pub mod quickargs;
+
+pub use args::*;

@@ -14,10 +14,10 @@ mod parsebench;
 #[cfg(test)]
 mod proptests;
 mod state;
-mod verify;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use cli::quickargs;
+use commands::verify;
 use decide::{newcomers, taint};
 use freeze::{cred, evidence};
 use init::{logging, spawn};

@@ -1,0 +1,4 @@
+mod client;
+pub mod verify;
+
+pub use client::*;

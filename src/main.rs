@@ -9,11 +9,9 @@ mod init;
 mod kernel;
 mod marker;
 mod observe;
-#[cfg(test)]
-mod parsebench;
-#[cfg(test)]
-mod proptests;
 mod state;
+#[cfg(test)]
+mod tests;
 
 // Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
 use cli::quickargs;

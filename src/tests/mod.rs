@@ -1,0 +1,2 @@
+mod parsebench;
+mod proptests;

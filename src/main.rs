@@ -21,7 +21,7 @@ use freeze::{cred, evidence};
 use init::{logging, spawn};
 use kernel::{capcheck, sys, users};
 use marker::keypem;
-use observe::{consistency, procs, proctrust, settle};
+use observe::{consistency, container, procs, proctrust, settle};
 use state::{files, removal, requests};
 
 use clap::Parser;

@@ -139,7 +139,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             ),
         ));
     }
-    let here = marker::this_container()
+    let here = crate::container::this_container()
         .map_err(|e| Fail(code::CONTAINER, "container", format!("cannot identify this container: {e}")))?;
     if here.pid_ns != claims.container.pid_ns || here.boot_id != claims.container.boot_id {
         return Err(Fail(

@@ -174,7 +174,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
     if out.ok {
-        let signed = marker::this_container().and_then(|container| {
+        let signed = crate::container::this_container().and_then(|container| {
             let claims = Claims {
                 iss: "quiesce".into(),
                 iat: now_unix(),

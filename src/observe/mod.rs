@@ -1,4 +1,5 @@
 pub mod consistency;
+pub mod container;
 pub mod procs;
 pub mod proctrust;
 pub mod settle;

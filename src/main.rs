@@ -66,7 +66,7 @@ fn subcommand(name: &str, argv: Vec<String>) -> i32 {
         "keygen" => commands::keygen(cli::KeygenArgs::parse_from(argv)),
         _ => {
             let a = cli::VerifyArgs::parse_from(argv);
-            match commands::resolve_uids(&a.sandbox.users) {
+            match users::resolve_uids(&a.sandbox.users) {
                 Ok(uids) => verify::run(a, uids),
                 Err(e) => {
                     eprintln!("quiesce verify: {e}");
@@ -114,7 +114,7 @@ fn run_init(a: cli::InitArgs) -> i32 {
         }
         log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
     }
-    let uids = match commands::resolve_uids(&a.sandbox.users) {
+    let uids = match users::resolve_uids(&a.sandbox.users) {
         Ok(u) => u,
         Err(e) => return fatal(e),
     };
@@ -224,8 +224,8 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         .start_time(me)
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
         .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
-    let published = commands::Published { uids: uids.clone(), lineage, pid: me, start_time };
-    write(commands::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
+    let published = state::Published { uids: uids.clone(), lineage, pid: me, start_time };
+    write(state::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     Ok(init::Sandbox {
         policy: taint::Policy::new(uids, lineage),

@@ -232,3 +232,23 @@ pub fn freeze_signal(name: &str) -> Result<i32, String> {
         crate::sys::signal_name(sig)
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sys::{first_catchable_rt, parse_signal, signal_name};
+
+    #[test]
+    fn real_time_signals_are_numbered_as_glibc_and_docker_number_them() {
+        assert_eq!(parse_signal("RTMIN+3"), Some(37));
+        assert_eq!(parse_signal("SIGRTMIN"), Some(34));
+        assert_eq!(parse_signal("37"), Some(37));
+        assert_eq!(parse_signal("RTMIN+31"), None);
+        assert_eq!(signal_name(37), "SIGRTMIN+3");
+        // The C library's own signals cannot be a freeze signal: the init could not block them.
+        for sig in 32..first_catchable_rt() {
+            let e = crate::cli::freeze_signal(&sig.to_string()).unwrap_err();
+            assert!(e.contains("C library") && e.contains("use USR1"), "{e}");
+        }
+        assert!(crate::cli::freeze_signal(&first_catchable_rt().to_string()).is_ok());
+    }
+}

@@ -180,7 +180,7 @@ SIZE_BREAKDOWN = [
      "without error-context −12 KB, without usage −4 KB; each loses error or help text: kept"),
     ("ed25519-dalek + curve25519-dalek", "≈ 39 KB .text", "signing and verifying: kept"),
     ("pkcs8 + pem + der + spki + base64ct", "≈ 21 KB .text",
-     "replaced by fixed-layout PEM parsing (src/keypem.rs): −45 KB file"),
+     "replaced by fixed-layout PEM parsing (src/marker/keypem.rs): −45 KB file"),
     ("serde + serde_json", "≈ 38 KB .text", "the marker and status JSON: kept"),
     ("sha2", "≈ 20 KB .text", "the key id (RFC 7638 thumbprint): kept"),
     ("base64", "≈ 6 KB .text", "kept"),
@@ -219,13 +219,13 @@ def init_cost_lines(ic, sr, sc, spawn_runs):
 
 
 def parse_cost():
-    """The /proc parse benchmark (src/parsebench.rs): hand parsers against procfs-core's."""
+    """The /proc parse benchmark (src/tests/parsebench.rs): hand parsers against procfs-core's."""
     r = subprocess.run(["cargo", "test", "--release", "-q", "--bin", "quiesce", "--", "--ignored", "--nocapture", "parse_cost"],
                        cwd=ROOT, capture_output=True, text=True)
     got = [l for l in r.stdout.splitlines() if l.startswith(("processes", "parsed", "read", "parse,"))]
     return ["## /proc parsing: the hand parsers against procfs-core", "",
             "Median of 21 passes over the stat and status files of 1,000 processes of this machine "
-            "(`cargo test --release --bin quiesce -- --ignored --nocapture parse_cost`, src/parsebench.rs); "
+            "(`cargo test --release --bin quiesce -- --ignored --nocapture parse_cost`, src/tests/parsebench.rs); "
             "the parsers read the same bytes:", "", "```"] + (got or [f"(did not run: exit {r.returncode})"]) + ["```", ""]
 
 

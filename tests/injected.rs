@@ -138,43 +138,41 @@ fn in_a_user_namespace_lineage_tags_with_the_mapped_sandbox_uid_and_a_freeze_pro
     );
 }
 
-/// `quiesce exec` tells the init about its launch before the command runs, and refuses to run it
-/// when it cannot: a launch the init does not know of could escape unseen. The init takes the
-/// record at its next refresh and removes it.
+/// `quiesce exec` tells the init about its launch, and runs the command only once the init has
+/// taken the record: a launch the init does not know of could escape unseen. It refuses when it
+/// cannot send the record.
 #[test]
-fn exec_records_its_launch_and_refuses_when_it_cannot() {
+fn exec_runs_the_command_only_once_the_init_holds_its_launch_record() {
     let uid = 4293;
     let c = sandbox(uid, &[]);
-    // The init held (stopped from outside) while the launch happens: the record must be there
-    // before the command runs, whatever the init does.
+    // The init held (stopped from outside its namespace): the command must wait.
     unsafe { libc::kill(c.init, libc::SIGSTOP) };
-    let w = c.launch(uid, &["pause"]);
-    let records: Vec<String> = std::fs::read_dir(c.state.join("launches"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
+    let ran = c.path("ran");
+    let q = quiesce();
+    let script = format!("'{}' exec --user {uid} -- touch '{}'", q.display(), ran.display());
+    let mut waiting = c.exec_cmd(&["sh", "-c", &script]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let early = ran.exists();
     unsafe { libc::kill(c.init, libc::SIGCONT) };
-    assert_eq!(records.len(), 1, "{records:?}");
-    assert!(records[0].starts_with(&format!("{}-", w.pid)), "{records:?} for pid {}", w.pid);
-    // Taken by the init's next refresh (1 s by default): the directory empties.
-    wait_for("the launch record taken", std::time::Duration::from_secs(5), || {
-        std::fs::read_dir(c.state.join("launches")).map(|d| d.count() == 0).unwrap_or(false)
+    assert!(!early, "the command ran before the init took its launch record");
+    wait_for("the command to run once its record was taken", std::time::Duration::from_secs(10), || {
+        ran.exists()
     });
-    assert!(c.stat(w.pid).is_some_and(|s| s.live()), "{} is gone", w.pid);
-    // No launches/ to record in (as after a swap of the state dir): the command never runs.
-    std::fs::remove_dir_all(c.state.join("launches")).unwrap();
-    let marker = c.path("ran");
+    assert!(waiting.wait().unwrap().success());
+    // No requests/ to send the record through (as after a swap of the state dir): never run.
+    std::fs::remove_dir_all(c.state.join("requests")).unwrap();
+    let never = c.path("never");
     let out = c.exec(&[
-        quiesce().to_str().unwrap(),
+        q.to_str().unwrap(),
         "exec",
         "--user",
         &uid.to_string(),
         "--",
         "touch",
-        marker.to_str().unwrap(),
+        never.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("launches") && err.lines().count() == 1, "{err}");
-    assert!(!marker.exists(), "the command ran without its launch recorded");
+    assert!(err.contains("requests") && err.lines().count() == 1, "{err}");
+    assert!(!never.exists(), "the command ran without its launch recorded");
 }

@@ -20,24 +20,41 @@
 //! (a second core halves it), each answering in the order it was asked. The second reader is
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
-use crate::marker::Evidence;
-use crate::procs::{Proc, Reader};
+use crate::procs::{Proc, Reader, CMDLINE_READ};
 use crate::sys::{self, Pid};
 use crate::taint::Reason;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Bytes of /proc/PID/cmdline read per process.
-pub const CMDLINE_READ: usize = 4096;
 /// Bytes of JSON kept of a command line, and of an executable's path.
 pub const CMDLINE_KEEP: usize = 4096;
 pub const EXE_KEEP: usize = 1024;
 /// Bytes of JSON of the whole `processes` list of a marker.
 pub const MARKER_BUDGET: usize = 1 << 20;
+
+/// One killed process as the walk recorded it (within the bounds above).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Evidence {
+    pub pid: i32,
+    pub ppid: i32,
+    pub uids: Vec<u32>,
+    pub comm: String,
+    /// None: not read (`unreadable`).
+    pub cmdline: Option<Vec<String>>,
+    pub exe: Option<String>,
+    pub start_time: u64,
+    pub reason: Vec<String>,
+    /// The command line or the exe path was cut to its cap.
+    #[serde(default)]
+    pub truncated: bool,
+    /// The command line could not be read in time (or at all).
+    #[serde(default)]
+    pub unreadable: bool,
+}
 /// How long the walk waits for one answer before it leaves the reader behind: a healthy read
 /// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
 /// walk's most.

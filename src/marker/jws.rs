@@ -1,42 +1,15 @@
 //! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
 
+pub use crate::container::Container;
+pub use crate::evidence::Evidence;
 use crate::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::fs;
 use std::io;
 use std::path::Path;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Container {
-    pub boot_id: String,
-    pub pid_ns: u64,
-    pub hostname: String,
-    pub init_start: u64,
-}
-
-/// One killed process as the walk recorded it (see `evidence` for the bounds).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Evidence {
-    pub pid: i32,
-    pub ppid: i32,
-    pub uids: Vec<u32>,
-    pub comm: String,
-    /// None: not read (`unreadable`).
-    pub cmdline: Option<Vec<String>>,
-    pub exe: Option<String>,
-    pub start_time: u64,
-    pub reason: Vec<String>,
-    /// The command line or the exe path was cut to its cap.
-    #[serde(default)]
-    pub truncated: bool,
-    /// The command line could not be read in time (or at all).
-    #[serde(default)]
-    pub unreadable: bool,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Claims {
@@ -69,17 +42,6 @@ struct Header {
     alg: String,
     typ: Option<String>,
     kid: Option<String>,
-}
-
-/// The container this process runs in, as a marker names it.
-pub fn this_container() -> io::Result<Container> {
-    let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string();
-    let pid_ns = crate::sys::ns_inode("/proc/self/ns/pid")?;
-    let hostname = fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string();
-    let init_start = crate::procs::Reader::default()
-        .start_time(1)?
-        .ok_or_else(|| io::Error::other("/proc/1 is missing: mount proc for this PID namespace"))?;
-    Ok(Container { boot_id, pid_ns, hostname, init_start })
 }
 
 /// RFC 7638 thumbprint of the public key as a JWK: the `kid`.

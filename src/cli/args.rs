@@ -185,8 +185,8 @@ pub struct VerifyArgs {
     /// Refuse a marker from a freeze whose init did not follow launches by loginuid (lineage)
     #[arg(long)]
     pub require_lineage: bool,
-    /// Refuse a marker from a container where setuid binaries could make a sandbox process root
-    /// (no no-new-privileges)
+    /// Refuse a marker from an init that ran without no_new_privs (Docker's no-new-privileges),
+    /// where setuid binaries could make a sandbox process root
     #[arg(long)]
     pub require_no_setuid: bool,
     /// Print the result as JSON
@@ -238,4 +238,24 @@ pub fn freeze_signal(name: &str) -> Result<i32, String> {
         "--freeze-signal {} {why}: use USR1 (the default), USR2 or a real-time signal",
         crate::sys::signal_name(sig)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sys::{first_catchable_rt, parse_signal, signal_name};
+
+    #[test]
+    fn real_time_signals_are_numbered_as_glibc_and_docker_number_them() {
+        assert_eq!(parse_signal("RTMIN+3"), Some(37));
+        assert_eq!(parse_signal("SIGRTMIN"), Some(34));
+        assert_eq!(parse_signal("37"), Some(37));
+        assert_eq!(parse_signal("RTMIN+31"), None);
+        assert_eq!(signal_name(37), "SIGRTMIN+3");
+        // The C library's own signals cannot be a freeze signal: the init could not block them.
+        for sig in 32..first_catchable_rt() {
+            let e = crate::cli::freeze_signal(&sig.to_string()).unwrap_err();
+            assert!(e.contains("C library") && e.contains("use USR1"), "{e}");
+        }
+        assert!(crate::cli::freeze_signal(&first_catchable_rt().to_string()).is_ok());
+    }
 }

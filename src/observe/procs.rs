@@ -11,6 +11,9 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+/// Bytes of /proc/PID/cmdline read per process.
+pub const CMDLINE_READ: usize = 4096;
+
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Thread {
     pub tid: Pid,
@@ -351,7 +354,7 @@ impl Reader {
         {
             // The process chooses its command line's size (even terabytes, through
             // PR_SET_MM): only the first bytes are read.
-            let cmdline = match read_prefix(&dir.join("cmdline"), crate::evidence::CMDLINE_READ)? {
+            let cmdline = match read_prefix(&dir.join("cmdline"), CMDLINE_READ)? {
                 Read::Gone => Vec::new(),
                 Read::Ok(b) => b
                     .split(|&c| c == 0)

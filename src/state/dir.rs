@@ -31,7 +31,7 @@ pub struct Phases {
     pub total: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Status {
     pub id: String,
     /// The `quiesce freeze` request this freeze answers, if any.

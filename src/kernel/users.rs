@@ -63,6 +63,21 @@ pub fn read_group() -> String {
     fs::read_to_string("/etc/group").unwrap_or_default()
 }
 
+pub fn resolve_uids(specs: &[String]) -> Result<Vec<u32>, String> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pw = read_passwd();
+    let mut out = Vec::new();
+    for s in specs {
+        let u = resolve_sandbox(s, &pw)?.uid;
+        if !out.contains(&u) {
+            out.push(u);
+        }
+    }
+    Ok(out)
+}
+
 /// Every well-formed entry (the property tests compare it with what they wrote).
 #[cfg(test)]
 pub(crate) fn parse_passwd(text: &str) -> Vec<User> {

@@ -5,6 +5,7 @@
 //! one freeze with no nonce.
 
 use crate::files::FileError;
+use crate::launches::Launch;
 use crate::state::{self, StateDir, Status};
 use crate::sys::{self, Pid};
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,13 @@ pub struct Request {
     /// count as a bare signal.
     #[serde(default)]
     pub pid: Option<Pid>,
+    /// Not a freeze: `quiesce exec` recording its launch (see `launches`), answered once taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launch>,
 }
+
+/// The state a taken launch is answered with.
+pub const LAUNCH_TAKEN: &str = "launch-recorded";
 
 /// A request id: 32 lowercase hex digits, the first 16 the client's clock in nanoseconds, so
 /// that names sort by arrival. It is used as a file name, so nothing else is accepted.
@@ -59,17 +66,29 @@ pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
     if r.nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
         return Err(format!("its nonce is longer than {MAX_NONCE} bytes"));
     }
+    if let Some(l) = &r.launch {
+        l.check()?;
+    }
     Ok(r)
 }
 
-/// The client side: write a request of our own and return its id.
+/// The client side: write a freeze request of our own and return its id.
 pub fn submit(state: &StateDir, nonce: Option<String>) -> Result<String, String> {
     if nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
         return Err(format!("--nonce is longer than {MAX_NONCE} bytes: use a shorter one"));
     }
+    submit_request(state, nonce, None)
+}
+
+/// The client side: write a launch record as a request and return its id.
+pub fn submit_launch(state: &StateDir, launch: Launch) -> Result<String, String> {
+    submit_request(state, None, Some(launch))
+}
+
+fn submit_request(state: &StateDir, nonce: Option<String>, launch: Option<Launch>) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
     let id = new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
-    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()) };
+    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), launch };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     // The temp file's name starts with a dot, so the init never takes a half-written request.
     dir.write_atomic(&id, &body, 0o644)
@@ -105,6 +124,8 @@ pub struct Intake {
     /// Senders of freeze signals not yet matched with a take.
     senders: Vec<Pid>,
     served: VecDeque<Pid>,
+    /// Launch records taken and not yet handed to the init (request id, record).
+    launches: Vec<(String, Launch)>,
 }
 
 impl Intake {
@@ -122,6 +143,7 @@ impl Intake {
             look: false,
             senders: Vec::new(),
             served: VecDeque::new(),
+            launches: Vec::new(),
         })
     }
 
@@ -190,14 +212,17 @@ impl Intake {
                 self.requests.read(&taken).map_err(|e| e.to_string()).and_then(|b| parse_request(&b, &name));
             self.remove(&taken);
             match parsed {
-                Ok(req) => {
+                Ok(mut req) => {
                     if let Some(pid) = req.pid {
                         if self.served.len() >= SERVED {
                             self.served.pop_front();
                         }
                         self.served.push_back(pid);
                     }
-                    self.queue.push_back(Some(req));
+                    match req.launch.take() {
+                        Some(l) => self.launches.push((req.request_id, l)),
+                        None => self.queue.push_back(Some(req)),
+                    }
                 }
                 Err(e) => {
                     log::warn!("freeze request {name} refused: {e}");
@@ -217,6 +242,22 @@ impl Intake {
     }
 
     /// Write a final status where the client that asked for it looks, then prune old results.
+    /// The launch records taken since the last call; each is to be answered with
+    /// `answer_launch` once the init holds it.
+    pub fn take_launches(&mut self) -> Vec<(String, Launch)> {
+        std::mem::take(&mut self.launches)
+    }
+
+    /// Tell the `quiesce exec` that sent request `id` that its launch is recorded.
+    pub fn answer_launch(&self, id: &str) {
+        self.answer(&Status {
+            id: id.to_string(),
+            request_id: Some(id.to_string()),
+            state: LAUNCH_TAKEN.into(),
+            ..Status::default()
+        });
+    }
+
     pub fn answer(&self, st: &Status) {
         let Some(id) = st.request_id.as_deref().filter(|i| valid_id(i)) else { return };
         let name = format!("{id}.json");
@@ -359,8 +400,13 @@ mod tests {
         assert!(!valid_id("ABCDEF00000000000000000000000000"));
         let id = "0123456789abcdef0123456789abcdef";
         let long = "x".repeat(MAX_NONCE + 1);
-        let body =
-            serde_json::to_vec(&Request { nonce: Some(long), request_id: id.into(), pid: None }).unwrap();
+        let body = serde_json::to_vec(&Request {
+            nonce: Some(long),
+            request_id: id.into(),
+            pid: None,
+            launch: None,
+        })
+        .unwrap();
         assert!(parse_request(&body, id).unwrap_err().contains("nonce"));
     }
 }

@@ -3,7 +3,6 @@
 
 use crate::consistency;
 use crate::evidence::{self, Gathered};
-use crate::launches;
 use crate::newcomers;
 use crate::procs::{self, Detail, Proc, Reader, Snapshot};
 use crate::settle;
@@ -19,8 +18,7 @@ use std::time::{Duration, Instant};
 pub struct Context<'a> {
     /// Taken when the request was taken, before anything announced the freeze.
     pub since: newcomers::Since,
-    pub launches: &'a launches::Registry,
-    pub launchers: &'a mut newcomers::Launchers,
+    pub launchers: &'a newcomers::Launchers,
     /// Processes that are the init's own whenever they were born: the client that asked for this
     /// freeze (root, entered from outside, alive throughout) and the init's command.
     pub own: Vec<Pid>,
@@ -37,21 +35,6 @@ pub fn start_point() -> newcomers::Since {
         last_pid: consistency::last_pid(Path::new("/proc")).ok(),
         ticks: sys::boot_ticks().unwrap_or(0),
     }
-}
-
-/// Take the launch records written since the last call: each launched process is remembered as
-/// the sandbox's (history) and its launcher noted.
-pub fn take_launches(
-    reg: &launches::Registry,
-    policy: &mut Policy,
-    launchers: &mut newcomers::Launchers,
-) -> Result<usize, String> {
-    let got = reg.take()?;
-    for l in &got {
-        policy.history.insert((l.pid, l.start_time));
-        launchers.add(l);
-    }
-    Ok(got.len())
 }
 
 pub struct Config {
@@ -414,7 +397,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    let Context { since: born_since, launches, launchers, own: also_own, outside_unseen } = ctx;
+    let Context { since: born_since, launchers, own: also_own, outside_unseen } = ctx;
     let mut ancestry = newcomers::Ancestry::from_launchers(launchers);
     if outside_unseen {
         ancestry.suspect_outside();
@@ -466,16 +449,6 @@ pub fn run(
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
     loop {
-        // Launches recorded since the freeze began: their processes and launchers count before
-        // the proof's observation is classified (a record precedes its process's first step).
-        match take_launches(launches, run.policy, launchers) {
-            Ok(0) => {}
-            Ok(_) => run.ancestry.add_launchers(launchers),
-            Err(e) => {
-                run.phases.probe = ms(t.elapsed());
-                return run.fail(format!("launch records unreadable: {e}"), Vec::new());
-            }
-        }
         // The proof: a consistent observation taken after the last kill.
         let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
         let (snap, passes) = match observed {

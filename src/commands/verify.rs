@@ -165,7 +165,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             ),
         ));
     }
-    let here = marker::this_container()
+    let here = crate::container::this_container()
         .map_err(|e| Fail(code::CONTAINER, "container", format!("cannot identify this container: {e}")))?;
     if here.pid_ns != claims.container.pid_ns || here.boot_id != claims.container.boot_id {
         return Err(Fail(
@@ -189,8 +189,8 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
         // The init says whether a loginuid marks a sandbox launch here; without its word, it does.
         let published = match &dir {
-            Some(d) => crate::commands::published_in(d).ok().flatten(),
-            None => crate::commands::published(&args.state.state_dir),
+            Some(d) => crate::state::published_in(d).ok().flatten(),
+            None => crate::state::published(&args.state.state_dir),
         };
         let lineage = published.is_none_or(|p| p.lineage);
         let tainted = Policy::new(uids, lineage).classify(&snap);

@@ -2,7 +2,7 @@
 //! shut down cleanly. Once the command runs, nothing here may end the init by error.
 
 use crate::freeze;
-use crate::launches;
+use crate::launches::Launch;
 use crate::marker::{self, Claims};
 use crate::newcomers;
 use crate::procs::{self, Detail, Reader};
@@ -27,8 +27,9 @@ pub struct Sandbox {
     pub freeze: freeze::Config,
     pub after_freeze_exit: bool,
     pub track_interval: Option<Duration>,
-    /// Where `quiesce exec` records its launches, and what they said so far.
-    pub launches: launches::Registry,
+    /// The command is a sandbox launch (--run-as).
+    pub command_is_sandbox: bool,
+    /// What the launch records of `quiesce exec` said so far.
     pub launchers: newcomers::Launchers,
     /// The init runs with no_new_privs (so does everything entered into the container): no
     /// setuid binary makes any process root.
@@ -155,10 +156,13 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     let born_since = freeze::start_point();
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
-    // The init's own command is the init's, whenever it was born: the same pid with the same
-    // start time (a later process with its pid is another one).
-    let command =
-        reaper.main_start.filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
+    // The init's own command is the init's, whenever it was born (the same pid with the same
+    // start time: a later process with its pid is another one), unless it is the sandbox's own
+    // launch (--run-as), which history holds from its start.
+    let command = reaper
+        .main_start
+        .filter(|_| !sb.command_is_sandbox)
+        .filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
     let own: Vec<Pid> = pending_request
         .as_ref()
         .and_then(|r| r.pid)
@@ -206,8 +210,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     let reader = Reader::default();
     let ctx = freeze::Context {
         since: born_since,
-        launches: &sb.launches,
-        launchers: &mut sb.launchers,
+        launchers: &sb.launchers,
         own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
@@ -220,7 +223,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
     if out.ok {
-        let signed = marker::this_container().and_then(|container| {
+        let signed = crate::container::this_container().and_then(|container| {
             let claims = Claims {
                 iss: "quiesce".into(),
                 iat: now_unix(),
@@ -284,14 +287,8 @@ fn publish(sb: &Sandbox, status: &Status) {
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
 /// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
 /// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
-/// Launch records are taken first: a record is written before its process runs sandbox code,
-/// so every launched process the listing then finds is known as the sandbox's. Returns whether
-/// the refresh completed.
+/// Returns whether the refresh completed.
 fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
-    if let Err(e) = freeze::take_launches(&sb.launches, &mut sb.policy, &mut sb.launchers) {
-        // The freeze reads them again and fails if it cannot.
-        log::warn!("tracking: {e}");
-    }
     let reader = Reader::default();
     match reader.snapshot_since(&sb.seen, abort) {
         Ok(Some(snap)) => {
@@ -307,6 +304,41 @@ fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
     }
     sb.tracked_at = None;
     false
+}
+
+/// Hold a launch record: its process is the sandbox's from its first instruction (history), and
+/// its launcher is noted. For an unfollowed launch every process above the launcher is noted too:
+/// a child the launch leaves behind goes to the nearest subreaper above it when its parent exits,
+/// and any of them may be one.
+fn take_launch(sb: &mut Sandbox, l: &Launch) {
+    log::debug!("launch recorded: pid {} by {}", l.pid, l.ppid);
+    sb.policy.history.insert((l.pid, l.start_time));
+    sb.launchers.add(l);
+    if !l.unfollowed() || l.ppid == 0 {
+        return;
+    }
+    let reader = Reader::default();
+    let mut pass = match reader.pass() {
+        Ok(p) => p,
+        Err(e) => {
+            // Only the launcher is known then; what is above it is the init's own note.
+            log::warn!("cannot read the processes above launcher {}: {e}", l.ppid);
+            return;
+        }
+    };
+    let me = sys::getpid();
+    let mut cur = l.ppid;
+    // Bounded: no chain of live processes is longer than a pids limit lets anyone build; a gone
+    // process's children went further up, to the init, which every unfollowed launch notes.
+    for _ in 0..4096 {
+        let Ok(Some(p)) = pass.stat(cur) else { return };
+        if p.ppid <= 1 || p.ppid == me {
+            return;
+        }
+        let Ok(Some(parent)) = pass.stat(p.ppid) else { return };
+        sb.launchers.add_above(parent.pid, parent.start_time, l.start_time);
+        cur = parent.pid;
+    }
 }
 
 /// How long a freeze waits, at most, for a fresh observation when the last refresh is stale.
@@ -331,6 +363,12 @@ pub fn run(mut cfg: Config) -> i32 {
     log::debug!("command started as pid {main}");
     let main_start = Reader::default().start_time(main).ok().flatten();
     let mut reaper = Reaper { main, main_start, status: None, childless: false };
+    if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
+        if sb.command_is_sandbox {
+            // The init's own launch: the sandbox's from its first instruction, seen or not.
+            sb.policy.history.insert((main, t));
+        }
+    }
     let mut shutdown = Shutdown::None;
     let mut frozen = false;
     let mut term_after_freeze = false;
@@ -409,7 +447,13 @@ pub fn run(mut cfg: Config) -> i32 {
         backlog = freeze_waiting || reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
-            if let Some(job) = sb.intake.next(&freeze_senders) {
+            let job = sb.intake.next(&freeze_senders);
+            // Launch records taken with it are held before any freeze runs, and only then answered.
+            for (id, launch) in sb.intake.take_launches() {
+                take_launch(sb, &launch);
+                sb.intake.answer_launch(&id);
+            }
+            if let Some(job) = job {
                 do_freeze(sb, &mut reaper, job);
                 frozen = true;
                 backlog = reaper.reap();

@@ -79,6 +79,12 @@ impl Launchers {
         self.init_since = earliest(self.init_since, since);
     }
 
+    /// A process above the launcher of an unfollowed launch (a subreaper may be among them).
+    pub fn add_above(&mut self, pid: Pid, start_time: u64, since: u64) {
+        let e = self.by_launcher.entry((pid, start_time)).or_insert(None);
+        *e = earliest(*e, Some(since));
+    }
+
     /// The command the init starts itself, as a launch by the init.
     pub fn add_command(&mut self, start_time: u64, unfollowed: bool) {
         if unfollowed {
@@ -157,13 +163,6 @@ impl Ancestry {
             above: l.by_launcher.iter().filter(|(_, since)| since.is_some()).map(|(k, _)| *k).collect(),
             outside: l.outside.flatten().is_some(),
         }
-    }
-
-    /// Add the launchers of launches recorded since.
-    pub fn add_launchers(&mut self, l: &Launchers) {
-        let more = Ancestry::from_launchers(l);
-        self.above.extend(more.above);
-        self.outside |= more.outside;
     }
 
     /// Count the outside as above a sandbox process: lineage off while a setuid binary can make a

@@ -873,23 +873,3 @@ pub fn boot_ticks() -> io::Result<u64> {
     let hz = hz as u64;
     Ok(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn real_time_signals_are_numbered_as_glibc_and_docker_number_them() {
-        assert_eq!(parse_signal("RTMIN+3"), Some(37));
-        assert_eq!(parse_signal("SIGRTMIN"), Some(34));
-        assert_eq!(parse_signal("37"), Some(37));
-        assert_eq!(parse_signal("RTMIN+31"), None);
-        assert_eq!(signal_name(37), "SIGRTMIN+3");
-        // The C library's own signals cannot be a freeze signal: the init could not block them.
-        for sig in 32..first_catchable_rt() {
-            let e = crate::cli::freeze_signal(&sig.to_string()).unwrap_err();
-            assert!(e.contains("C library") && e.contains("use USR1"), "{e}");
-        }
-        assert!(crate::cli::freeze_signal(&first_catchable_rt().to_string()).is_ok());
-    }
-}

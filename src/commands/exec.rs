@@ -1,0 +1,111 @@
+//! `quiesce exec`: start a command as a sandbox user, tagged so the init recognises its lineage,
+//! and recorded with the init before the command runs.
+
+use crate::cli::ExecArgs;
+use crate::launches::Launch;
+use crate::procs::Reader;
+use crate::spawn::{self, Plan};
+use crate::state::{published_in, StateDir};
+use crate::sys::{self, Pid};
+use crate::{requests, users};
+use std::time::{Duration, Instant};
+
+/// How long the launch waits, at most, for the init to take its record (a freeze in progress
+/// holds it back for up to its own budget).
+const RECORD_WAIT: Duration = Duration::from_secs(30);
+
+pub fn exec(args: ExecArgs) -> i32 {
+    let pw = users::read_passwd();
+    let user = match users::resolve(&args.user, &pw) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            return 2;
+        }
+    };
+    let groups = users::groups_of(&user, &users::read_group());
+    let tagged = !args.no_lineage && spawn::tag_lineage(user.uid);
+    if !args.no_lineage && !tagged {
+        log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
+    }
+    if let Err(e) = record_launch(&args, tagged) {
+        eprintln!("quiesce exec: {e}");
+        return 2;
+    }
+    let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: false };
+    match Plan::new(&args.command, Some(drop)) {
+        Ok(plan) => plan.exec_in_place(),
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            2
+        }
+    }
+}
+
+/// Tell the init about this launch and wait until it has taken the record: from then on nothing
+/// the command does can keep the init from knowing it and its launcher (see `launches`). No state
+/// dir, or nothing published there: no quiesce init with a sandbox runs here, and there is no one
+/// to tell.
+fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
+    let Ok(dir) = StateDir::open(&args.state.state_dir) else { return Ok(()) };
+    let Some(published) = published_in(&dir)? else { return Ok(()) };
+    let reader = Reader::default();
+    let start =
+        |pid: Pid| reader.start_time(pid).map_err(|e| format!("cannot read the start time of {pid}: {e}"));
+    let pid = sys::getpid();
+    let start_time =
+        start(pid)?.ok_or("cannot find this process in /proc: mount proc for this PID namespace")?;
+    let (ppid, parent_start_time) = parent_identity(&start)?;
+    let nnp = sys::no_new_privs().map_err(|e| format!("cannot read no_new_privs: {e}"))?;
+    let launch = Launch {
+        pid,
+        start_time,
+        ppid,
+        parent_start_time,
+        lineage: published.lineage && tagged,
+        setuid: args.allow_setuid && !nnp,
+    };
+    let results = dir.sub(requests::RESULTS)?;
+    let id = requests::submit_launch(&dir, launch)?;
+    let sig = if published.freeze_signal > 0 { published.freeze_signal } else { libc::SIGUSR1 };
+    if let Err(e) = super::freeze::signal_init(&dir, sig) {
+        let _ = requests::withdraw(&dir, &id);
+        return Err(format!("cannot tell the init about this launch: {e}"));
+    }
+    let until = Instant::now() + RECORD_WAIT;
+    let mut pause = Duration::from_millis(1);
+    while Instant::now() < until {
+        if let Some(st) = requests::read_result(&results, &id)? {
+            // Read once, by this client alone: the answer has done its job.
+            let _ = results.remove(&format!("{id}.json"));
+            if st.state == requests::LAUNCH_TAKEN {
+                return Ok(());
+            }
+            return Err(format!("the init answered the launch record with '{}'", st.state));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+    let _ = requests::withdraw(&dir, &id);
+    Err(format!(
+        "the init did not take this launch's record within {RECORD_WAIT:?} (a freeze that does not end?): \
+         the command did not run; retry"
+    ))
+}
+
+/// The parent and its start time, read until the two agree (a parent that exits between the
+/// reads is replaced by the one this process was handed to); 0, 0 for a parent outside.
+fn parent_identity(start: &dyn Fn(Pid) -> Result<Option<u64>, String>) -> Result<(Pid, u64), String> {
+    for _ in 0..8 {
+        let ppid = sys::getppid();
+        if ppid == 0 {
+            return Ok((0, 0));
+        }
+        if let Some(t) = start(ppid)? {
+            if sys::getppid() == ppid {
+                return Ok((ppid, t));
+            }
+        }
+    }
+    Err("the parent of this process kept changing: cannot record who launched it".into())
+}

@@ -1,0 +1,191 @@
+//! Start-up: everything that can be refused is refused before the command runs, and the sandbox
+//! (state dir, key, evidence reader, credential switcher) is set up for the init's loop.
+
+use crate::{capcheck, cli, cred, evidence, freeze, init, logging, marker, procs, requests};
+use crate::{newcomers, spawn, state, sys, taint, users};
+use std::time::Duration;
+
+fn fatal(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("quiesce: {msg}");
+    2
+}
+
+/// Everything that can be refused is refused here, before the command runs.
+pub fn run_init(a: cli::InitArgs) -> i32 {
+    let log_note = logging::init(a.verbose, true);
+    if a.command.is_empty() {
+        return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
+    }
+    // Before any thread exists: a thread with signals unblocked would take process-directed
+    // signals, and PID 1 drops those it has no handler for.
+    if let Err(e) = sys::block_all_signals() {
+        return fatal(format!("cannot block signals: {e}"));
+    }
+    let grace = match cli::seconds("--grace", a.grace) {
+        Ok(d) => d,
+        Err(e) => return fatal(e),
+    };
+    // The private key must never land in a core dump; ptrace by a same-UID process is also refused.
+    if let Err(e) = sys::set_not_dumpable() {
+        return fatal(format!("cannot mark the init non-dumpable: {e}"));
+    }
+    if sys::suid_dumpable() == Some(1) {
+        // Every credential switch resets the flag to this value until the init sets it back.
+        log::warn!(
+            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
+             the init and read its signing key; set it to 0 or 2 on the host"
+        );
+    }
+    if sys::getpid() != 1 || a.subreaper {
+        if let Err(e) = sys::set_child_subreaper() {
+            return fatal(format!("cannot become a child subreaper: {e}"));
+        }
+        log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
+    }
+    let uids = match users::resolve_uids(&a.sandbox.users) {
+        Ok(u) => u,
+        Err(e) => return fatal(e),
+    };
+    let drop = match &a.run_as {
+        None => None,
+        Some(spec) => match users::resolve(spec, &users::read_passwd()) {
+            Ok(user) => {
+                let groups = users::groups_of(&user, &users::read_group());
+                Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.no_lineage })
+            }
+            Err(e) => return fatal(format!("--run-as: {e}")),
+        },
+    };
+    let sandbox = if uids.is_empty() {
+        None
+    } else {
+        match setup_sandbox(&a, uids) {
+            Ok(s) => Some(s),
+            Err(e) => return fatal(e),
+        }
+    };
+    if let Some(note) = log_note {
+        // Said before the command runs, when a blocking write cannot hang on what it does.
+        eprintln!("quiesce: warn: {note}");
+    }
+    // The key path is no business of the command's.
+    std::env::remove_var("QUIESCE_SIGNING_KEY");
+    let plan = match spawn::Plan::new(&a.command, drop) {
+        Ok(p) => p.own_pgroup(),
+        Err(e) => return fatal(e),
+    };
+    init::run(init::Config { plan, pgroup: a.pgroup, remap_exit: a.remap_exit.clone(), grace, sandbox })
+}
+
+/// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
+/// an init that inherited a loginuid (started from a login session) passes it to every process
+/// of the container, root ones included, and then it marks nothing.
+fn lineage(off: bool, probe_uid: u32) -> bool {
+    if off {
+        log::info!("lineage off (--no-lineage): tracking relies on uid, ancestry and history");
+        return false;
+    }
+    if let Some(inherited) = procs::own_loginuid() {
+        log::info!(
+            "lineage unavailable: this init inherited loginuid {inherited} (started from a login \
+             session), which every process here carries; tracking relies on uid, ancestry and history"
+        );
+        return false;
+    }
+    if !spawn::lineage_available(probe_uid) {
+        log::info!(
+            "lineage unavailable (no audit, or /proc/self/loginuid cannot be written here): \
+             tracking relies on uid, ancestry and history"
+        );
+        return false;
+    }
+    true
+}
+
+fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
+    if sys::geteuid() != 0 {
+        return Err(format!(
+            "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
+             `--user`; a pod with runAsNonRoot cannot use quiesce as its init) with only the \
+             capabilities it needs, and start the agent with --run-as or `quiesce exec --user`",
+            sys::geteuid()
+        ));
+    }
+    capcheck::check()?;
+    if !sys::is_procfs("/proc").unwrap_or(false) {
+        return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
+             it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
+            .into());
+    }
+    let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
+    let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
+    let interval = cli::seconds("--track-interval", a.track_interval)?;
+    let state = state::StateDir::create(&a.state.state_dir)?;
+    if let Some(w) = state::parent_warning(&state.path) {
+        // Said at every verbosity: it is a setup to fix, and the command has not run yet.
+        eprintln!("quiesce: warn: {w}");
+    }
+    evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
+    let key = match &a.signing_key {
+        Some(path) => marker::load_private(path)?,
+        None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
+    };
+    let pub_pem = marker::public_pem(&key.verifying_key());
+    // Synced once the command runs (init::run): no reader needs more than the rename.
+    let mut unsynced = Vec::new();
+    let mut write = |name: &str, data: &[u8]| {
+        let f = state
+            .write_atomic_deferred(name, data, 0o644)
+            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))?;
+        unsynced.push(f);
+        Ok::<(), String>(())
+    };
+    // A marker or status from before this init started proves nothing about this one.
+    for stale in [state::MARKER, state::STATUS] {
+        state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
+    }
+    let intake = requests::Intake::new(&state)?;
+    write(state::PUBKEY, pub_pem.as_bytes())?;
+    let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
+    let me = sys::getpid();
+    let start_time = procs::Reader::default()
+        .start_time(me)
+        .map_err(|e| format!("cannot read this init's own start time: {e}"))?
+        .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
+    let published = state::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
+    write(state::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
+    log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
+    let no_new_privs =
+        sys::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
+    let mut launchers = newcomers::Launchers::default();
+    // The command started with --run-as is a launch by the init itself.
+    launchers.add_command(start_time, a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs);
+    if !lineage && !no_new_privs {
+        log::warn!(
+            "lineage is off and setuid binaries work here: a sandbox process that becomes root is told from root's \
+             own only by observation and launch records (quiesce exec), and freezes refuse what they cannot tell apart; run the \
+             container with no-new-privileges, or where lineage works"
+        );
+    }
+    Ok(init::Sandbox {
+        policy: taint::Policy::new(uids, lineage),
+        seen: Default::default(),
+        state,
+        unsynced,
+        intake,
+        key,
+        freeze_signal,
+        freeze: freeze::Config {
+            cred: cred::Switcher::start()
+                .map_err(|e| format!("cannot start the credential switcher: {e}"))?,
+            timeout,
+            stop_wait: Duration::from_millis(500),
+        },
+        after_freeze_exit: a.after_freeze == "exit",
+        track_interval: (interval > Duration::ZERO).then_some(interval),
+        command_is_sandbox: a.run_as.is_some(),
+        launchers,
+        no_new_privs,
+        tracked_at: None,
+    })
+}

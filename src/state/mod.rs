@@ -1,0 +1,13 @@
+//! The state directory: status, marker, public key, what the init publishes (sandbox.json),
+//! freeze requests and their results; files read and removed through descriptors only.
+//! May use: kernel. Knows nothing of /proc or of the freeze: it stores what it is given.
+
+mod dir;
+pub mod files;
+pub mod launches;
+mod published;
+pub mod removal;
+pub mod requests;
+
+pub use dir::*;
+pub use published::*;

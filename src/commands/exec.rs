@@ -47,7 +47,12 @@ pub fn exec(args: ExecArgs) -> i32 {
 /// dir, or nothing published there: no quiesce init with a sandbox runs here, and there is no one
 /// to tell.
 fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
-    let Ok(dir) = StateDir::open(&args.state.state_dir) else { return Ok(()) };
+    let dir = match StateDir::open(&args.state.state_dir) {
+        Ok(d) => d,
+        Err(_) if std::fs::symlink_metadata(&args.state.state_dir).is_err() => return Ok(()),
+        // There but not to be trusted: never the same as none.
+        Err(e) => return Err(e),
+    };
     let Some(published) = published_in(&dir)? else { return Ok(()) };
     let reader = Reader::default();
     let start =

@@ -502,6 +502,29 @@ fn main() {
                 std::process::exit(0);
             }
         }
+        // A root supervisor (a `tini -s`, s6, a harness): a child subreaper that runs CMD... and
+        // reaps whatever it is handed, forever.
+        "subreaper" => {
+            if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+                fail("PR_SET_CHILD_SUBREAPER");
+            }
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            if args.is_empty() {
+                fail("subreaper needs a command");
+            }
+            if fork() == 0 {
+                let err = std::os::unix::process::CommandExt::exec(
+                    std::process::Command::new(&args[0]).args(&args[1..]),
+                );
+                eprintln!("adversary: subreaper cannot run {}: {err}", args[0]);
+                std::process::exit(127);
+            }
+            loop {
+                if unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } < 0 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
         // The sandbox's own load on the machine: a busy loop per core and WRITERS processes that
         // write and fsync a file in DIR (the state dir's file system) without pause.
         "load" => {

@@ -1,7 +1,7 @@
 //! The one-line version `quiesce --version` prints and the marker's `version` claim carries:
-//! `0.1.0 (x86_64-unknown-linux-musl) - git.2088d95f1c2a`, `-dirty` after the commit when tracked
-//! files differ from it. The ` - git.COMMIT` tail is tini's form, the one `docker info` reads
-//! from an engine's init.
+//! `0.1.0 (x86_64-unknown-linux-musl, git 2088d958b2ac)`, `-dirty` after the commit when tracked
+//! files differ from it. Not tini's ` - git.COMMIT` form: some Docker versions slice their own
+//! init commit to the length of the one they read there, and a longer one panics `docker info`.
 //!
 //! The commit comes from, in order: QUIESCE_GIT_COMMIT (a build from a tree without .git, e.g. a
 //! container build that leaves .git out), the git checkout this package is the root of, the
@@ -79,5 +79,5 @@ fn main() {
             },
         },
     };
-    println!("cargo:rustc-env=QUIESCE_VERSION={version} ({target}) - git.{commit}");
+    println!("cargo:rustc-env=QUIESCE_VERSION={version} ({target}, git {commit})");
 }

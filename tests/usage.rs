@@ -11,7 +11,7 @@ fn run(args: &[&str]) -> std::process::Output {
     output_within(&mut c, Duration::from_secs(30))
 }
 
-/// The version line the build wrote: `quiesce VERSION (TARGET) - git.COMMIT[-dirty]`.
+/// The version line the build wrote: `quiesce VERSION (TARGET, git COMMIT[-dirty])`.
 fn version_line() -> String {
     let out = run(&["--version"]);
     assert!(out.status.success());
@@ -24,7 +24,7 @@ fn version_line() -> String {
 fn version_names_the_version_the_target_and_the_commit_in_one_line() {
     let line = version_line();
     let rest = line.strip_prefix(&format!("quiesce {} (", env!("CARGO_PKG_VERSION"))).expect(&line);
-    let (target, commit) = rest.split_once(") - git.").expect(&line);
+    let (target, commit) = rest.strip_suffix(')').and_then(|r| r.split_once(", git ")).expect(&line);
     assert!(target.ends_with("-unknown-linux-musl"), "{line}");
     let hex = commit.strip_suffix("-dirty").unwrap_or(commit);
     // The tree the tests run from is a git checkout, so the commit is known.

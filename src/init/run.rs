@@ -237,7 +237,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 processes: std::mem::take(&mut out.evidence.processes),
                 processes_omitted: out.evidence.omitted,
                 phases_ms: out.phases.clone(),
-                version: env!("CARGO_PKG_VERSION").into(),
+                version: env!("QUIESCE_VERSION").into(),
                 lineage: Some(sb.policy.lineage),
                 setuid: Some(!sb.no_new_privs),
             };

@@ -1,0 +1,180 @@
+"""freeze(): ask the init for a freeze and return only a result it read back.
+
+The normal path is one exec of `quiesce freeze --wait --json --nonce N`, whose client waits for
+the result of its own request. Where no exec can start (the sandbox holds the pids limit), the
+init is signalled through the engine, which needs no process in the container; once that
+freeze has freed the pids and an exec starts again, the nonce-bound freeze runs as usual, so
+every result carries the caller's nonce and comes from the init's own answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .container import Container, ExecResult
+from .errors import FreezeFailed, Unreachable
+
+# How often the engine's signal is sent again while no exec can start: a bare signal makes one
+# freeze each, so a freeze that could not finish the bomb gets another.
+_RESIGNAL_S = 2.0
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Survivor:
+    pid: int
+    uid: int | None
+    state: str | None
+    comm: str | None
+
+
+@dataclass(frozen=True)
+class FreezeResult:
+    """A freeze's final status as the init wrote it (`status.json`'s format, docs/marker.md)."""
+
+    state: str
+    freeze_id: str | None
+    killed: int
+    survivors: list[Survivor]
+    reason: str | None
+    phases_ms: dict[str, int]
+    marker: str | None
+    nonce: str | None = None
+    # True when the engine's signal had to reach the init first (no exec could start).
+    via_signal: bool = False
+    # The status of the signal's freeze, read once an exec started again (via_signal only).
+    signal_status: dict[str, Any] | None = None
+    elapsed_s: float = 0.0
+    status: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def quiescent(self) -> bool:
+        return self.state == "quiescent"
+
+
+def _survivors(status: dict[str, Any]) -> list[Survivor]:
+    out = []
+    for s in status.get("survivors") or []:
+        if isinstance(s, dict):
+            out.append(
+                Survivor(
+                    pid=int(s.get("pid", 0)),
+                    uid=s.get("uid"),
+                    state=s.get("state"),
+                    comm=s.get("comm"),
+                )
+            )
+    return out
+
+
+def _json(r: ExecResult) -> dict[str, Any] | None:
+    try:
+        v = json.loads(r.stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return v if isinstance(v, dict) else None
+
+
+def _jti(jws: str) -> str | None:
+    """The freeze id a marker names, read without checking it (verify_marker checks)."""
+    try:
+        payload = jws.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return None
+    jti = claims.get("jti") if isinstance(claims, dict) else None
+    return jti if isinstance(jti, str) else None
+
+
+def _remaining(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
+    wait_s = max(1, int(_remaining(deadline)))
+    argv = c.quiesce("freeze", "--wait", "--json", "--nonce", nonce, "--timeout", str(wait_s))
+    return c.exec(argv, timeout=wait_s + 10)
+
+
+def _await_signal_freeze(c: Container, deadline: float) -> dict[str, Any] | None:
+    """Signal the init, then wait until an exec starts and status.json is final."""
+    c.signal()
+    last_signal = time.monotonic()
+    status_path = f"{c.state_dir}/status.json"
+    while _remaining(deadline) > 0:
+        r = c.exec(["cat", status_path], timeout=max(1.0, _remaining(deadline)))
+        if r.started:
+            st = _json(r) if r.returncode == 0 else None
+            if st is not None and st.get("state") in ("quiescent", "failed"):
+                return st
+            if r.returncode != 0 and b"no such file" not in r.stderr.lower():
+                # cat ran but could not read: an image without cat still lets freeze run.
+                return None
+        elif time.monotonic() - last_signal > _RESIGNAL_S:
+            c.signal()
+            last_signal = time.monotonic()
+        time.sleep(_POLL_S)
+    raise Unreachable(
+        f"{c.name}: signalled the init ({c.freeze_signal}) but no exec could start before the "
+        "timeout: the sandbox may still hold the pids limit; score nothing"
+    )
+
+
+def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0) -> FreezeResult:
+    """Freeze the sandbox; return the init's `quiescent` result, or raise.
+
+    Raises FreezeFailed (with the survivors) when the init answers `failed`, and Unreachable
+    when the init cannot be reached or found; a result is returned only when it was read.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    nonce = nonce if nonce is not None else secrets.token_hex(16)
+    via_signal = False
+    signal_status = None
+    r = _run_freeze(container, nonce, deadline)
+    if not r.started:
+        via_signal = True
+        signal_status = _await_signal_freeze(container, deadline)
+        r = _run_freeze(container, nonce, deadline)
+        if not r.started:
+            raise Unreachable(f"{container.name}: no exec can start ({r.text})")
+    if r.returncode == 127:
+        raise Unreachable(
+            f"{container.name}: quiesce not found at {container.binary!r} in the container "
+            f"({r.text}); pass binary= (e.g. /sbin/docker-init when the engine injects it)"
+        )
+    status = _json(r)
+    if status is None or r.returncode not in (0, 1):
+        raise Unreachable(f"{container.name}: quiesce freeze exited {r.returncode}: {r.text}")
+    if status.get("nonce") != nonce:
+        raise Unreachable(
+            f"{container.name}: the freeze answered with nonce {status.get('nonce')!r}, "
+            "not this request's"
+        )
+    base = FreezeResult(
+        state="quiescent" if r.returncode == 0 and status.get("state") == "quiescent" else "failed",
+        freeze_id=status.get("id"),
+        killed=int(status.get("killed") or 0) + int((signal_status or {}).get("killed") or 0),
+        survivors=_survivors(status),
+        reason=status.get("reason"),
+        phases_ms={k: int(v) for k, v in (status.get("phases_ms") or {}).items()},
+        marker=None,
+        nonce=nonce,
+        via_signal=via_signal,
+        signal_status=signal_status,
+        status=status,
+    )
+    if not base.quiescent:
+        raise FreezeFailed(replace(base, elapsed_s=time.monotonic() - t0))
+    marker: str | None = None
+    m = container.exec(["cat", f"{container.state_dir}/quiescence.jws"], timeout=30)
+    if m.started and m.returncode == 0:
+        text = m.stdout.decode("ascii", "replace").strip()
+        # A later freeze replaces the marker: only this freeze's is this result's.
+        marker = text if _jti(text) == status.get("id") else None
+    return replace(base, marker=marker, elapsed_s=time.monotonic() - t0)

@@ -13,6 +13,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import pytest
+
 import support
 
 
@@ -52,8 +53,23 @@ cp {s}/quiescence.jws {s}/signing.pub {d}/
 """
     try:
         subprocess.run(
-            ["unshare", "--pid", "--fork", "--mount-proc", str(b), "--sandbox-user", "4242",
-             "--state-dir", str(s), "--after-freeze", "exit", "--", "sh", "-c", script],
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                str(b),
+                "--sandbox-user",
+                "4242",
+                "--state-dir",
+                str(s),
+                "--after-freeze",
+                "exit",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
             check=True,
             timeout=60,
             capture_output=True,

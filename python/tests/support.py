@@ -85,7 +85,7 @@ def build_images(client: docker.DockerClient) -> None:
 
 
 def _perl(body: str) -> str:
-    return "perl -e '$SIG{TERM}=\"IGNORE\"; " + body + "'"
+    return 'perl -e \'$SIG{TERM}="IGNORE"; ' + body + "'"
 
 
 # Each runs as the agent (`docker exec -u agent -d`), and all but the bomb detach from the exec.
@@ -98,7 +98,7 @@ WORKLOADS: dict[str, str] = {
     # pkill is gone by the time it is signalled.
     "respawn-chain": "setsid "
     + _perl(
-        'while(1){ my $p=fork(); if(defined $p && $p>0){ exit 0 } '
+        "while(1){ my $p=fork(); if(defined $p && $p>0){ exit 0 } "
         'open(my $f,">>","/workspace/out"); print $f "r"; close $f; '
         "select(undef,undef,undef,0.005) }"
     ),
@@ -109,9 +109,9 @@ WORKLOADS: dict[str, str] = {
         "select(undef,undef,undef,0.01) } }"
     ),
     # A double-forked writer in its own session that keeps one descriptor open.
-    "fd-writer": "perl -MPOSIX -e '$SIG{TERM}=\"IGNORE\"; fork and exit; setsid(); fork and exit; "
+    "fd-writer": 'perl -MPOSIX -e \'$SIG{TERM}="IGNORE"; fork and exit; setsid(); fork and exit; '
     'open(my $f,">>","/workspace/out") or die; select($f); $|=1; '
-    "while(1){ print \"f\"; select(undef,undef,undef,0.01) }'",
+    'while(1){ print "f"; select(undef,undef,undef,0.01) }\'',
 }
 PIDS_LIMIT = 128
 
@@ -127,10 +127,14 @@ class Box:
     def name(self) -> str:
         return str(self.ctr.name)
 
+    @property
+    def id(self) -> str:
+        return str(self.ctr.id)
+
     def size(self) -> int | None:
         """Bytes in the agent's output file, through the archive API (no exec)."""
         try:
-            stream, stat = self.client.api.get_archive(self.ctr.id, OUT)
+            stream, stat = self.client.api.get_archive(self.id, OUT)
         except docker.errors.NotFound:
             return None
         with contextlib.suppress(Exception):
@@ -139,7 +143,7 @@ class Box:
 
     def agents(self) -> int:
         """Live (non-zombie) processes of the agent's UID, by `docker top` on the host."""
-        top = self.client.api.top(self.ctr.id, ps_args="-o uid,stat,pid")
+        top = self.client.api.top(self.id, ps_args="-o uid,stat,pid")
         titles = [t.upper() for t in top["Titles"]]
         iu, ist = titles.index("UID"), titles.index("STAT")
         return sum(
@@ -147,14 +151,12 @@ class Box:
         )
 
     def pids(self) -> int:
-        top = self.client.api.top(self.ctr.id, ps_args="-o pid")
+        top = self.client.api.top(self.id, ps_args="-o pid")
         return len(top["Processes"] or [])
 
     def agent_exec(self, cmd: str) -> None:
-        self.client.api.exec_start(
-            self.client.api.exec_create(self.ctr.id, ["sh", "-c", cmd], user="agent"),
-            detach=True,
-        )
+        e = self.client.api.exec_create(self.id, ["sh", "-c", cmd], user="agent")
+        self.client.api.exec_start(e["Id"], detach=True)
 
     def start(self, workload: str, *, budget_s: float = 30.0) -> None:
         """Start a workload and wait until it is writing (and, for the bomb, at the limit)."""
@@ -163,14 +165,16 @@ class Box:
         s = self.size() or 0
         until(lambda: (self.size() or 0) > s, budget_s, f"{workload} stopped writing")
         if workload == "fork-bomb":
-            until(lambda: self.pids() >= PIDS_LIMIT - 2, budget_s, "the bomb never reached the limit")
+            until(
+                lambda: self.pids() >= PIDS_LIMIT - 2, budget_s, "the bomb never reached the limit"
+            )
 
     def wait_running(self) -> None:
         until(lambda: self.size_of_state() is not None, 15, "the init never wrote sandbox.json")
 
     def size_of_state(self) -> int | None:
         try:
-            stream, stat = self.client.api.get_archive(self.ctr.id, "/run/quiesce/sandbox.json")
+            stream, stat = self.client.api.get_archive(self.id, "/run/quiesce/sandbox.json")
         except docker.errors.NotFound:
             return None
         with contextlib.suppress(Exception):
@@ -189,17 +193,20 @@ def until(cond: Callable[[], bool], budget_s: float, what: str) -> None:
 
 @contextlib.contextmanager
 def box(
-    client: docker.DockerClient, image: str = SLIM, *, pids_limit: int | None = None, **kw: object
+    client: docker.DockerClient,
+    image: str = SLIM,
+    *,
+    pids_limit: int | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Iterator[Box]:
     name = f"{PREFIX}{uuid.uuid4().hex[:10]}"
     ctr = client.containers.run(
         image,
         detach=True,
         name=name,
-        labels={LABEL: "1"},
+        labels={LABEL: "1", **(labels or {})},
         network_mode="none",
         pids_limit=pids_limit or PIDS_LIMIT,
-        **kw,
     )
     b = Box(client, ctr)
     try:

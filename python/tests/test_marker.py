@@ -9,12 +9,13 @@ import json
 
 import jwt
 import pytest
-from conftest import Marker
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from quiesce_harness import MarkerInvalid, key_id, verify_marker
 from quiesce_harness.marker import load_public_key
+
+from conftest import Marker
 
 
 def b64(b: bytes) -> str:

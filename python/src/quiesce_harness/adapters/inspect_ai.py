@@ -22,11 +22,17 @@ from ..freeze import FreezeResult, freeze
 
 def sandbox_container(env: Any, *, binary: str = "quiesce") -> Container:
     """The container of an Inspect DockerSandboxEnvironment (its Compose project and service)."""
+    from inspect_ai.util._sandbox.docker.docker import DockerSandboxEnvironment
+
+    from ..errors import Unreachable
+
+    try:
+        env = env.as_type(DockerSandboxEnvironment)
+    except (TypeError, AttributeError):
+        raise Unreachable(f"{type(env).__name__}: not Inspect's docker sandbox") from None
     project = getattr(getattr(env, "_project", None), "name", None)
     service = getattr(env, "_service", None)
     if not project or not service:
-        from ..errors import Unreachable
-
         raise Unreachable(
             f"{type(env).__name__}: not Inspect's docker sandbox (no compose project/service)"
         )

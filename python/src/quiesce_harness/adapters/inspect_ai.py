@@ -56,7 +56,7 @@ def quiesced(
     info = registry_info(inner)
     metrics = scorer_metrics(inner)
 
-    @scorer(metrics=metrics, name=f"quiesced_{info.name.split('/')[-1]}")
+    @scorer(metrics=metrics, name=f"quiesced_{info.name.split('/')[-1]}")  # type: ignore[untyped-decorator]
     def wrapper() -> Any:
         async def score(state: Any, target: Any) -> Any:
             c = sandbox_container(sandbox(sandbox_name), binary=binary)

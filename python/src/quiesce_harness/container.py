@@ -53,13 +53,17 @@ class ExecResult:
 def _classify(rc: int, out: bytes, err: bytes) -> ExecResult:
     """Tell an exec that never started from a command that ran and failed.
 
-    Engines answer 126 (Docker, Podman) or 125/1 with the runtime's message when the process
-    could not be created; a command that ran exits with its own code and its own output.
+    Engines answer 126 (Docker, Podman; 125 for Podman's own errors) with the runtime's message
+    when the process could not be created, and 126/127 when the executable is missing. quiesce
+    itself exits 0, 1 or 2, and its output (which names the sandbox's processes, so the sandbox
+    chooses part of it) is never read for these messages unless the code is the engine's.
     """
+    if rc not in (125, 126, 127):
+        return ExecResult(rc, out, err, started=True)
     msg = (out + err).decode("utf-8", "replace").lower()
-    if rc in (125, 126, 127, 1, 255) and any(s in msg for s in _NOT_FOUND) and "exec" in msg:
+    if any(s in msg for s in _NOT_FOUND) and "exec" in msg:
         return ExecResult(127, out, err, started=True)
-    if rc in (125, 126, 1, 255) and any(s in msg for s in _NOT_STARTED):
+    if rc != 127 and any(s in msg for s in _NOT_STARTED):
         return ExecResult(rc, out, err, started=False)
     return ExecResult(rc, out, err, started=True)
 

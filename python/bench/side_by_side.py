@@ -7,10 +7,10 @@ Ways of ending the agent:
              DockerSandbox.exec runs `docker compose exec -T [-u USER] main sh -c CMD`
   nothing    what Harbor, terminal-bench and Inspect AI do: the verifier starts next to it all
   kit        quiesce_harness.freeze()
-Per cell: agent processes alive 1 s after the step returned, bytes the workload wrote in that
-second, and the step's time. Observed from the engine (`docker top`, the archive API), never by
-an exec. Run by python/bench/run (the venv with the pinned benchflow wheel); --write puts the
-table into docs/harnesses.md.
+Per cell: agent processes seen in the second after the step returned (the most of five
+looks), bytes the workload wrote in that second, and the step's time. Observed from the engine
+(`docker top`, the archive API), never by an exec. Run by python/bench/run (the venv with the
+pinned benchflow wheel); --write puts the table into docs/harnesses.md.
 """
 
 from __future__ import annotations
@@ -117,8 +117,13 @@ def one(client: docker.DockerClient, workload: str, image: str, method: str) -> 
         note = STEPS[method](b)
         seconds = time.perf_counter() - t0
         s0 = b.size() or 0
-        time.sleep(OBSERVE_S)
-        return Run(workload, image, method, seconds, b.agents(), (b.size() or 0) - s0, note)
+        # A respawning chain is one short-lived process at a time, which one `ps` can miss:
+        # the most seen by five looks over the second.
+        seen = 0
+        for _ in range(5):
+            time.sleep(OBSERVE_S / 5)
+            seen = max(seen, b.agents())
+        return Run(workload, image, method, seconds, seen, (b.size() or 0) - s0, note)
 
 
 def table(runs: list[Run]) -> str:
@@ -159,6 +164,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
         "kit_median_s_bomb": statistics.median(bomb) if bomb else None,
         "benchflow_min_s": min(bf) if bf else None,
         "benchflow_max_s": max(bf) if bf else None,
+        "kit_via_engine_signal": sum(1 for r in kit_runs if "engine signal" in r.note),
         "kit_survivors": sum(r.survivors for r in kit_runs),
         "kit_bytes_after": sum(r.bytes_after for r in kit_runs),
     }

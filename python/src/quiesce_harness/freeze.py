@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -116,19 +117,30 @@ def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
 def _run_freeze_with_marker(
     c: Container, nonce: str, deadline: float
 ) -> tuple[ExecResult, bytes | None] | None:
-    """The freeze and the marker in one exec through sh; None when that path did not run."""
+    """The freeze and the marker in one exec through sh; None when sh did not run it (no sh).
+
+    A shell that started but could not fork quiesce says the pids limit is held: that comes
+    back as an exec that did not start, so that freeze() goes to the engine's signal at once
+    rather than wait on more execs in a container the bomb keeps busy.
+    """
     argv, wait_s = _freeze_argv(c, nonce, deadline)
     marker = f"{c.state_dir}/quiescence.jws"
     sep = _SEP.decode()
     script = _WITH_MARKER.replace("$SEP", _shq(sep)).replace("$MARKER", _shq(marker))
     r = c.exec(["sh", "-c", script, *argv], timeout=wait_s + 10)
     if not r.started:
-        return None
+        return r, None
     head, found, tail = r.stdout.partition(_SEP)
     r = ExecResult(r.returncode, head, r.stderr, started=True)
     if _json(r) is None:
+        if r.returncode == 2 and _CANNOT_FORK.search(r.stderr.decode("utf-8", "replace")):
+            return ExecResult(126, b"", r.stderr, started=False), None
         return None
     return r, (tail if found else None)
+
+
+# dash, bash and busybox sh, when fork() fails.
+_CANNOT_FORK = re.compile(r"cannot fork|can't fork|fork: retry|fork: resource", re.IGNORECASE)
 
 
 def _shq(s: str) -> str:
@@ -179,7 +191,11 @@ def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0
     if not r.started:
         via_signal = True
         signal_status = _await_signal_freeze(container, deadline)
-        r = _run_freeze(container, nonce, deadline)
+        both = _run_freeze_with_marker(container, nonce, deadline) if container.use_shell else None
+        if both is not None and both[0].started:
+            r, marker_bytes = both
+        else:
+            r = _run_freeze(container, nonce, deadline)
         if not r.started:
             raise Unreachable(f"{container.name}: no exec can start ({r.text})")
     if r.returncode == 127:

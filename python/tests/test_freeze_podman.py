@@ -32,7 +32,7 @@ def image(client: docker.DockerClient) -> str:
     if podman("info", check=False).returncode != 0:
         support.skip_log("podman", "podman info fails here")
         pytest.skip("podman info fails")
-    want = client.images.get(support.SLIM).id.removeprefix("sha256:")
+    want = str(client.images.get(support.SLIM).id).removeprefix("sha256:")
     have = podman("image", "inspect", "--format", "{{.Id}}", support.SLIM, check=False).stdout
     if have.strip() != want:
         save = subprocess.Popen(["docker", "save", support.SLIM], stdout=subprocess.PIPE)

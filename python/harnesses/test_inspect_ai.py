@@ -109,7 +109,7 @@ def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: 
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     [r] = res
-    assert r.state == "quiescent" and r.killed >= 2
+    assert r.state == "quiescent" and r.killed >= 1
 
 
 def test_no_answer_from_the_init_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:

@@ -107,7 +107,7 @@ def test_quiesce_planes_score_what_the_test_scored(
     )
     assert (rewards, error) == ({"reward": 0.0}, None)
     [r] = planes.results
-    assert r.state == "quiescent" and r.killed >= 2 and r.marker
+    assert r.state == "quiescent" and r.killed >= 1 and r.marker
 
 
 def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
@@ -126,7 +126,7 @@ def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
 def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, project: str) -> None:
     # A root daemon forking all the time makes the freeze fail: BenchFlow records the raise
     # as a verifier error and keeps no reward.
-    daemon = "nohup sh -c 'while :; do (sleep 3 &); sleep 0.005; done' >/dev/null 2>&1 &"
+    daemon = "nohup " + support.WORKLOADS_ROOT_DAEMON + " >/dev/null 2>&1 &"
 
     async def run() -> tuple[dict[str, float] | None, str | None]:
         class Planes(QuiescePlanes):

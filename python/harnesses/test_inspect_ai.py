@@ -79,26 +79,17 @@ def run_tests() -> Any:
     return score
 
 
-def accuracy_of(tmp_path: Path, image: str, score: Any, daemon: str | None = None) -> Any:
+def accuracy_of(tmp_path: Path, image: str, score: Any) -> Any:
     compose = tmp_path / "compose.yaml"
     compose.write_text(
         f"services:\n  default:\n    image: {image}\n"
         f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
     )
 
-    @solver
-    def start_daemon() -> Any:
-        async def solve(state: Any, generate: Any) -> Any:
-            if daemon:
-                await sandbox().exec(["sh", "-c", daemon])
-            return state
-
-        return solve
-
     t = Task(
         name=f"qhk_{uuid.uuid4().hex[:8]}",
         dataset=[Sample(input="Write 42 to /workspace/answer.txt", target="42")],
-        solver=[leave_forger(), start_daemon()],
+        solver=leave_forger(),
         scorer=score,
         sandbox=("docker", str(compose)),
     )
@@ -118,11 +109,11 @@ def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: 
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     [r] = res
-    assert r.state == "quiescent" and r.killed >= 2
+    assert r.state == "quiescent" and r.killed >= 1
 
 
-def test_a_failed_freeze_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:
-    daemon = "nohup sh -c 'while :; do (sleep 3 &); sleep 0.005; done' >/dev/null 2>&1 &"
-    log = accuracy_of(tmp_path, task_image, quiesced(run_tests()), daemon=daemon)
+def test_no_answer_from_the_init_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:
+    # quiesce looked for where it is not: Unreachable, and Inspect records the sample's error.
+    log = accuracy_of(tmp_path, task_image, quiesced(run_tests(), binary="/nowhere/quiesce"))
     assert log.status == "error"
-    assert "FreezeFailed" in (log.error.message if log.error else "")
+    assert "Unreachable" in (log.error.message if log.error else "")

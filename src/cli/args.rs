@@ -42,7 +42,13 @@ pub struct InitArgs {
     pub remap_exit: Vec<u8>,
 
     /// Seconds between SIGTERM and SIGKILL for processes left when the command exits
-    #[arg(long, value_name = "SECONDS", default_value_t = 3.0, env = "QUIESCE_GRACE")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 3.0,
+        env = "QUIESCE_GRACE",
+        allow_negative_numbers = true
+    )]
     pub grace: f64,
 
     #[command(flatten)]
@@ -61,7 +67,13 @@ pub struct InitArgs {
     pub no_lineage: bool,
 
     /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, env = "QUIESCE_TRACK_INTERVAL")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        env = "QUIESCE_TRACK_INTERVAL",
+        allow_negative_numbers = true
+    )]
     pub track_interval: f64,
 
     /// Signal that requests a freeze when a sandbox user is configured
@@ -69,7 +81,13 @@ pub struct InitArgs {
     pub freeze_signal: String,
 
     /// Budget in seconds for one freeze, after which it fails
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, env = "QUIESCE_FREEZE_TIMEOUT")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        env = "QUIESCE_FREEZE_TIMEOUT",
+        allow_negative_numbers = true
+    )]
     pub freeze_timeout: f64,
 
     /// After a freeze: stay up until SIGTERM (for the verifier) or exit once the command is gone

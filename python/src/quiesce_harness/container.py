@@ -58,7 +58,9 @@ def _classify(rc: int, out: bytes, err: bytes) -> ExecResult:
     itself exits 0, 1 or 2, and its output (which names the sandbox's processes, so the sandbox
     chooses part of it) is never read for these messages unless the code is the engine's.
     """
-    if rc not in (125, 126, 127):
+    # Podman also answers 255 when the OCI runtime fails to start the exec under a held pids
+    # limit ("read init-p: connection reset by peer"); quiesce never exits 255.
+    if rc not in (125, 126, 127, 255):
         return ExecResult(rc, out, err, started=True)
     msg = (out + err).decode("utf-8", "replace").lower()
     if any(s in msg for s in _NOT_FOUND) and "exec" in msg:

@@ -113,6 +113,28 @@ fn fork() -> i32 {
     unsafe { libc::fork() }
 }
 
+/// cont-escape's escape: root for good, then a child in a session of its own, made the child of
+/// this process's parent (`parent` as argument 3: CLONE_PARENT, a live launcher) or its own (it
+/// goes to a subreaper once this process exits). Returns 0 in the child, as fork does.
+fn escape(timer: libc::timer_t) -> i32 {
+    if raw_setresuid(0, 0, 0) != 0 {
+        fail("setresuid to root");
+    }
+    let child = if std::env::args().nth(3).as_deref() == Some("parent") {
+        unsafe { libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32 }
+    } else {
+        fork()
+    };
+    if child < 0 {
+        fail("clone");
+    }
+    if child == 0 {
+        unsafe { libc::setsid() };
+        unsafe { libc::timer_delete(timer) };
+    }
+    child
+}
+
 fn arg(i: usize, default: u64) -> u64 {
     std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -443,20 +465,7 @@ fn main() {
             // `now`: escape at once, before any observation can see this process: its record of
             // the launch is all the init has.
             if std::env::args().nth(4).as_deref() == Some("now") {
-                if raw_setresuid(0, 0, 0) != 0 {
-                    fail("setresuid to root");
-                }
-                let parent = std::env::args().nth(3).as_deref() == Some("parent");
-                let child = if parent {
-                    unsafe {
-                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
-                    }
-                } else {
-                    fork()
-                };
-                if child == 0 {
-                    unsafe { libc::setsid() };
-                    unsafe { libc::timer_delete(timer) };
+                if escape(timer) == 0 {
                     ready();
                     forever();
                 }
@@ -482,21 +491,7 @@ fn main() {
                     last = std::time::Instant::now();
                     continue;
                 }
-                if raw_setresuid(0, 0, 0) != 0 {
-                    fail("setresuid to root");
-                }
-                // `parent`: the child is made the child of this process's parent (CLONE_PARENT),
-                // a live launcher that predates the freeze; otherwise it goes to a subreaper.
-                let child = if std::env::args().nth(3).as_deref() == Some("parent") {
-                    unsafe {
-                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
-                    }
-                } else {
-                    fork()
-                };
-                if child == 0 {
-                    unsafe { libc::setsid() };
-                    unsafe { libc::timer_delete(timer) };
+                if escape(timer) == 0 {
                     forever();
                 }
                 std::process::exit(0);

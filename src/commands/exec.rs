@@ -74,15 +74,18 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
     let id = requests::submit_launch(&dir, launch)?;
     let sig = if published.freeze_signal > 0 { published.freeze_signal } else { libc::SIGUSR1 };
     if let Err(e) = super::freeze::signal_init(&dir, sig) {
-        let _ = requests::withdraw(&dir, &id);
-        return Err(format!("cannot tell the init about this launch: {e}"));
+        let withdrawn = requests::withdraw(&dir, &id).err().map(|w| format!("; {w}")).unwrap_or_default();
+        return Err(format!("cannot tell the init about this launch: {e}{withdrawn}"));
     }
     let until = Instant::now() + RECORD_WAIT;
     let mut pause = Duration::from_millis(1);
     while Instant::now() < until {
         if let Some(st) = requests::read_result(&results, &id)? {
-            // Read once, by this client alone: the answer has done its job.
-            let _ = results.remove(&format!("{id}.json"));
+            // Read once, by this client alone: the answer has done its job (the init prunes what
+            // is left, so a failed removal costs nothing but a file).
+            if let Err(e) = results.remove(&format!("{id}.json")) {
+                log::debug!("cannot remove the answer {id}.json: {e}");
+            }
             if st.state == requests::LAUNCH_TAKEN {
                 return Ok(());
             }
@@ -91,10 +94,10 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
     }
-    let _ = requests::withdraw(&dir, &id);
+    let withdrawn = requests::withdraw(&dir, &id).err().map(|w| format!("; {w}")).unwrap_or_default();
     Err(format!(
         "the init did not take this launch's record within {RECORD_WAIT:?} (a freeze that does not end?): \
-         the command did not run; retry"
+         the command did not run; retry{withdrawn}"
     ))
 }
 

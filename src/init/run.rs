@@ -336,12 +336,24 @@ fn take_launch(sb: &mut Sandbox, l: &Launch) {
     };
     // Bounded: no chain of live processes is longer than a pids limit lets anyone build; a gone
     // process's children went further up, to the init, which every unfollowed launch notes.
+    let unknown = |pid: Pid, e: std::io::Error| {
+        // Not "gone": what is above it stays unnoted, and the init's own note is all there is.
+        log::warn!("cannot read process {pid} above launch {}: {e}", l.pid);
+    };
     for _ in 0..4096 {
-        let Ok(Some(p)) = pass.stat(cur) else { return };
+        let p = match pass.stat(cur) {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => return unknown(cur, e),
+        };
         if p.ppid <= 1 || p.ppid == me {
             return;
         }
-        let Ok(Some(parent)) = pass.stat(p.ppid) else { return };
+        let parent = match pass.stat(p.ppid) {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => return unknown(p.ppid, e),
+        };
         sb.launchers.add_above(parent.pid, parent.start_time, l.start_time);
         cur = parent.pid;
     }

@@ -3,29 +3,49 @@
 //! have forked a child after the listing passed, and that child is in no table. A sandbox process
 //! that hops to a new pid faster than the init reads would never be seen.
 //!
-//! The PID namespace's last allocated pid (`/proc/sys/kernel/ns_last_pid`) says whether any
-//! process or thread was created meanwhile. Read it before the listing; after reading every
-//! process, read it again. If it did not move, nothing was created while the table was taken, so
-//! every process alive now existed before the listing began and was listed and read. If it moved,
-//! the pids handed out in between are the only ones that can hold a process the table lacks:
-//! read exactly those (or list again when they are many) and check again, until a pass creates
-//! nothing or the deadline passes. Processes reaped while the table is taken need no special
-//! care: a hop that exits is a zombie child of the init, which does not reap while it observes.
+//! The PID namespace's pid counter (`/proc/sys/kernel/ns_last_pid`) is the pid the kernel handed
+//! out last. It moves only when the kernel hands one out: it takes the first free pid after the
+//! last one, going round to 300 at pid_max. So it comes back to the same value after as few new
+//! processes as there are free pids (with one free pid every new process gets it, and the counter
+//! never moves), not after pid_max of them. "It did not move" alone proves nothing.
 //!
-//! One more turn: the counter moves when a pid is allocated, a little before the new process is
-//! visible in /proc (measured: up to ~300 µs on a loaded machine). A fork that allocated before
-//! the first read can attach its child after the listing passed it; its parent is alive until the
-//! child is attached, so either the table shows the parent alive or a final listing, taken after
-//! every read, shows the child. A quiet pass therefore ends with that listing, and any pid in it
-//! that the table lacks is read and the check repeated.
+//! What does: a pid that stays taken cannot be handed out. The pass reads the counter (value L)
+//! and makes sure something holds L from then on: the task that had L before the reading (a
+//! pidfd of it, taken after the reading, and a start tick earlier than the clock read before the
+//! reading), or else a thread the init starts for the window, which gets the next pid and so is
+//! the one the counter names. If later the counter still reads L and the holder still holds L
+//! (alive, or a zombie nobody reaped), no pid was handed out in between: the last one handed out
+//! would have been L. So every process alive then existed when the window opened. The first
+//! window opens before the first listing: if it ends quiet, every process alive at its end was
+//! listed and read while alive.
 //!
-//! What this assumes: nobody rewrites ns_last_pid (that needs CAP_SYS_ADMIN or
-//! CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes lack by default),
-//! and fewer than pid_max pids are handed out during one pass.
+//! When a window ends with pids handed out, the pids between the two readings are the ones
+//! worth reading again, but they are all that were handed out only if the counter went less than
+//! once round, which a nearly full pid space does not promise; and a pid read earlier may name
+//! another process by now. So from the first such window on, every entry carries the pidfs inode
+//! number of the process it was read from (taken before the read: one kernel pid object each,
+//! never reused), the table is read again whole with them, and a quiet window ends only once every
+//! entry still names the same object. Without pidfs (before Linux 6.9) such a window reads the
+//! whole table again, and only a window that reads the whole table and ends quiet ends the pass.
+//!
+//! One more turn: a pid is handed out a little before the new process shows in /proc (measured:
+//! up to ~300 µs on a loaded machine). A fork whose pid was handed out before the window opened
+//! can attach its child after the listing passed it; its parent is alive until the child is
+//! attached, so either the table shows the parent alive or a final listing, taken after every
+//! read, shows the child. A quiet window therefore ends with that listing, and any pid in it that
+//! the table lacks is read and the window checked again. Processes reaped meanwhile need no care:
+//! a hop that exits is a zombie child of the init, which does not reap while it observes, and one
+//! reaped by another parent frees its pid only to the checks above.
+//!
+//! What this assumes: nobody rewrites ns_last_pid or picks a pid with clone3's set_tid (either
+//! needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes
+//! lack by default).
 
-use crate::procs::{Detail, Reader, Snapshot};
-use crate::sys::Pid;
+use crate::procs::{Detail, Pass, Reader, Snapshot};
+use crate::sys::{self, Pid};
+use std::collections::BTreeMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::Instant;
 
@@ -75,6 +95,161 @@ fn distance(from: Pid, to: Pid) -> u64 {
     }
 }
 
+/// What holds the counter's value while a window lasts: nothing can be handed that pid meanwhile.
+enum Holder {
+    /// The task that had the pid before the counter was read.
+    Task(OwnedFd),
+    /// A thread of the init started for the window; its id is the pid the counter names.
+    Pin { _held: Pin },
+}
+
+/// A stretch of the pass from one reading of the counter.
+struct Window {
+    covered: Pid,
+    holder: Option<Holder>,
+}
+
+impl Window {
+    /// Read the counter and make sure something holds its value.
+    fn open(root: &Path, pass: &mut Pass) -> io::Result<Window> {
+        // The clock before the counter: a holder started in an earlier tick had the pid before.
+        let tick = sys::boot_ticks().ok();
+        let covered = last_pid(root)?;
+        if let Some(fd) = tick.and_then(|t| holder_since(pass, covered, t)) {
+            return Ok(Window { covered, holder: Some(Holder::Task(fd)) });
+        }
+        match Pin::start() {
+            Ok((pin, tid)) => Ok(Window { covered: tid, holder: Some(Holder::Pin { _held: pin }) }),
+            Err(e) => {
+                log::debug!(
+                    "consistency: pid {covered} has no holder and no thread could take the next pid ({e})"
+                );
+                Ok(Window { covered, holder: None })
+            }
+        }
+    }
+
+    /// Still held? Asked after the last reading of the counter in the window.
+    fn held(&self) -> bool {
+        match &self.holder {
+            Some(Holder::Task(fd)) => sys::pidfd_attached(fd),
+            // The init's own thread, which ends only when the window is dropped.
+            Some(Holder::Pin { .. }) => true,
+            None => false,
+        }
+    }
+}
+
+/// A pidfd of the task that holds `pid` and started before `tick`: it took the pid before the
+/// counter was read (the kernel hands out a pid before it stamps the start time).
+fn holder_since(pass: &mut Pass, pid: Pid, tick: u64) -> Option<OwnedFd> {
+    let fd = sys::pidfd_open_task(pid).ok()?;
+    // /proc/PID/stat answers for a thread's id too.
+    let start = pass.start_time(pid).ok()??;
+    // The line read was the pidfd's task's only if it still holds the pid after the read.
+    (start < tick && sys::pidfd_attached(&fd)).then_some(fd)
+}
+
+/// A thread of the init that holds the pid it got until dropped.
+struct Pin {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pin {
+    /// Start one; its thread id.
+    fn start() -> io::Result<(Pin, Pid)> {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name("quiesce-pin".into()).stack_size(64 * 1024).spawn(
+            move || {
+                let _ = tid_tx.send(sys::gettid());
+                // Returns once the pin is dropped.
+                let _ = stop_rx.recv();
+            },
+        )?;
+        let pin = Pin { stop: Some(stop_tx), thread: Some(thread) };
+        let tid = tid_rx
+            .recv()
+            .map_err(|_| io::Error::other("the pid-holding thread ended before it said its id"))?;
+        Ok((pin, tid))
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The pidfs identity of the process `pid` names now (see `sys::pidfd_inode`).
+fn identity(pid: Pid) -> Option<u64> {
+    sys::pidfd_inode(&sys::pidfd_open(pid).ok()?).ok().flatten()
+}
+
+/// Does this kernel give pidfds an identity?
+fn identities() -> bool {
+    identity(sys::getpid()).is_some()
+}
+
+/// The table, and for each entry the identity of the process it was read from (None: unknown,
+/// or not needed yet).
+struct Table<'a> {
+    snap: Snapshot,
+    ids: Option<BTreeMap<Pid, Option<u64>>>,
+    prev: Option<&'a Snapshot>,
+}
+
+impl Table<'_> {
+    /// Read `pid` (its identity first, when entries carry one) into the table.
+    fn read(&mut self, pass: &mut Pass, pid: Pid) -> io::Result<()> {
+        let id = self.ids.as_ref().map(|_| identity(pid));
+        match pass.read(pid, Detail::Light, self.prev.and_then(|s| s.procs.get(&pid)))? {
+            Some(p) => {
+                self.snap.procs.insert(pid, p);
+                if let (Some(ids), Some(id)) = (self.ids.as_mut(), id) {
+                    ids.insert(pid, id);
+                }
+            }
+            None => {
+                self.snap.procs.remove(&pid);
+                if let Some(ids) = self.ids.as_mut() {
+                    ids.remove(&pid);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the whole table again, identities first when `ids`.
+    fn reread(&mut self, reader: &Reader, ids: bool) -> io::Result<()> {
+        self.ids = if ids {
+            Some(reader.pids()?.into_iter().map(|pid| (pid, identity(pid))).collect())
+        } else {
+            None
+        };
+        self.snap = reader.snapshot_after(Detail::Light, self.prev)?;
+        Ok(())
+    }
+
+    /// Entries that may no longer name the process they were read from.
+    fn stale(&self) -> Vec<Pid> {
+        let Some(ids) = &self.ids else { return Vec::new() };
+        self.snap
+            .procs
+            .keys()
+            .filter(|&&pid| match ids.get(&pid) {
+                Some(Some(id)) => identity(pid) != Some(*id),
+                _ => true,
+            })
+            .copied()
+            .collect()
+    }
+}
+
 /// A consistent table of the whole PID namespace, or Churn when processes kept being created
 /// until `deadline`. `prev`: an earlier observation, whose loginuids that were set are reused.
 pub fn observe(
@@ -83,78 +258,76 @@ pub fn observe(
     deadline: Instant,
 ) -> io::Result<Result<(Snapshot, usize), Churn>> {
     let root = reader.root().to_path_buf();
-    let mut covered = last_pid(&root)?;
-    let mut snap = reader.snapshot_after(Detail::Light, prev)?;
     let mut pass = reader.pass()?;
-    let earlier = |pid: Pid| prev.and_then(|s| s.procs.get(&pid));
+    let mut window = Window::open(&root, &mut pass)?;
+    let mut table = Table { snap: reader.snapshot_after(Detail::Light, prev)?, ids: None, prev };
+    let with_ids = identities();
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
-        if now == covered {
-            // The counter moves when a pid is allocated, a little before the new process shows
-            // in /proc: a fork whose pid was allocated before `covered` was read may attach its
+        if now == window.covered {
+            // The counter moves when a pid is handed out, a little before the new process shows
+            // in /proc: a fork whose pid was handed out before the window opened may attach its
             // child after the listing passed it. Its parent is alive until then, so either the
             // table shows that parent alive, or the child is attached by now: a last listing,
             // after every read, finds any such child.
-            let missing: Vec<Pid> =
-                reader.pids()?.into_iter().filter(|pid| !snap.procs.contains_key(pid)).collect();
-            if missing.is_empty() && last_pid(&root)? == covered {
-                return Ok(Ok((snap, passes)));
+            let mut again: Vec<Pid> =
+                reader.pids()?.into_iter().filter(|pid| !table.snap.procs.contains_key(pid)).collect();
+            again.extend(table.stale());
+            if again.is_empty() && last_pid(&root)? == window.covered && window.held() {
+                return Ok(Ok((table.snap, passes)));
             }
-            passes += 1;
-            for pid in missing {
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
-                    }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
+            if !again.is_empty() {
+                passes += 1;
+                for pid in again {
+                    table.read(&mut pass, pid)?;
                 }
+                if Instant::now() >= deadline {
+                    return Ok(Err(Churn { created: 0, passes }));
+                }
+                continue;
             }
-            if Instant::now() >= deadline {
-                return Ok(Err(Churn { created: 0, passes }));
-            }
-            continue;
+            // The counter moved just now, or its holder let the pid go: it may have been handed
+            // out again.
         }
         if Instant::now() >= deadline {
-            return Ok(Err(Churn { created: distance(covered, now), passes }));
+            return Ok(Err(Churn { created: distance(window.covered, now), passes }));
         }
         passes += 1;
-        // Every pid in (covered, now] was handed out before this pass begins.
-        if distance(covered, now) <= PROBE_MAX {
-            let mut pid = covered;
-            while pid != now {
-                pid += 1;
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
-                    }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
-                }
-            }
+        let next = Window::open(&root, &mut pass)?;
+        if next.holder.is_none() {
+            // Nothing can hold the counter's value (no free pid for a thread, say): try again soon.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if table.ids.is_none() {
+            // Entries read so far may name other processes by now (the counter may have gone
+            // round): read the table again, each entry with its identity where the kernel gives
+            // one; otherwise only a window that reads it all and ends quiet can end the pass.
+            table.reread(reader, with_ids)?;
         } else {
-            let listed = reader.pids()?;
-            let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
-            // Not listed now: exited (anything created since is in the next pass's range).
-            snap.procs.retain(|pid, _| keep.contains(pid));
-            for pid in listed {
-                if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {
-                    continue;
+            // Every pid in (covered, next.covered] was handed out before `next` opened: read
+            // those now; anything else new is in the final listing, anything reused is stale.
+            let (from, to) = (window.covered, next.covered);
+            if distance(from, to) <= PROBE_MAX {
+                let mut pid = from;
+                while pid != to {
+                    pid += 1;
+                    table.read(&mut pass, pid)?;
                 }
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
+            } else {
+                let listed = reader.pids()?;
+                let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
+                // Not listed now: exited (anything created since is in the next window).
+                table.snap.procs.retain(|pid, _| keep.contains(pid));
+                for pid in listed {
+                    if table.snap.procs.contains_key(&pid) && !allocated_between(from, to, pid) {
+                        continue;
                     }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
+                    table.read(&mut pass, pid)?;
                 }
             }
         }
-        covered = now;
+        window = next;
     }
 }
 

@@ -250,6 +250,35 @@ impl Table<'_> {
     }
 }
 
+/// The pidfs identity of a kernel pid object made now (a thread of the init that ends at once):
+/// every process made later has a greater one. None where identities do not order processes
+/// (before Linux 6.9, or a 32-bit kernel, which wraps them).
+pub fn fresh_identity() -> Option<u64> {
+    if !cfg!(target_pointer_width = "64") {
+        return None;
+    }
+    std::thread::Builder::new()
+        .name("quiesce-order".into())
+        .stack_size(64 * 1024)
+        .spawn(|| sys::pidfd_inode(&sys::pidfd_open_task(sys::gettid()).ok()?).ok().flatten())
+        .ok()?
+        .join()
+        .ok()
+        .flatten()
+}
+
+/// Was the process `pid` with `start_time` made after the object of identity `order`? Yes
+/// unless shown otherwise: the identity is the process's only if the pid still names a process
+/// of that start time once it was taken.
+pub fn made_after(pid: Pid, start_time: u64, order: u64) -> bool {
+    let Ok(fd) = sys::pidfd_open(pid) else { return true };
+    let Some(id) = sys::pidfd_inode(&fd).ok().flatten() else { return true };
+    match Reader::default().start_time(pid) {
+        Ok(Some(t)) if t == start_time && sys::pidfd_attached(&fd) => id > order,
+        _ => true,
+    }
+}
+
 /// A consistent table of the whole PID namespace, or Churn when processes kept being created
 /// until `deadline`. `prev`: an earlier observation, whose loginuids that were set are reused.
 pub fn observe(
@@ -331,6 +360,18 @@ pub fn observe(
     }
 }
 
+/// A unit test that cannot run on this kernel says so, loudly, where the suite collects skips.
+#[cfg(test)]
+pub(crate) fn skip_test(name: &str, reason: &str) {
+    eprintln!("{name}: skipped: {reason}");
+    if let Ok(log) = std::env::var("QUIESCE_SKIP_LOG") {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(log) {
+            let _ = writeln!(f, "{name}: {reason}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +387,76 @@ mod tests {
         assert!(!allocated_between(32000, 305, 306));
         assert_eq!(distance(10, 20), 10);
         assert_eq!(distance(20, 10), u64::MAX);
+    }
+
+    /// A child that sleeps, its pid, and its start time once it is readable.
+    fn sleeper() -> (std::process::Child, Pid, u64) {
+        let child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let pid = child.id() as Pid;
+        let start = Reader::default().start_time(pid).unwrap().unwrap();
+        (child, pid, start)
+    }
+
+    #[test]
+    fn a_holder_holds_its_pid_until_it_is_reaped_and_only_one_older_than_the_reading_counts() {
+        let (mut child, pid, start) = sleeper();
+        let r = Reader::default();
+        let mut pass = r.pass().unwrap();
+        // Read in the tick it started: it may have taken its pid after the counter was read.
+        assert!(holder_since(&mut pass, pid, start).is_none());
+        let fd = holder_since(&mut pass, pid, start + 1).expect("a holder from before the tick");
+        assert!(sys::pidfd_attached(&fd));
+        child.kill().unwrap();
+        // A zombie still holds its pid: nothing can be handed it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let waited =
+            unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        assert_eq!(waited, 0);
+        assert!(sys::pidfd_attached(&fd), "a zombie holds its pid");
+        child.wait().unwrap();
+        assert!(!sys::pidfd_attached(&fd), "reaped: its pid may be handed out again");
+    }
+
+    #[test]
+    fn a_window_always_has_a_holder_here() {
+        let r = Reader::default();
+        let mut pass = r.pass().unwrap();
+        for _ in 0..20 {
+            let w = Window::open(r.root(), &mut pass).unwrap();
+            assert!(w.held(), "window at {} has no holder", w.covered);
+            if let Some(Holder::Pin { .. }) = w.holder {
+                // The pin's thread id is a task of this process until the window is dropped.
+                let task = format!("/proc/self/task/{}", w.covered);
+                assert!(std::path::Path::new(&task).exists(), "{task}");
+                drop(w);
+                assert!(!std::path::Path::new(&task).exists(), "{task} outlived its window");
+            }
+        }
+    }
+
+    #[test]
+    fn identities_name_one_process_and_order_them_by_creation() {
+        if !identities() {
+            skip_test(
+                "identities_name_one_process_and_order_them_by_creation",
+                "no pidfs identities on this kernel (before Linux 6.9): nothing to check",
+            );
+            return;
+        }
+        let me = sys::getpid();
+        assert_eq!(identity(me), identity(me));
+        let order = fresh_identity().expect("a 64-bit kernel with pidfs orders identities");
+        let mine = Reader::default().start_time(me).unwrap().unwrap();
+        assert!(!made_after(me, mine, order), "this process was made before");
+        let (mut child, pid, start) = sleeper();
+        assert!(identity(pid).unwrap() > order);
+        assert!(made_after(pid, start, order));
+        // Another start time at that pid: not shown to be the one that was read, so new.
+        assert!(made_after(pid, start + 1, order));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(identity(pid), None);
+        assert!(made_after(pid, start, order), "gone: nothing shows it old");
     }
 
     #[test]

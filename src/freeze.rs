@@ -372,12 +372,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    // Counter first: a process of the starting tick with a pid handed out after it is new.
-    // Unreadable clock: every process counts as born during the freeze (more refusals, never fewer).
-    let born_since = newcomers::Since {
-        last_pid: consistency::last_pid(reader.root()).ok(),
-        ticks: sys::boot_ticks().unwrap_or(0),
-    };
+    let born_since = newcomers::Since::take(reader.root());
     let mut run = Run {
         cred: &mut cfg.cred,
         reader,

@@ -40,7 +40,10 @@ impl Since {
     /// unreadable clock makes every process count as born during the freeze (more refusals,
     /// never fewer).
     pub fn take(root: &std::path::Path) -> Since {
-        let order = crate::consistency::fresh_identity();
+        // Where identities exist but none could be made now (no pid free for a thread), every
+        // process of the starting tick counts as new.
+        let order = crate::consistency::fresh_identity()
+            .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
         let last_pid = crate::consistency::last_pid(root).ok();
         Since { ticks: crate::sys::boot_ticks().unwrap_or(0), order, last_pid }
     }

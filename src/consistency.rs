@@ -269,6 +269,10 @@ pub fn observe(
     loop {
         let now = last_pid(&root)?;
         if now == window.covered {
+            // Read again within this window whatever may name another process by now.
+            for pid in table.volatile() {
+                table.read(&mut pass, pid)?;
+            }
             // The counter moves when a pid is handed out, a little before the new process shows
             // in /proc: a fork whose pid was handed out before the window opened may attach its
             // child after the listing passed it. Its parent is alive until then, so either the
@@ -277,10 +281,6 @@ pub fn observe(
             let missing: Vec<Pid> =
                 reader.pids()?.into_iter().filter(|pid| !table.snap.procs.contains_key(pid)).collect();
             if missing.is_empty() {
-                // Read again within this window whatever may name another process by now.
-                for pid in table.volatile() {
-                    table.read(&mut pass, pid)?;
-                }
                 if last_pid(&root)? == window.covered && window.held() {
                     return Ok(Ok((table.snap, passes)));
                 }

@@ -111,10 +111,10 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
     }
     let uid = 4371;
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    // The shape that got markers signed before the hopper's pid space was watched (2 of 11
-    // freezes): the first hop leads a session, whose id keeps one of the two free pids, so the
-    // hops go round two pids. The knobs are for trying other shapes by hand.
-    let rounds: usize = env("QUIESCE_PIDSPACE_ROUNDS", "6").parse().unwrap();
+    // The shape that got markers signed before the counter had a witness (3 of 27 freezes; none
+    // of 60 in other shapes): the first hop leads a session, whose id keeps one of the two free
+    // pids, so the hops go round two pids. The knobs are for trying other shapes by hand.
+    let rounds: usize = env("QUIESCE_PIDSPACE_ROUNDS", "8").parse().unwrap();
     let frees: Vec<usize> =
         env("QUIESCE_PIDSPACE_FREE", "2").split(',').map(|x| x.parse().unwrap()).collect();
     let delay = env("QUIESCE_PIDSPACE_REAP_US", "0");
@@ -125,7 +125,7 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
         // Free pids left beside the hopper's own; the counter comes back after that many hops
         // plus one.
         let free = frees[round % frees.len()];
-        let c = sandbox(uid, &["--no-lineage", "--freeze-timeout", "5"]);
+        let c = sandbox(uid, &["--no-lineage", "--freeze-timeout", "3"]);
         own_pid_max(&c);
         let suid = setuid_copy(&c);
         // Full first, but for what the launcher, the sandbox process and a hop keep (three pids) and

@@ -194,12 +194,24 @@ pub fn identities() -> bool {
     identity(sys::getpid()).is_some()
 }
 
-/// The pidfs identity of a kernel pid object made now (a thread of the init that ends at once):
-/// every process made later has a greater one. None where identities do not order processes
+/// A pidfs identity that every process of the namespace made from now on exceeds: that of the
+/// task that has held the pid counter's value since before it was read (the namespace's last
+/// process so far), or else of a thread made now. None where identities do not order processes
 /// (before Linux 6.9, or a 32-bit kernel, which wraps them).
-pub fn fresh_identity() -> Option<u64> {
+pub fn start_identity(reader: &Reader) -> Option<u64> {
     if !cfg!(target_pointer_width = "64") {
         return None;
+    }
+    let tick = sys::boot_ticks().ok();
+    let last = last_pid(reader.root()).ok();
+    if let (Some(tick), Some(last), Ok(mut pass)) = (tick, last, reader.pass()) {
+        // Made before the reading, and nothing made since returned to its pid while it held it:
+        // whatever the namespace makes after the reading has a greater identity.
+        if let Some(fd) = holder_since(&mut pass, last, tick) {
+            if let Ok(Some(id)) = sys::pidfd_inode(&fd) {
+                return Some(id);
+            }
+        }
     }
     std::thread::Builder::new()
         .name("quiesce-order".into())
@@ -420,7 +432,7 @@ mod tests {
         }
         let me = sys::getpid();
         assert_eq!(identity(me), identity(me));
-        let order = fresh_identity().expect("a 64-bit kernel with pidfs orders identities");
+        let order = start_identity(&Reader::default()).expect("a 64-bit kernel with pidfs orders identities");
         let mine = Reader::default().start_time(me).unwrap().unwrap();
         assert!(!made_after(me, mine, order), "this process was made before");
         let (mut child, pid, start) = sleeper();

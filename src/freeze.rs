@@ -372,7 +372,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    let born_since = newcomers::Since::take(reader.root());
+    let born_since = newcomers::Since::take(reader);
     let mut run = Run {
         cred: &mut cfg.cred,
         reader,

@@ -25,7 +25,7 @@ use std::collections::HashSet;
 /// processes of that tick apart.
 pub struct Since {
     pub ticks: u64,
-    /// The pidfs identity of a kernel pid object made at the start (`consistency::fresh_identity`):
+    /// The pidfs identity of a kernel pid object made at the start (`consistency::start_identity`):
     /// a process of the starting tick is new if its own is greater. None where the kernel gives no
     /// such order; then the pid counter decides.
     pub order: Option<u64>,
@@ -39,12 +39,12 @@ impl Since {
     /// starting tick made before them may count as new, never one made after them as old. An
     /// unreadable clock makes every process count as born during the freeze (more refusals,
     /// never fewer).
-    pub fn take(root: &std::path::Path) -> Since {
-        // Where identities exist but none could be made now (no pid free for a thread), every
+    pub fn take(reader: &crate::procs::Reader) -> Since {
+        // Where identities exist but none could be had now (no pid free for a thread), every
         // process of the starting tick counts as new.
-        let order = crate::consistency::fresh_identity()
+        let order = crate::consistency::start_identity(reader)
             .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
-        let last_pid = crate::consistency::last_pid(root).ok();
+        let last_pid = crate::consistency::last_pid(reader.root()).ok();
         Since { ticks: crate::sys::boot_ticks().unwrap_or(0), order, last_pid }
     }
 
@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one() {
-        let Some(order) = Since::take(std::path::Path::new("/proc")).order else {
+        let Some(order) = Since::take(&crate::procs::Reader::default()).order.filter(|&o| o > 0) else {
             crate::consistency::skip_test(
                 "in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one",
                 "no ordered pidfs identities on this kernel: the counter decides",

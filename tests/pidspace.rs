@@ -112,8 +112,9 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
     let uid = 4371;
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
     // The shape that got markers signed before the counter had a witness (3 of 27 freezes; none
-    // of 60 in other shapes): the first hop leads a session, whose id keeps one of the two free
-    // pids, so the hops go round two pids. The knobs are for trying other shapes by hand.
+    // of 70 in other shapes: one to eight pids free, a launcher that reaps at once or after 50 µs
+    // to 1 ms): the first hop leads a session, whose id keeps one of the two free pids, so the
+    // hops go round two pids. The knobs are for trying other shapes by hand.
     let rounds: usize = env("QUIESCE_PIDSPACE_ROUNDS", "8").parse().unwrap();
     let frees: Vec<usize> =
         env("QUIESCE_PIDSPACE_FREE", "2").split(',').map(|x| x.parse().unwrap()).collect();

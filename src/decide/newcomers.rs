@@ -22,21 +22,44 @@ use crate::sys::Pid;
 use crate::taint::{Reason, Tainted};
 use std::collections::{HashMap, HashSet};
 
-/// When the freeze began: the boot clock in ticks (stat's start-time unit) and the pid counter.
+/// When the freeze began: the boot clock in ticks (stat's start-time unit), and what tells the
+/// processes of that tick apart.
 pub struct Since {
     pub ticks: u64,
-    /// None: unreadable, and every process of the starting tick counts as new.
+    /// The pidfs identity of a kernel pid object made at the start (`consistency::start_identity`):
+    /// a process of the starting tick is new if its own is greater. None where the kernel gives no
+    /// such order; then the pid counter decides.
+    pub order: Option<u64>,
+    /// The pid counter at the start. None: unreadable, and every process of the starting tick
+    /// counts as new.
     pub last_pid: Option<Pid>,
 }
 
 impl Since {
+    /// The start, now: the identity and the counter before the clock, so that a process of the
+    /// starting tick made before them may count as new, never one made after them as old. An
+    /// unreadable clock makes every process count as born during the freeze (more refusals,
+    /// never fewer).
+    pub fn take(reader: &crate::procs::Reader) -> Since {
+        // Where identities exist but none could be had now (no pid free for a thread), every
+        // process of the starting tick counts as new.
+        let order = crate::consistency::start_identity(reader)
+            .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
+        let last_pid = crate::consistency::last_pid(reader.root()).ok();
+        Since { ticks: crate::sys::boot_ticks().unwrap_or(0), order, last_pid }
+    }
+
     /// Born during the freeze: in a later tick, or in the same tick (ticks are 10 ms, a freeze
-    /// can be shorter) with a pid handed out since (`now`: the pid counter now).
+    /// can be shorter) and made after the start. The identity orders processes exactly. The
+    /// counter (`now`: the counter at the observation) only says the pid was not handed out in
+    /// between if it went less than once round, which a nearly full pid space does not promise
+    /// (see consistency): kernels without pidfs rely on that.
     fn born(&self, p: &Proc, now: Option<Pid>) -> bool {
         p.start_time > self.ticks
             || (p.start_time == self.ticks
-                && match (self.last_pid, now) {
-                    (Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
+                && match (self.order, self.last_pid, now) {
+                    (Some(o), _, _) => crate::consistency::made_after(p.pid, p.start_time, o),
+                    (None, Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
                     _ => true,
                 })
     }
@@ -281,7 +304,7 @@ mod tests {
             proc(70, 1, 170),  // the sandbox's: marked, killed by the freeze
         ]);
         let tainted: Tainted = [(70, vec![Reason::Uid])].into_iter().collect();
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[60])
             .iter()
             .map(|p| p.pid)
@@ -292,14 +315,40 @@ mod tests {
     #[test]
     fn in_the_freezes_first_tick_the_pid_counter_decides() {
         let s = snap(&[proc(1, 0, 1), proc(8, 1, 100), proc(9, 1, 100)]);
-        let since = Since { ticks: 100, last_pid: Some(8) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(8) };
         let got: Vec<Pid> = orphaned(&s, &Tainted::new(), &Ancestry::default(), &since, Some(9), 1, &[])
             .iter()
             .map(|p| p.pid)
             .collect();
         assert_eq!(got, vec![9], "8 was handed out before the freeze began");
-        let unknown = Since { ticks: 100, last_pid: None };
+        let unknown = Since { ticks: 100, order: None, last_pid: None };
         assert_eq!(orphaned(&s, &Tainted::new(), &Ancestry::default(), &unknown, Some(9), 1, &[]).len(), 2);
+    }
+
+    #[test]
+    fn in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one() {
+        let Some(order) = Since::take(&crate::procs::Reader::default()).order.filter(|&o| o > 0) else {
+            crate::consistency::skip_test(
+                "in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one",
+                "no ordered pidfs identities on this kernel: the counter decides",
+            );
+            return;
+        };
+        let reader = crate::procs::Reader::default();
+        let me = crate::sys::getpid();
+        let mine = reader.start_time(me).unwrap().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let kid = child.id() as Pid;
+        let theirs = reader.start_time(kid).unwrap().unwrap();
+        let at = |ticks| Since { ticks, order: Some(order), last_pid: None };
+        assert!(!at(mine).born(&proc(me, 1, mine), None), "made before the start");
+        assert!(at(theirs).born(&proc(kid, me, theirs), None), "made after the start");
+        // The counter alone: back at the child's pid, as in a pid space full but one, it says
+        // the child's pid was not handed out since.
+        let counter = Since { ticks: theirs, order: None, last_pid: Some(kid) };
+        assert!(!counter.born(&proc(kid, me, theirs), Some(kid)));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
@@ -307,7 +356,7 @@ mod tests {
         let mut z = proc(20, 1, 130);
         z.state = 'Z';
         z.threads.clear();
-        let since = Since { ticks: 100, last_pid: None };
+        let since = Since { ticks: 100, order: None, last_pid: None };
         assert!(orphaned(
             &snap(&[proc(1, 0, 1), z]),
             &Tainted::new(),
@@ -334,7 +383,7 @@ mod tests {
         let tainted: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &tainted, 1);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let got: Vec<Pid> =
             orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![40]);
@@ -356,7 +405,7 @@ mod tests {
             proc(20, 1, 6),   // started by the init
             proc(30, 0, 140), // entered from outside during the freeze
         ]);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let by_init: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &by_init, 1);
@@ -433,7 +482,7 @@ mod tests {
         });
         let mut a = Ancestry::from_launchers(&l);
         a.note(&s, &tainted, 1);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         assert!(orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).is_empty());
         // Without the record's word, the same read counts the outside as a sandbox process's.
         let mut b = Ancestry::default();

@@ -1091,6 +1091,124 @@ fn main() {
         // (CLONE_PARENT) that never keeps a pid: each hop clones the next one as the launcher's
         // child and exits, and the launcher reaps it, so the hops need no more than one free pid.
         // Each hop appends its pid to FILE and naps NAP_US. `parent-hopper FILE [NAP_US] [newsession]`
+        // A root child whose parent dies while the init reads: run as a setuid-root copy (real UID
+        // the sandbox user, effective root), no lineage. P (this process) pushes the pid counter near pid_max, then makes S, a root
+        // process that ends up a child of the init (its parent M exits); S lets the counter wrap
+        // and makes R (root, low pid) and R makes H (root, THREADS threads, slow to read, pid between
+        // R and S). Once P is dead (the freeze's kill), S waits DELAY_US and exits: a table that
+        // read R (ppid S) before S's exit and S after it holds R with a parent that is a dead
+        // non-launcher. `stale-parent THREADS DELAY_US [nowrap]`
+        "stale-parent" => {
+            let threads = arg(2, 3000) as usize;
+            let delay = arg(3, 5000) as u32;
+            let r = unsafe { libc::getuid() };
+            if raw_setresuid(r, 0, r) != 0 {
+                fail("setresuid: stale-parent needs a setuid-root copy");
+            }
+            let num = |f: &str| -> i64 {
+                std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| fail(f))
+            };
+            let pid_max = num("/proc/sys/kernel/pid_max");
+            let churn = |until: &dyn Fn() -> bool| {
+                let mut n = 0u64;
+                while !until() {
+                    n += 1;
+                    if n > 200_000 {
+                        fail("counter did not get there");
+                    }
+                    match fork() {
+                        0 => unsafe { libc::_exit(0) },
+                        c if c > 0 => {
+                            unsafe { libc::waitpid(c, std::ptr::null_mut(), 0) };
+                        }
+                        _ => {}
+                    }
+                }
+            };
+            eprintln!(
+                "stale-parent: P {} pid_max {pid_max} last {}",
+                unsafe { libc::getpid() },
+                num("/proc/sys/kernel/ns_last_pid")
+            );
+            churn(&|| num("/proc/sys/kernel/ns_last_pid") >= pid_max - 30);
+            eprintln!("stale-parent: P churned to {}", num("/proc/sys/kernel/ns_last_pid"));
+            let (rd, wr) = pipe_checked();
+            let p = unsafe { libc::getpid() };
+            match fork() {
+                0 => {
+                    if raw_setresuid(0, 0, 0) != 0 {
+                        unsafe { libc::_exit(1) };
+                    }
+                    match fork() {
+                        0 => {
+                            // S
+                            unsafe { libc::close(rd) };
+                            let t0 = std::time::Instant::now();
+                            while unsafe { libc::getppid() } != 1 && t0.elapsed() < Duration::from_secs(2) {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            let me = unsafe { libc::getpid() } as i64;
+                            eprintln!("stale-parent: S {me} ppid {}", unsafe { libc::getppid() });
+                            if std::env::args().nth(4).as_deref() != Some("nowrap") {
+                                churn(&|| num("/proc/sys/kernel/ns_last_pid") < me - 100);
+                            }
+                            match fork() {
+                                0 => {
+                                    // R
+                                    match fork() {
+                                        0 => {
+                                            // H
+                                            for _ in 0..threads {
+                                                if std::thread::Builder::new()
+                                                    .stack_size(16 * 1024)
+                                                    .spawn(|| forever())
+                                                    .is_err()
+                                                {
+                                                    fail("thread");
+                                                }
+                                            }
+                                            eprintln!("stale-parent: H {} threads {threads}", unsafe {
+                                                libc::getpid()
+                                            });
+                                            report(wr);
+                                            forever();
+                                        }
+                                        h if h < 0 => fail("fork H"),
+                                        _ => {}
+                                    }
+                                    unsafe { libc::close(wr) };
+                                    forever();
+                                }
+                                c if c < 0 => fail("fork R"),
+                                _ => {}
+                            }
+                            unsafe { libc::close(wr) };
+                            // Armed once P is gone or a zombie.
+                            let stat = format!("/proc/{p}/stat");
+                            loop {
+                                let s = std::fs::read_to_string(&stat).unwrap_or_default();
+                                let st = s.rsplit(')').next().and_then(|r| r.trim_start().chars().next());
+                                if s.is_empty() || st == Some('Z') || st == Some('X') {
+                                    break;
+                                }
+                                unsafe { libc::usleep(100) };
+                            }
+                            unsafe { libc::usleep(delay) };
+                            unsafe { libc::_exit(0) };
+                        }
+                        c if c < 0 => unsafe { libc::_exit(1) },
+                        _ => unsafe { libc::_exit(0) },
+                    }
+                }
+                m if m < 0 => fail("fork M"),
+                m => {
+                    unsafe { libc::waitpid(m, std::ptr::null_mut(), 0) };
+                }
+            }
+            await_reports(rd, wr, 1);
+            ready();
+            forever();
+        }
         "parent-hopper" => {
             let path = std::env::args().nth(2).expect("parent-hopper FILE");
             let nap = arg(3, 0) as u32;

@@ -36,17 +36,20 @@ pub struct Since {
 }
 
 impl Since {
-    /// The start, now: the identity and the counter before the clock, so that a process of the
-    /// starting tick made before them may count as new, never one made after them as old. An
-    /// unreadable clock makes every process count as born during the freeze (more refusals,
-    /// never fewer).
+    /// The start, now: the clock first, then the identity and the counter. A process made after
+    /// them started in the clock's tick or later, so it is new by its tick or, in that same tick,
+    /// by its order; one made between the clock and them may count as old, and was made before
+    /// the start. (The other way round, a process made after the identity but stamped in the tick
+    /// before the clock's would count as old.) An unreadable clock makes every process count as
+    /// born during the freeze (more refusals, never fewer).
     pub fn take(reader: &crate::procs::Reader) -> Since {
+        let ticks = crate::sys::boot_ticks().unwrap_or(0);
         // Where identities exist but none could be had now (no pid free for a thread), every
         // process of the starting tick counts as new.
         let order = crate::consistency::start_identity(reader)
             .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
         let last_pid = crate::consistency::last_pid(reader.root()).ok();
-        Since { ticks: crate::sys::boot_ticks().unwrap_or(0), order, last_pid }
+        Since { ticks, order, last_pid }
     }
 
     /// Born during the freeze: in a later tick, or in the same tick (ticks are 10 ms, a freeze
@@ -164,8 +167,11 @@ pub fn unfollowed_children<'a>(
         .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !own.contains(&p.pid))
         .filter(|p| {
             let parent = if p.ppid == 0 { None } else { snap.procs.get(&p.ppid) };
-            if p.ppid != 0 && parent.is_none() {
-                // A parent gone from the table: nothing vouches, and an escapee that exited is one.
+            // A parent gone from the table, or read dead (the table reads each process at its own
+            // moment: a child read before its parent exited still names it): nothing vouches,
+            // and an escapee that exited is one. Its children belong to the init or a subreaper
+            // by now, whatever the entry says.
+            if p.ppid != 0 && !parent.is_some_and(|q| q.alive()) {
                 return launchers.init_since.is_some_and(|t| p.start_time >= t);
             }
             launchers.unfollowed_since(parent, init).is_some_and(|t| p.start_time >= t)
@@ -417,6 +423,34 @@ mod tests {
         let got: Vec<Pid> =
             orphaned(&entered, &from_outside, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![30]);
+    }
+
+    #[test]
+    fn a_parent_read_dead_vouches_for_nothing_since_an_unfollowed_launch() {
+        use crate::launches::Launch;
+        // 20: an unfollowed launch at tick 50 under the init; 60: a root process it left (born
+        // since), which the table read alive with parent 70; 70 read afterwards, dead. 70 is no
+        // launcher, so alive it would vouch (it is refused itself); dead, its child is the init's.
+        let mut dead = proc(70, 1, 55);
+        dead.state = 'Z';
+        dead.threads[0].state = 'Z';
+        let s = snap(&[proc(1, 0, 1), proc(20, 1, 50), dead, proc(60, 70, 56), proc(61, 70, 40)]);
+        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let mut l = Launchers::default();
+        l.add(&Launch {
+            pid: 20,
+            start_time: 50,
+            ppid: 1,
+            parent_start_time: 1,
+            lineage: false,
+            setuid: true,
+        });
+        let got: Vec<Pid> = unfollowed_children(&s, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![60], "born since the launch under a dead parent; 61 is from before it");
+        let mut alive = s.clone();
+        alive.procs.insert(70, proc(70, 1, 55));
+        let got: Vec<Pid> = unfollowed_children(&alive, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![70], "alive, the parent is refused itself and vouches for its child");
     }
 
     #[test]

@@ -449,8 +449,20 @@ mod tests {
     #[test]
     fn a_quiet_table_is_consistent_at_once_and_a_new_child_is_found() {
         let r = Reader::default();
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let (snap, _) = observe(&r, None, deadline).unwrap().unwrap();
+        // This namespace is the host's, shared with whatever else runs here: a burst of forks
+        // elsewhere can keep one pass from ending quiet, so it gets three chances.
+        let snap = (0..3)
+            .find_map(|_| {
+                let deadline = Instant::now() + std::time::Duration::from_secs(5);
+                match observe(&r, None, deadline) {
+                    Ok(Ok((snap, _))) => Some(snap),
+                    other => {
+                        eprintln!("not quiet here: {other:?}");
+                        None
+                    }
+                }
+            })
+            .expect("no quiet observation in three tries of 5 s");
         assert!(snap.procs.contains_key(&crate::sys::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }

@@ -48,7 +48,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
         }
         h.update(&buf[..n]);
         reads = reads.wrapping_add(1);
-        if reads % 64 == 0 && Instant::now() >= deadline {
+        if reads.is_multiple_of(64) && Instant::now() >= deadline {
             return Err(format!(
                 "the time bound ran out while {} was hashed: raise --attest-timeout",
                 super::name::encode(&f.name)

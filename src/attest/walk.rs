@@ -53,8 +53,11 @@ pub struct Entries {
     /// (name, why)
     pub skipped: Vec<(Vec<u8>, String)>,
     /// Regular files with more than one link: (dev, ino) -> (link count, names seen here).
-    pub links: HashMap<(u64, u64), (u32, Vec<Vec<u8>>)>,
+    pub links: HashMap<(u64, u64), Links>,
 }
+
+/// A file's link count and the names it has in the walked tree.
+pub type Links = (u32, Vec<Vec<u8>>);
 
 /// What the walks of one attestation used so far, against its bounds.
 pub struct Used {

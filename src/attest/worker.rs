@@ -12,16 +12,22 @@ use zeroize::Zeroize;
 
 fn run(job: &Job, key: &SigningKey) -> Result<String, String> {
     let dir = StateDir::open(&job.state_dir)?;
+    let started = std::time::Instant::now();
     let paths: Vec<Vec<u8>> = job.paths.iter().map(|p| p.as_bytes().to_vec()).collect();
     let c = tree::collect(&paths, &job.bounds, job.threads)?;
     let files = c.subjects.len();
+    let bytes: u64 = c.paths.iter().map(|(_, e)| e.bytes).sum();
     let st = statement::build(c, job.freeze.clone(), job.bounds);
     let body = serde_json::to_vec(&st).map_err(|e| format!("cannot write the statement: {e}"))?;
     drop(st);
     let env = dsse::sign(key, &body)?;
     dir.write_atomic(state::ATTESTATION, &env, 0o644)
         .map_err(|e| format!("cannot write {}: {e}", dir.file(state::ATTESTATION).display()))?;
-    Ok(format!("{files} file(s) in {} path(s)", paths.len()))
+    Ok(format!(
+        "{files} file(s), {bytes} bytes in {} path(s), {} ms",
+        paths.len(),
+        started.elapsed().as_millis()
+    ))
 }
 
 pub fn main() -> i32 {

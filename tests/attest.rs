@@ -353,3 +353,50 @@ fn the_time_bound_fails_the_attestation_and_the_init_goes_on() {
     let (rc, st) = freeze_attesting(&c, "again", &[]);
     assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
 }
+
+#[test]
+fn another_mount_below_the_path_is_recorded_and_not_entered() {
+    let ws = scratch("mounts");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("mkdir {w}/bind {w}/tmpfs {w}/src && echo in > {w}/src/f"));
+    // A bind mount of the same file system (same device, another mount) and a tmpfs, made in the
+    // container's own mount namespace as a task's setup would.
+    let mounts =
+        format!("mount --bind {w}/src {w}/bind && mount -t tmpfs none {w}/tmpfs && echo t > {w}/tmpfs/x");
+    let out = c.exec(&["sh", "-c", &mounts]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "mounts", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let stm = statement(&c);
+    let names: Vec<&str> =
+        stm["subject"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec![format!("{w}/src/f")], "only the file of this mount");
+    let skipped = &stm["predicate"]["paths"][0]["skipped"];
+    for m in ["bind", "tmpfs"] {
+        assert_eq!(skipped[format!("{w}/{m}")], "another mount: not entered", "{skipped}");
+    }
+    let out = c.exec(&["sh", "-c", &format!("umount {w}/bind {w}/tmpfs")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn the_workers_exit_is_never_the_commands() {
+    let ws = scratch("exit");
+    let w = s(&ws).to_string();
+    let go = ws.join("go");
+    let cmd = format!("while [ ! -e {} ]; do sleep 0.05; done; exit 7", s(&go));
+    let mut c = Container::start(
+        &["--sandbox-user", &UID.to_string(), "--attest", &w, "--after-freeze", "exit"],
+        &["sh", "-c", &cmd],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(&c, &format!("echo x > {w}/x"));
+    let (rc, st) = freeze_attesting(&c, "exit", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    // The worker exited (0) and was reaped: the init goes on with its command.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.alive(), "the init took the worker's exit for the command's");
+    std::fs::write(&go, b"").unwrap();
+    assert_eq!(c.wait_code(Duration::from_secs(20)), 7);
+}

@@ -14,8 +14,15 @@ pub struct Collected {
     pub paths: Vec<(Vec<u8>, Entries)>,
 }
 
-/// Files waiting for a hashing thread at most; each holds its directory open.
-const QUEUE: usize = 64;
+/// Batches waiting for a hashing thread at most. A file holds its directory open, so batches
+/// in the queue, in the hashers' hands and being filled hold at most (QUEUE + 3) * BATCH
+/// directories besides the walk's own (at most --attest-max-depth).
+const QUEUE: usize = 2;
+/// Files handed over at once: one hand-over (a lock, maybe a wake-up) per batch, not per file,
+/// which is what a tree of small files would otherwise spend its time on.
+const BATCH: usize = 64;
+/// A batch is handed over sooner once its files hold this many bytes.
+const BATCH_BYTES: u64 = 8 << 20;
 const BUF: usize = 256 << 10;
 
 /// Walk and hash every named path within `bounds`, on `threads` hashing threads.
@@ -24,7 +31,7 @@ pub fn collect(paths: &[Vec<u8>], bounds: &Bounds, threads: usize) -> Result<Col
     let mut used = Used::new(bounds, start);
     let deadline = used.deadline;
     let stop = AtomicBool::new(false);
-    let (tx, rx) = mpsc::sync_channel::<File>(QUEUE);
+    let (tx, rx) = mpsc::sync_channel::<Vec<File>>(QUEUE);
     let rx = Mutex::new(rx);
     std::thread::scope(|s| {
         let hashers: Vec<_> = (0..threads.max(1))
@@ -38,15 +45,17 @@ pub fn collect(paths: &[Vec<u8>], bounds: &Bounds, threads: usize) -> Result<Col
                     loop {
                         // A lock poisoned by a panic still hands out the queue: draining goes on.
                         let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        let Ok(f) = next else { break };
-                        if stop.load(Ordering::Relaxed) {
-                            continue;
-                        }
-                        match super::digest::sha256(&f, &mut buf, deadline) {
-                            Ok(d) => out.push((f.name, d)),
-                            Err(e) => {
-                                stop.store(true, Ordering::Relaxed);
-                                failed = Some(e);
+                        let Ok(batch) = next else { break };
+                        for f in batch {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            match super::digest::sha256(&f, &mut buf, deadline) {
+                                Ok(d) => out.push((f.name, d)),
+                                Err(e) => {
+                                    stop.store(true, Ordering::Relaxed);
+                                    failed = Some(e);
+                                }
                             }
                         }
                     }
@@ -56,14 +65,26 @@ pub fn collect(paths: &[Vec<u8>], bounds: &Bounds, threads: usize) -> Result<Col
             .collect();
         let walked = (|| {
             let mut out = Vec::new();
+            let mut batch: Vec<File> = Vec::with_capacity(BATCH);
+            let mut bytes = 0;
             for p in paths {
                 let mut sink = |f: File| {
                     if stop.load(Ordering::Relaxed) {
                         return Err(String::new());
                     }
-                    tx.send(f).map_err(|_| String::new())
+                    bytes += f.meta.size;
+                    batch.push(f);
+                    if batch.len() >= BATCH || bytes >= BATCH_BYTES {
+                        bytes = 0;
+                        let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                        return tx.send(full).map_err(|_| String::new());
+                    }
+                    Ok(())
                 };
                 out.push((p.clone(), walk::walk(p, bounds, &mut used, &mut sink)?));
+            }
+            if !batch.is_empty() {
+                tx.send(batch).map_err(|_| String::new())?;
             }
             Ok::<_, String>(out)
         })();

@@ -400,3 +400,32 @@ fn the_workers_exit_is_never_the_commands() {
     std::fs::write(&go, b"").unwrap();
     assert_eq!(c.wait_code(Duration::from_secs(20)), 7);
 }
+
+#[test]
+fn a_fuse_mount_that_never_answers_fails_the_attestation_on_its_time_bound() {
+    let test = "a_fuse_mount_that_never_answers_fails_the_attestation_on_its_time_bound";
+    if !Path::new("/dev/fuse").exists() {
+        skip(test, "no /dev/fuse on this machine");
+        return;
+    }
+    let ws = scratch("fuse");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w, "--attest-timeout", "1"]);
+    let mnt = ws.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    // Root's: a FUSE file system that answers INIT and nothing else. Looking at its root blocks
+    // the worker in the kernel, where its own clock cannot stop it and SIGKILL may not.
+    let _d = c.launch_root(&["fuse-daemon", s(&mnt)]);
+    let t = Instant::now();
+    let (rc, st) = freeze_attesting(&c, "fuse", &[]);
+    assert_eq!(rc, 0, "{st}");
+    assert_eq!(st["state"], "quiescent", "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains("time bound of 1 s"), "{reason}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    assert!(!envelope_path(&c).exists());
+    // The init goes on: the next freeze is quiescent, whatever became of the stuck worker.
+    let (rc, st) = c.freeze("after");
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+}

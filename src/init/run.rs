@@ -568,10 +568,18 @@ pub fn run(mut cfg: Config) -> i32 {
                 attestation_ended(sb, code);
             }
             if let Some(w) = sb.worker.as_mut().filter(|w| Instant::now() >= w.deadline) {
-                w.kill(format!(
+                let why = format!(
                     "the time bound of {} s ran out: raise --attest-timeout or attest a smaller tree",
                     sb.attest.bounds.seconds
-                ));
+                );
+                w.kill(why.clone());
+                // Said now: a worker stuck in the kernel (a FUSE mount that never answers) may
+                // not die of SIGKILL, and its reaping may never come.
+                log::error!("attestation failed (worker pid {}): {why}", w.pid);
+                if let Some(mut last) = sb.last.take() {
+                    last.attestation = Some(state::Attestation { state: "failed".into(), reason: Some(why) });
+                    publish(sb, &last);
+                }
             }
             let job = sb.intake.next(&freeze_senders);
             // Launch records taken with it are held before any freeze runs, and only then answered.

@@ -357,9 +357,20 @@ fn the_time_bound_fails_the_attestation_and_the_init_goes_on() {
 #[test]
 fn another_mount_below_the_path_is_recorded_and_not_entered() {
     let ws = scratch("mounts");
+    let other = scratch("reward");
     let w = s(&ws).to_string();
-    let c = sandbox(UID, &["--attest", &w]);
-    as_sandbox(&c, &format!("mkdir {w}/bind {w}/tmpfs {w}/src && echo in > {w}/src/f"));
+    // The paths through the variable, ':' between them, as an image's ENV would set them.
+    let u = UID.to_string();
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u],
+            env: vec![("QUIESCE_ATTEST", format!("{w}:{}", s(&other)))],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(&c, &format!("mkdir {w}/bind {w}/tmpfs {w}/src && echo in > {w}/src/f && echo 1 > {}/reward", s(&other)));
     // A bind mount of the same file system (same device, another mount) and a tmpfs, made in the
     // container's own mount namespace as a task's setup would.
     let mounts =
@@ -371,8 +382,12 @@ fn another_mount_below_the_path_is_recorded_and_not_entered() {
     let stm = statement(&c);
     let names: Vec<&str> =
         stm["subject"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
-    assert_eq!(names, vec![format!("{w}/src/f")], "only the file of this mount");
-    let skipped = &stm["predicate"]["paths"][0]["skipped"];
+    let mut want = vec![format!("{}/reward", s(&other)), format!("{w}/src/f")];
+    want.sort();
+    assert_eq!(names, want, "only the files of these mounts");
+    assert_eq!(stm["predicate"]["paths"].as_array().unwrap().len(), 2);
+    let ours = stm["predicate"]["paths"].as_array().unwrap().iter().find(|p| p["path"] == w.as_str()).unwrap();
+    let skipped = &ours["skipped"];
     for m in ["bind", "tmpfs"] {
         assert_eq!(skipped[format!("{w}/{m}")], "another mount: not entered", "{skipped}");
     }

@@ -370,7 +370,10 @@ fn another_mount_below_the_path_is_recorded_and_not_entered() {
         &["sleep", "1000000"],
     );
     wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
-    as_sandbox(&c, &format!("mkdir {w}/bind {w}/tmpfs {w}/src && echo in > {w}/src/f && echo 1 > {}/reward", s(&other)));
+    as_sandbox(
+        &c,
+        &format!("mkdir {w}/bind {w}/tmpfs {w}/src && echo in > {w}/src/f && echo 1 > {}/reward", s(&other)),
+    );
     // A bind mount of the same file system (same device, another mount) and a tmpfs, made in the
     // container's own mount namespace as a task's setup would.
     let mounts =
@@ -386,7 +389,8 @@ fn another_mount_below_the_path_is_recorded_and_not_entered() {
     want.sort();
     assert_eq!(names, want, "only the files of these mounts");
     assert_eq!(stm["predicate"]["paths"].as_array().unwrap().len(), 2);
-    let ours = stm["predicate"]["paths"].as_array().unwrap().iter().find(|p| p["path"] == w.as_str()).unwrap();
+    let ours =
+        stm["predicate"]["paths"].as_array().unwrap().iter().find(|p| p["path"] == w.as_str()).unwrap();
     let skipped = &ours["skipped"];
     for m in ["bind", "tmpfs"] {
         assert_eq!(skipped[format!("{w}/{m}")], "another mount: not entered", "{skipped}");

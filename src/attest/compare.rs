@@ -56,6 +56,48 @@ fn maps<V: PartialEq>(
     d.added.extend(now.keys().filter(|k| !then.contains_key(*k) && keep(k)).cloned());
 }
 
+/// Subjects compared in one pass over both lists sorted by name (a million names: no map, no copy).
+fn merge(then: &[Subject], now: &[Subject], keep: &dyn Fn(&str) -> bool, d: &mut Differences) {
+    use std::cmp::Ordering;
+    fn sorted(v: &[Subject]) -> Vec<&Subject> {
+        let mut r: Vec<&Subject> = v.iter().collect();
+        if !r.windows(2).all(|w| w[0].name <= w[1].name) {
+            r.sort_by(|x, y| x.name.cmp(&y.name));
+        }
+        r
+    }
+    let (a, b) = (sorted(then), sorted(now));
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        let order = match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) => x.name.cmp(&y.name),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match order {
+            Ordering::Less => {
+                if keep(&a[i].name) {
+                    d.removed.push(a[i].name.clone());
+                }
+                i += 1;
+            }
+            Ordering::Greater => {
+                if keep(&b[j].name) {
+                    d.added.push(b[j].name.clone());
+                }
+                j += 1;
+            }
+            Ordering::Equal => {
+                if a[i].digest != b[j].digest && keep(&a[i].name) {
+                    d.changed.push(a[i].name.clone());
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+}
+
 pub fn compare(
     then: &Statement,
     subjects: &[Subject],
@@ -64,11 +106,7 @@ pub fn compare(
 ) -> Differences {
     let keep = |n: &str| !ignore.iter().any(|p| under(n, p));
     let mut d = Differences::default();
-    let a: BTreeMap<String, &str> =
-        then.subject.iter().map(|s| (s.name.clone(), s.digest.sha256.as_str())).collect();
-    let b: BTreeMap<String, &str> =
-        subjects.iter().map(|s| (s.name.clone(), s.digest.sha256.as_str())).collect();
-    maps(&a, &b, &keep, &mut d);
+    merge(&then.subject, subjects, &keep, &mut d);
     let empty = PathFacts::default();
     for p in &then.predicate.paths {
         let now = paths.iter().find(|q| q.path == p.path).unwrap_or(&empty);
@@ -95,4 +133,40 @@ pub fn compare(
     d.added.dedup();
     d.removed.dedup();
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attest::statement::{Sha256, Subject};
+
+    fn sub(n: &str, d: &str) -> Subject {
+        Subject { name: n.into(), digest: Sha256 { sha256: d.into() } }
+    }
+
+    #[test]
+    fn changed_added_removed_and_ignored() {
+        assert!(under("/w/a", "/w") && under("/w", "/w/") && !under("/wx", "/w") && under("/x", "/"));
+        let then = vec![sub("/w/a", "1"), sub("/w/b", "2"), sub("/w/c", "3")];
+        let now = vec![sub("/w/a", "1"), sub("/w/b", "9"), sub("/w/d", "4")];
+        let a: BTreeMap<String, &str> =
+            then.iter().map(|s| (s.name.clone(), s.digest.sha256.as_str())).collect();
+        let b: BTreeMap<String, &str> =
+            now.iter().map(|s| (s.name.clone(), s.digest.sha256.as_str())).collect();
+        let mut d = Differences::default();
+        merge(&then, &now, &|_| true, &mut d);
+        let mut m = Differences::default();
+        maps(&a, &b, &|_| true, &mut m);
+        assert_eq!(d, m, "the merge and the maps agree");
+        assert_eq!(
+            (d.changed.clone(), d.added.clone(), d.removed.clone()),
+            (vec!["/w/b".to_string()], vec!["/w/d".to_string()], vec!["/w/c".to_string()])
+        );
+        assert_eq!(d.line(), "changed /w/b; added /w/d; removed /w/c");
+        let mut d = Differences::default();
+        maps(&a, &b, &|n| !under(n, "/w/b") && !under(n, "/w/d"), &mut d);
+        assert_eq!(d.line(), "removed /w/c");
+        let many = Differences { changed: (0..5).map(|i| format!("/w/{i}")).collect(), ..Default::default() };
+        assert_eq!(many.line(), "changed /w/0, /w/1, /w/2 (+2 more)");
+    }
 }

@@ -199,4 +199,31 @@ mod tests {
         assert!(paths_for(&s, &["/w/../etc".into()]).unwrap_err().contains("'..'"));
         assert!(paths_for(&s, &["w".into()]).unwrap_err().contains("absolute"));
     }
+
+    #[test]
+    fn a_job_larger_than_a_pipe_holds_is_refused_before_any_worker_starts() {
+        let freeze = crate::attest::statement::Freeze {
+            id: "i".into(),
+            jti: "i".into(),
+            nonce: None,
+            container: crate::marker::Container {
+                boot_id: "b".into(),
+                pid_ns: 1,
+                hostname: "h".into(),
+                init_start: 1,
+            },
+            sandbox_uids: vec![4242],
+            killed: 0,
+            phases_ms: Default::default(),
+        };
+        let job = Job {
+            state_dir: "/run/quiesce".into(),
+            paths: (0..17).map(|i| format!("/w{i}/{}", "x".repeat(4000))).collect(),
+            bounds: Bounds::default(),
+            threads: 2,
+            freeze,
+            seed: "00".repeat(32),
+        };
+        assert!(start(&job).err().unwrap_or_default().contains("name fewer paths"));
+    }
 }

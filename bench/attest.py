@@ -166,6 +166,9 @@ def main():
            "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for name, other, ours, theirs, check in rows:
         out.append(f"| {name} | {ours:.3f} | `{other}` | {theirs:.3f} | {theirs / ours:.2f}× | {check:.3f} | {check / ours:.2f}× |")
+    load = os.getloadavg()[0]
+    out += ["", f"1-minute load average at the end of the run: {load:.0f} (the ratios are side by side, "
+            "each pair run back to back)."]
     out += ["", f"PID 1 through an attestation of {a.hwm_files:,} empty files ({t_hwm:.1f} s): VmHWM "
             f"{before} KiB before the freeze, {after} KiB after (the walk and the hashing run in the worker "
             "process, never in PID 1).", "", "verify's time includes its marker checks and its own start.", END]

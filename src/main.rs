@@ -1,6 +1,7 @@
 //! quiesce: a container init that proves the sandbox user's processes are gone.
 //! Data flows one way: observe /proc (procs) → decide (taint) → act (freeze) → prove → sign (marker).
 
+mod attest;
 mod cli;
 mod commands;
 mod decide;
@@ -40,6 +41,10 @@ fn main() {
                 std::process::exit(2);
             }
         };
+    // The init's own attestation worker (init/attesting.rs): never an option an init takes.
+    if args.len() == 2 && args[1] == attest::job::WORKER_FLAG {
+        std::process::exit(attest::worker::main());
+    }
     let sub = args.get(1).map(String::as_str).filter(|a| cli::SUBCOMMANDS.contains(a));
     let code = match sub {
         Some(name) => {

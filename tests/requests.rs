@@ -32,8 +32,8 @@ fn freeze_signals_a_sandbox_or_job_control_can_send_are_refused() {
     assert_eq!(out.status.code(), Some(2));
     // USR2 and real-time signals are fine.
     for sig in ["USR2", "RTMIN+3"] {
-        let mut c =
-            Container::start(&["--sandbox-user", "4242", "--freeze-signal", sig], &["sleep", "1000000"]);
+        // Ready once it has published its sandbox (a freeze asked for earlier finds no results/).
+        let mut c = sandbox(4242, &["--freeze-signal", sig]);
         let st = c.state.to_str().unwrap().to_string();
         let q = quiesce();
         let out =

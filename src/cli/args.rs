@@ -97,6 +97,9 @@ pub struct InitArgs {
     #[command(flatten)]
     pub state: StateArgs,
 
+    #[command(flatten)]
+    pub attest: AttestArgs,
+
     /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
     #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
     pub signing_key: Option<PathBuf>,
@@ -153,6 +156,60 @@ pub struct SandboxArgs {
     /// Sandbox user, by name or UID (repeatable; comma-separated in the variable)
     #[arg(long = "sandbox-user", value_name = "USER", env = "QUIESCE_SANDBOX_USER", value_delimiter = ',')]
     pub users: Vec<String>,
+}
+
+/// What the init attests after each quiescent freeze (docs/attestation.md).
+#[derive(Args, Debug, Clone)]
+pub struct AttestArgs {
+    /// Attest this tree after every quiescent freeze (repeatable; ':' between paths in the variable)
+    #[arg(long = "attest", value_name = "PATH", env = "QUIESCE_ATTEST", value_delimiter = ':')]
+    pub paths: Vec<PathBuf>,
+
+    /// A tree under which `quiesce freeze --attest` may name more paths (repeatable; ':' between)
+    #[arg(long = "attest-allow", value_name = "PATH", env = "QUIESCE_ATTEST_ALLOW", value_delimiter = ':')]
+    pub allow: Vec<PathBuf>,
+
+    /// Entries (of every kind) an attestation may meet, over all its paths
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, env = "QUIESCE_ATTEST_MAX_FILES")]
+    pub attest_max_files: u64,
+
+    /// Bytes of regular files (their sizes) an attestation may hash
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 30, env = "QUIESCE_ATTEST_MAX_BYTES")]
+    pub attest_max_bytes: u64,
+
+    /// Directory levels below a named path an attestation may enter
+    #[arg(long, value_name = "N", default_value_t = 256, env = "QUIESCE_ATTEST_MAX_DEPTH")]
+    pub attest_max_depth: u32,
+
+    /// Seconds an attestation may take, after which it fails and its worker is killed
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, env = "QUIESCE_ATTEST_TIMEOUT")]
+    pub attest_timeout: u64,
+}
+
+impl Default for AttestArgs {
+    /// What clap gives when no attest option is named (quickargs' reading).
+    fn default() -> AttestArgs {
+        let b = crate::attest::walk::Bounds::default();
+        AttestArgs {
+            paths: Vec::new(),
+            allow: Vec::new(),
+            attest_max_files: b.files,
+            attest_max_bytes: b.bytes,
+            attest_max_depth: b.depth,
+            attest_timeout: b.seconds,
+        }
+    }
+}
+
+impl AttestArgs {
+    pub fn bounds(&self) -> crate::attest::walk::Bounds {
+        crate::attest::walk::Bounds {
+            files: self.attest_max_files,
+            bytes: self.attest_max_bytes,
+            depth: self.attest_max_depth,
+            seconds: self.attest_timeout,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -218,6 +275,10 @@ pub struct FreezeArgs {
     /// Print the status as JSON
     #[arg(long)]
     pub json: bool,
+    /// Attest this path too after this freeze (repeatable): within the init's --attest or
+    /// --attest-allow trees
+    #[arg(long = "attest", value_name = "PATH")]
+    pub attest: Vec<String>,
 }
 
 #[derive(Parser, Debug)]
@@ -252,6 +313,16 @@ pub struct VerifyArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+    /// Require an attestation of the frozen trees that covers PATH (repeatable); without it, one
+    /// is checked whenever the state dir holds one
+    #[arg(long = "attest", value_name = "PATH")]
+    pub attest: Vec<String>,
+    /// Attestation file; default: the state dir's quiescence.intoto.jsonl
+    #[arg(long, value_name = "FILE")]
+    pub attestation: Option<PathBuf>,
+    /// A path the orchestrator writes on purpose after the freeze: not compared (repeatable)
+    #[arg(long = "attest-ignore", value_name = "PATH")]
+    pub attest_ignore: Vec<String>,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

@@ -65,6 +65,7 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
         after_freeze: "stay".into(),
         state: StateArgs { state_dir: PathBuf::from(crate::state::DEFAULT_DIR) },
         signing_key: None,
+        attest: Default::default(),
         command: Vec::new(),
     };
     let mut seen_state_dir = false;

@@ -117,7 +117,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let request_id = match requests::submit(&dir, args.nonce.clone()) {
+    let request_id = match requests::submit(&dir, args.nonce.clone(), args.attest.clone()) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");
@@ -141,18 +141,31 @@ pub fn freeze(args: FreezeArgs) -> i32 {
     let until = Instant::now() + limit;
     while Instant::now() < until {
         match requests::read_result(&results, &request_id) {
+            // The init answers again when the attestation ends; its result is waited for within
+            // the same bound, and never changes this command's exit status.
+            Ok(Some(st))
+                if st.attestation.as_ref().is_some_and(|a| a.state == "running")
+                    && Instant::now() + Duration::from_millis(10) < until => {}
             Ok(Some(st)) => {
                 if args.json {
                     println!("{}", json_with_marker(&dir, &st));
                 } else {
                     println!(
-                        "{} {} (freeze {}, {} killed, {} ms){}",
+                        "{} {} (freeze {}, {} killed, {} ms){}{}",
                         st.state,
                         st.nonce.as_deref().unwrap_or("-"),
                         st.id,
                         st.killed,
                         st.phases_ms.total,
-                        st.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                        st.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default(),
+                        st.attestation
+                            .as_ref()
+                            .map(|a| format!(
+                                "; attestation {}{}",
+                                a.state,
+                                a.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+                            ))
+                            .unwrap_or_default()
                     );
                 }
                 return if st.state == "quiescent" { 0 } else { 1 };

@@ -21,6 +21,7 @@ pub mod code {
     pub const LIVE: i32 = 16;
     pub const UNSAFE: i32 = 17;
     pub const POLICY: i32 = 18;
+    pub const ATTESTATION: i32 = 19;
 }
 
 #[derive(Serialize)]
@@ -39,7 +40,117 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
+/// A file named with --attestation: its signature is what counts, not its owner.
+const NAMED_ATTESTATION: files::Rule = files::Rule { root_owned: false, ..files::ATTESTATION };
+
+/// The attestation, when there is one or `--attest` asks for one: signed with the marker's key,
+/// of the marker's freeze, covering what `--attest` names, and the trees unchanged since.
+/// Ok(None): none there and none asked for; Ok(Some(n)): n files re-checked.
+fn check_attestation(
+    args: &VerifyArgs,
+    dir: Option<&StateDir>,
+    key: &ed25519_dalek::VerifyingKey,
+    claims: &Claims,
+) -> Result<Option<usize>, Fail> {
+    use crate::attest::{compare, name, statement, tree};
+    let fail = |m: String| Fail(code::ATTESTATION, "attestation", m);
+    let (read, shown) = match (&args.attestation, dir) {
+        (Some(p), _) => (files::read_path(p, NAMED_ATTESTATION), p.clone()),
+        (None, Some(d)) => (d.read_with(state::ATTESTATION, files::ATTESTATION), d.file(state::ATTESTATION)),
+        (None, None) if args.attest.is_empty() => return Ok(None),
+        (None, None) => {
+            return Err(fail("--attest asks for an attestation: name it with --attestation FILE".into()))
+        }
+    };
+    let text = match read {
+        Ok(t) => t,
+        Err(FileError::Missing(_)) if args.attest.is_empty() && args.attestation.is_none() => {
+            return Ok(None)
+        }
+        Err(FileError::Missing(_)) => {
+            // What the init said of it, when it said anything.
+            let said = dir
+                .and_then(|d| d.read(state::STATUS).ok())
+                .and_then(|b| state::parse_status(&b).ok())
+                .and_then(|s| s.attestation)
+                .map(|a| {
+                    format!(
+                        " (the init's attestation: {}{})",
+                        a.state,
+                        a.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default();
+            return Err(fail(format!(
+                "no attestation at {}{said}; freeze again with the paths attested (--attest)",
+                shown.display()
+            )));
+        }
+        Err(FileError::Unsafe(m)) => return Err(Fail(code::UNSAFE, "state-dir", m)),
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    let body = crate::attest::dsse::open(&text, key)
+        .map_err(|e| fail(format!("attestation {} {e}", shown.display())))?;
+    let st: statement::Statement = serde_json::from_slice(&body)
+        .map_err(|e| fail(format!("attestation {} is not a quiesce statement: {e}", shown.display())))?;
+    if st.kind != statement::STATEMENT_TYPE || st.predicate_type != statement::PREDICATE_TYPE {
+        return Err(fail(format!(
+            "attestation {} is a {} of {}, not a {} of {}",
+            shown.display(),
+            st.kind,
+            st.predicate_type,
+            statement::STATEMENT_TYPE,
+            statement::PREDICATE_TYPE
+        )));
+    }
+    if st.predicate.freeze.jti != claims.jti {
+        return Err(fail(format!(
+            "attestation is of freeze {}, the marker of freeze {}: freeze again",
+            st.predicate.freeze.jti, claims.jti
+        )));
+    }
+    let plain = |p: &str| {
+        let t = p.trim_end_matches('/');
+        if t.is_empty() {
+            "/".to_string()
+        } else {
+            t.to_string()
+        }
+    };
+    for want in &args.attest {
+        let w = name::encode(plain(want).as_bytes());
+        let covered = st.predicate.paths.iter().any(|p| {
+            p.path == "/"
+                || w == p.path
+                || (w.starts_with(&p.path) && w.as_bytes().get(p.path.len()) == Some(&b'/'))
+        });
+        if !covered {
+            return Err(fail(format!(
+                "the attestation does not cover {want}: name it with the init's --attest"
+            )));
+        }
+    }
+    let paths: Vec<Vec<u8>> = st
+        .predicate
+        .paths
+        .iter()
+        .map(|p| name::decode(&p.path))
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(format!("attestation {}: {e}", shown.display())))?;
+    let now = tree::collect(&paths, &st.predicate.bounds, crate::sys::cpus().clamp(1, 2))
+        .map_err(|e| fail(format!("the tree is not the one attested: {e}")))?;
+    let subjects = statement::subjects(now.subjects);
+    let facts: Vec<statement::PathFacts> =
+        now.paths.into_iter().map(|(p, e)| statement::facts(&p, e)).collect();
+    let ignore: Vec<String> = args.attest_ignore.iter().map(|p| name::encode(plain(p).as_bytes())).collect();
+    let d = compare::compare(&st, &subjects, &facts, &ignore);
+    if !d.is_empty() {
+        return Err(fail(format!("the tree is not the one attested: {}", d.line())));
+    }
+    Ok(Some(subjects.len()))
+}
+
+fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usize>), Fail> {
     let needs_dir = args.marker.is_none() || args.public_key.is_none();
     let dir = if needs_dir {
         Some(StateDir::open(&args.state.state_dir).map_err(|e| Fail(code::UNSAFE, "state-dir", e))?)
@@ -208,7 +319,8 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<Claims, Fail> {
             ));
         }
     }
-    Ok(claims)
+    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
+    Ok((claims, attested))
 }
 
 pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
@@ -220,10 +332,15 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
     }
     let result = check(&args, &expected_uids);
     let report = match &result {
-        Ok(c) => Report {
+        Ok((c, attested)) => Report {
             ok: true,
             check: "all",
-            message: "marker verified and no sandbox process is alive".into(),
+            message: match attested {
+                Some(n) => format!(
+                    "marker and attestation ({n} files unchanged) verified and no sandbox process is alive"
+                ),
+                None => "marker verified and no sandbox process is alive".into(),
+            },
             code: 0,
             jti: Some(c.jti.clone()),
             nonce: c.nonce.clone(),

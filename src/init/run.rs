@@ -1,7 +1,9 @@
 //! The init: start the command, reap everything, forward signals, freeze on request,
 //! shut down cleanly. Once the command runs, nothing here may end the init by error.
 
+use crate::attest::{job::Job, statement::Freeze};
 use crate::freeze;
+use crate::init::attesting::{self, Worker};
 use crate::launches::Launch;
 use crate::marker::{self, Claims};
 use crate::newcomers;
@@ -36,6 +38,12 @@ pub struct Sandbox {
     pub no_new_privs: bool,
     /// When the last tracking refresh completed; None: the last one was cut off.
     pub tracked_at: Option<Instant>,
+    /// What to attest after a quiescent freeze.
+    pub attest: attesting::Setup,
+    /// The attestation worker of the last freeze, while it runs.
+    pub worker: Option<Worker>,
+    /// The last freeze's final status, rewritten when its attestation ends.
+    pub last: Option<Status>,
 }
 
 pub struct Config {
@@ -53,6 +61,9 @@ struct Reaper {
     status: Option<i32>,
     /// waitpid said ECHILD: the init has no child at all.
     childless: bool,
+    /// The attestation worker's pid, and its exit code once reaped: never the command's.
+    watch: Option<Pid>,
+    watched: Option<i32>,
 }
 
 /// Children reaped per call at most: a sandbox process that hands the init zombies as fast as
@@ -76,7 +87,10 @@ impl Reaper {
                         Reaped::Exited(p, c) => (p, c),
                         Reaped::Signaled(p, s) => (p, 128 + s),
                     };
-                    if pid == self.main && self.status.is_none() {
+                    if Some(pid) == self.watch {
+                        self.watch = None;
+                        self.watched = Some(code);
+                    } else if pid == self.main && self.status.is_none() {
                         log::debug!("command (pid {pid}) ended with status {code}");
                         self.status = Some(code);
                     }
@@ -155,7 +169,12 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     // to act makes what it makes after this point, where the proof looks for newcomers.
     let born_since = freeze::start_point(&Reader::default());
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
+    // The last freeze's attestation ends here: what it would sign is no longer the tree's state.
+    reaper.watch = None;
+    reaper.watched = None;
+    let lingering = sb.worker.take().and_then(Worker::end_for_freeze);
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
+    let asked: Vec<String> = pending_request.as_ref().map(|r| r.attest.clone()).unwrap_or_default();
     // The init's own command is the init's, whenever it was born (the same pid with the same
     // start time: a later process with its pid is another one), unless it is the sandbox's own
     // launch (--run-as), which history holds from its start.
@@ -168,6 +187,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         .and_then(|r| r.pid)
         .into_iter()
         .chain(command.map(|_| reaper.main))
+        .chain(lingering)
         .collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
@@ -181,14 +201,18 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         unstopped: 0,
         phases_ms: Default::default(),
         history: sb.policy.history.len(),
+        attestation: None,
     };
-    // The old marker goes before any signal is sent: a failed freeze must not leave one behind.
-    if let Err(e) = sb.state.remove(state::MARKER) {
-        log::error!("freeze {id} failed: cannot remove the old marker: {e}");
-        status.state = "failed".into();
-        status.reason = Some(format!("cannot remove the old marker: {e}"));
-        publish(sb, &status);
-        return;
+    // The old marker and attestation go before any signal is sent: a failed freeze must not
+    // leave one behind.
+    for (file, what) in [(state::MARKER, "marker"), (state::ATTESTATION, "attestation")] {
+        if let Err(e) = sb.state.remove(file) {
+            log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
+            status.state = "failed".into();
+            status.reason = Some(format!("cannot remove the old {what}: {e}"));
+            publish(sb, &status);
+            return;
+        }
     }
     if let Err(e) = sb.state.write_status(&status) {
         log::error!("cannot write status: {e}");
@@ -222,8 +246,18 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
+    let mut facts = None;
     if out.ok {
         let signed = crate::container::this_container().and_then(|container| {
+            facts = Some(Freeze {
+                id: id.clone(),
+                jti: id.clone(),
+                nonce: nonce.clone(),
+                container: container.clone(),
+                sandbox_uids: sb.policy.uids.clone(),
+                killed: status.killed as u64,
+                phases_ms: out.phases.clone(),
+            });
             let claims = Claims {
                 iss: "quiesce".into(),
                 iat: now_unix(),
@@ -258,6 +292,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 log::error!("freeze {id} failed: cannot write the marker: {e}");
             }
         }
+        if status.state == "quiescent" {
+            status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, &asked));
+        }
     } else {
         status.state = "failed".into();
         status.reason = out.reason.clone();
@@ -274,11 +311,68 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
 }
 
 /// The final status: in status.json, and where the client that asked for this freeze looks.
-fn publish(sb: &Sandbox, status: &Status) {
+fn publish(sb: &mut Sandbox, status: &Status) {
     if let Err(e) = sb.state.write_status(status) {
         log::error!("cannot write status: {e}");
     }
     sb.intake.answer(status);
+    sb.last = Some(status.clone());
+}
+
+/// Start the attestation of a quiescent freeze, when paths are named: its state to publish.
+fn start_attestation(
+    sb: &mut Sandbox,
+    reaper: &mut Reaper,
+    freeze: Freeze,
+    asked: &[String],
+) -> Option<state::Attestation> {
+    if sb.attest.paths.is_empty() && asked.is_empty() {
+        return None;
+    }
+    let id = freeze.id.clone();
+    let failed = |why: String| {
+        log::error!("freeze {id}: attestation failed: {why}");
+        Some(state::Attestation { state: "failed".into(), reason: Some(why) })
+    };
+    let paths = match attesting::paths_for(&sb.attest, asked) {
+        Ok(p) => p,
+        Err(e) => return failed(e),
+    };
+    let job = Job {
+        state_dir: sb.state.path.clone(),
+        paths,
+        bounds: sb.attest.bounds,
+        threads: sys::cpus().clamp(1, 2),
+        freeze,
+        seed: state::hex(sb.key.as_bytes()),
+    };
+    let started = attesting::start(&job);
+    let mut seed = job.seed;
+    zeroize::Zeroize::zeroize(&mut seed);
+    match started {
+        Ok(w) => {
+            log::info!("freeze {id}: attestation started (worker pid {})", w.pid);
+            reaper.watch = Some(w.pid);
+            sb.worker = Some(w);
+            Some(state::Attestation { state: "running".into(), reason: None })
+        }
+        Err(e) => failed(e),
+    }
+}
+
+/// The worker was reaped with `code`: the last freeze's status gets its attestation's end.
+fn attestation_ended(sb: &mut Sandbox, code: i32) {
+    let Some(w) = sb.worker.take() else { return };
+    let pid = w.pid;
+    let (st, reason) = w.finish(code);
+    match &reason {
+        Some(r) if st == "failed" => log::error!("attestation failed (worker pid {pid}): {r}"),
+        r => log::info!("attestation {st}: {}", r.as_deref().unwrap_or("")),
+    }
+    if let Some(mut last) = sb.last.take() {
+        last.attestation = Some(state::Attestation { state: st, reason });
+        publish(sb, &last);
+    }
 }
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
@@ -392,7 +486,7 @@ pub fn run(mut cfg: Config) -> i32 {
     };
     log::debug!("command started as pid {main}");
     let main_start = Reader::default().start_time(main).ok().flatten();
-    let mut reaper = Reaper { main, main_start, status: None, childless: false };
+    let mut reaper = Reaper { main, main_start, status: None, childless: false, watch: None, watched: None };
     if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
         if sb.command_is_sandbox {
             // The init's own launch: the sandbox's from its first instruction, seen or not.
@@ -420,6 +514,11 @@ pub fn run(mut cfg: Config) -> i32 {
             Shutdown::Terminating { kill_at } => Some(kill_at),
             Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
             Shutdown::None => next_track,
+        };
+        let worker_due = cfg.sandbox.as_ref().and_then(|sb| sb.worker.as_ref()).map(|w| w.deadline);
+        let deadline = match (deadline, worker_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
         // Children left to reap, or freeze requests waiting (one freeze per pass): come back at
@@ -477,6 +576,23 @@ pub fn run(mut cfg: Config) -> i32 {
         backlog = freeze_waiting || reaper.reap();
 
         if let Some(sb) = cfg.sandbox.as_mut() {
+            if let Some(code) = reaper.watched.take() {
+                attestation_ended(sb, code);
+            }
+            if let Some(w) = sb.worker.as_mut().filter(|w| Instant::now() >= w.deadline) {
+                let why = format!(
+                    "the time bound of {} s ran out: raise --attest-timeout or attest a smaller tree",
+                    sb.attest.bounds.seconds
+                );
+                w.kill(why.clone());
+                // Said now: a worker stuck in the kernel (a FUSE mount that never answers) may
+                // not die of SIGKILL, and its reaping may never come.
+                log::error!("attestation failed (worker pid {}): {why}", w.pid);
+                if let Some(mut last) = sb.last.take() {
+                    last.attestation = Some(state::Attestation { state: "failed".into(), reason: Some(why) });
+                    publish(sb, &last);
+                }
+            }
             let job = sb.intake.next(&freeze_senders);
             // Launch records taken with it are held before any freeze runs, and only then answered.
             for (id, launch) in sb.intake.take_launches() {

@@ -131,6 +131,12 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
             .into());
     }
     let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
+    let attest = init::AttestSetup {
+        paths: a.attest.paths.clone(),
+        allow: a.attest.allow.clone(),
+        bounds: a.attest.bounds(),
+    };
+    init::check_attest_setup(&attest)?;
     let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
     let interval = cli::seconds("--track-interval", a.track_interval)?;
     let state = state::StateDir::create(&a.state.state_dir)?;
@@ -154,7 +160,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         Ok::<(), String>(())
     };
     // A marker or status from before this init started proves nothing about this one.
-    for stale in [state::MARKER, state::STATUS] {
+    for stale in [state::MARKER, state::ATTESTATION, state::STATUS] {
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
     let intake = requests::Intake::new(&state)?;
@@ -200,5 +206,8 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         launchers,
         no_new_privs,
         tracked_at: None,
+        attest,
+        worker: None,
+        last: None,
     })
 }

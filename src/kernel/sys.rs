@@ -922,3 +922,142 @@ pub fn boot_ticks() -> io::Result<u64> {
     let hz = hz as u64;
     Ok(ts.tv_sec as u64 * hz + ts.tv_nsec as u64 * hz / 1_000_000_000)
 }
+
+/// What statx(2) says of a file: the facts a walk records and a digest compares before and after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meta {
+    /// Type and permission bits (st_mode).
+    pub mode: u32,
+    pub size: u64,
+    pub ino: u64,
+    /// The file system's device, as (major << 32) | minor.
+    pub dev: u64,
+    /// The mount the file is on, when the kernel says (5.8 and later).
+    pub mnt_id: Option<u64>,
+    pub nlink: u32,
+    pub uid: u32,
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    /// The device a device file stands for, as (major << 32) | minor.
+    pub rdev: u64,
+}
+
+impl Meta {
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+}
+
+fn statx_raw(dir: RawFd, name: &std::ffi::CStr, flags: i32) -> io::Result<Meta> {
+    // SAFETY: a zeroed plain-data struct the kernel fills; a valid C string.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let flags = flags | libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_AS_STAT;
+    let mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+    // SAFETY: as above; the raw syscall needs nothing from the C library's version.
+    check(unsafe { libc::syscall(libc::SYS_statx, dir, name.as_ptr(), flags, mask, &mut sx) })?;
+    let dev2 = |major: u32, minor: u32| ((major as u64) << 32) | minor as u64;
+    Ok(Meta {
+        mode: sx.stx_mode as u32,
+        size: sx.stx_size,
+        ino: sx.stx_ino,
+        dev: dev2(sx.stx_dev_major, sx.stx_dev_minor),
+        mnt_id: (sx.stx_mask & libc::STATX_MNT_ID != 0).then_some(sx.stx_mnt_id),
+        nlink: sx.stx_nlink,
+        uid: sx.stx_uid,
+        mtime: (sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec),
+        ctime: (sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec),
+        rdev: dev2(sx.stx_rdev_major, sx.stx_rdev_minor),
+    })
+}
+
+/// statx(2) of `name` in `dir`, following no link and triggering no automount.
+pub fn statx_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<Meta> {
+    statx_raw(dir.as_raw_fd(), name, 0)
+}
+
+/// statx(2) of a path, following no link at its last component.
+pub fn statx_path(path: &std::path::Path) -> io::Result<Meta> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::other("path with NUL"))?;
+    statx_raw(libc::AT_FDCWD, &c, 0)
+}
+
+/// statx(2) of what an open descriptor refers to.
+pub fn statx_fd(fd: &OwnedFd) -> io::Result<Meta> {
+    statx_raw(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// Open the regular file `name` in `dir` for reading: no link followed, no FIFO waited for, no
+/// terminal taken, and no access time written where the kernel allows it (owner or CAP_FOWNER).
+pub fn open_file_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let base = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    let open = |flags: i32| {
+        // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.
+        check(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) } as _)
+            // SAFETY: the kernel just gave us this descriptor.
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    };
+    match open(base | libc::O_NOATIME) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(base),
+        r => r,
+    }
+}
+
+/// Open the directory `name` in `dir` for listing, following no link (a C-string name).
+pub fn open_subdir_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) } as _)?;
+    // SAFETY: the kernel just gave us this descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The text of the link `name` in `dir`, never followed (at most PATH_MAX bytes).
+pub fn read_link_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: the kernel writes at most buf.len() bytes into buf.
+    let n = check(unsafe {
+        libc::readlinkat(dir.as_raw_fd(), name.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len())
+    } as _)? as usize;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// One read(2) into `buf`, retried on EINTR; 0 at the end of the file.
+pub fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: the kernel writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Reap the child `pid` if it has exited, without waiting: its exit code (128 + signal).
+pub fn try_reap(pid: Pid) -> io::Result<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: status is a valid out pointer.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r == 0 {
+        return Ok(None);
+    }
+    if libc::WIFSIGNALED(status) {
+        return Ok(Some(128 + libc::WTERMSIG(status)));
+    }
+    Ok(Some(libc::WEXITSTATUS(status)))
+}
+
+/// Make a descriptor non-blocking (a pipe the init reads from must never hold it).
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller holds, with integer arguments.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) } as _)?;
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags as i32 | libc::O_NONBLOCK) } as _).map(drop)
+}

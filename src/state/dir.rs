@@ -13,6 +13,8 @@ pub const DEFAULT_DIR: &str = "/run/quiesce";
 pub const MARKER: &str = "quiescence.jws";
 pub const STATUS: &str = "status.json";
 pub const PUBKEY: &str = "signing.pub";
+/// The DSSE envelope of the attestation (one JSON line), next to the marker.
+pub const ATTESTATION: &str = "quiescence.intoto.jsonl";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Survivor {
@@ -50,6 +52,16 @@ pub struct Status {
     /// namespace; the soak watches it).
     #[serde(default)]
     pub history: usize,
+    /// The attestation of the frozen trees, when paths are named: it never changes `state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<Attestation>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Attestation {
+    /// running, attested or failed
+    pub state: String,
+    pub reason: Option<String>,
 }
 
 pub struct StateDir {
@@ -199,6 +211,11 @@ impl StateDir {
     /// the descriptor that is read.
     pub fn read(&self, name: &str) -> Result<Vec<u8>, FileError> {
         files::read_in(&self.fd, &self.path, name, files::STATE)
+    }
+
+    /// Read a file of this directory under another rule than the state files' (a larger bound).
+    pub fn read_with(&self, name: &str, rule: files::Rule) -> Result<Vec<u8>, FileError> {
+        files::read_in(&self.fd, &self.path, name, rule)
     }
 
     /// Like `write_atomic`, through the descriptor opened at start rather than the path: the

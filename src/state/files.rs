@@ -29,6 +29,8 @@ pub const STATE: Rule = Rule { root_owned: true, deny: 0o022, max: 16 << 20 };
 /// A file named on the command line whose content is checked otherwise (a signed marker).
 pub const ANY: Rule = Rule { root_owned: false, deny: 0, max: 16 << 20 };
 pub const PRIVATE_KEY: Rule = Rule { root_owned: true, deny: 0o077, max: 64 << 10 };
+/// The attestation's envelope: written by the init's worker, as large as a million names make it.
+pub const ATTESTATION: Rule = Rule { root_owned: true, deny: 0o022, max: 1 << 30 };
 pub const PUBLIC_KEY: Rule = Rule { root_owned: true, deny: 0o022, max: 64 << 10 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,6 +17,8 @@ pub const REQUESTS: &str = "requests";
 pub const RESULTS: &str = "results";
 /// A nonce longer than this is refused: it is carried into the marker.
 pub const MAX_NONCE: usize = 1024;
+/// Attest paths one request may name at most.
+pub const MAX_ATTEST: usize = 16;
 /// Requests taken per wake; the rest wait for the next pass of the init's loop.
 const PER_WAKE: usize = 16;
 /// Directory entries looked at per wake, however many there are.
@@ -39,6 +41,9 @@ pub struct Request {
     /// Not a freeze: `quiesce exec` recording its launch (see `launches`), answered once taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<Launch>,
+    /// Paths to attest after this freeze besides the init's own (within those it allows).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attest: Vec<String>,
 }
 
 /// The state a taken launch is answered with.
@@ -69,26 +74,37 @@ pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
     if let Some(l) = &r.launch {
         l.check()?;
     }
+    if r.attest.len() > MAX_ATTEST || r.attest.iter().any(|p| p.len() > 4096) {
+        return Err(format!("it names more than {MAX_ATTEST} attest paths, or one longer than 4096 bytes"));
+    }
     Ok(r)
 }
 
 /// The client side: write a freeze request of our own and return its id.
-pub fn submit(state: &StateDir, nonce: Option<String>) -> Result<String, String> {
+pub fn submit(state: &StateDir, nonce: Option<String>, attest: Vec<String>) -> Result<String, String> {
     if nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
         return Err(format!("--nonce is longer than {MAX_NONCE} bytes: use a shorter one"));
     }
-    submit_request(state, nonce, None)
+    if attest.len() > MAX_ATTEST || attest.iter().any(|p| p.len() > 4096) {
+        return Err(format!("at most {MAX_ATTEST} --attest paths of at most 4096 bytes each"));
+    }
+    submit_request(state, nonce, None, attest)
 }
 
 /// The client side: write a launch record as a request and return its id.
 pub fn submit_launch(state: &StateDir, launch: Launch) -> Result<String, String> {
-    submit_request(state, None, Some(launch))
+    submit_request(state, None, Some(launch), Vec::new())
 }
 
-fn submit_request(state: &StateDir, nonce: Option<String>, launch: Option<Launch>) -> Result<String, String> {
+fn submit_request(
+    state: &StateDir,
+    nonce: Option<String>,
+    launch: Option<Launch>,
+    attest: Vec<String>,
+) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
     let id = new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
-    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), launch };
+    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), launch, attest };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     // The temp file's name starts with a dot, so the init never takes a half-written request.
     dir.write_atomic(&id, &body, 0o644)
@@ -312,6 +328,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
         unstopped: 0,
         phases_ms: Default::default(),
         history: 0,
+        attestation: None,
     }
 }
 
@@ -336,7 +353,7 @@ mod tests {
     fn every_request_is_taken_once_and_answered_on_its_own() {
         let (d, sd) = state_dir("many");
         let mut intake = Intake::new(&sd).unwrap();
-        let ids: Vec<String> = (0..40).map(|i| submit(&sd, Some(format!("n{i}"))).unwrap()).collect();
+        let ids: Vec<String> = (0..40).map(|i| submit(&sd, Some(format!("n{i}")), vec![]).unwrap()).collect();
         let me = sys::getpid();
         let mut got = Vec::new();
         let mut senders = vec![me];
@@ -405,6 +422,7 @@ mod tests {
             request_id: id.into(),
             pid: None,
             launch: None,
+            attest: vec![],
         })
         .unwrap();
         assert!(parse_request(&body, id).unwrap_err().contains("nonce"));

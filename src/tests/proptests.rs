@@ -130,6 +130,7 @@ fn status() -> impl Strategy<Value = Status> {
             unstopped: killed / 2,
             phases_ms,
             history: killed / 3,
+            attestation: None,
         })
 }
 
@@ -212,7 +213,7 @@ proptest! {
 
     #[test]
     fn request_files_round_trip(id in request_id(), nonce in proptest::option::of(any::<String>()), pid in proptest::option::of(any::<i32>())) {
-        let req = Request { nonce, request_id: id.clone(), pid, launch: None };
+        let req = Request { nonce, request_id: id.clone(), pid, launch: None, attest: vec![] };
         let body = serde_json::to_vec(&req).unwrap();
         let back = requests::parse_request(&body, &id);
         if req.nonce.as_ref().is_some_and(|n| n.len() > requests::MAX_NONCE) {

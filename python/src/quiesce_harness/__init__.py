@@ -7,14 +7,16 @@ result = freeze(box)                       # raises FreezeFailed / Unreachable
 run_verifier(box, ["./run-tests.sh"], nonce=result.nonce)
 """
 
+from .attestation import verify_attestation
 from .container import Container, ExecResult
-from .errors import FreezeFailed, MarkerInvalid, QuiesceError, Unreachable
+from .errors import AttestationInvalid, FreezeFailed, MarkerInvalid, QuiesceError, Unreachable
 from .freeze import FreezeResult, Survivor, freeze
 from .marker import key_id, verify_marker
 from .verifier import GATE_EXIT_CODES, run_verifier
 
 __all__ = [
     "GATE_EXIT_CODES",
+    "AttestationInvalid",
     "Container",
     "ExecResult",
     "FreezeFailed",
@@ -26,6 +28,7 @@ __all__ = [
     "freeze",
     "key_id",
     "run_verifier",
+    "verify_attestation",
     "verify_marker",
 ]
 __version__ = "0.1.0"

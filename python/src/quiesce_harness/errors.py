@@ -31,6 +31,15 @@ class FreezeFailed(QuiesceError):
         )
 
 
+class AttestationInvalid(QuiesceError):
+    """The attestation failed one check; `check` names which and `reason` says why."""
+
+    def __init__(self, check: str, reason: str) -> None:
+        self.check = check
+        self.reason = reason
+        super().__init__(f"attestation refused ({check}): {reason}")
+
+
 class MarkerInvalid(QuiesceError):
     """The marker failed one check; `check` names which and `reason` says why."""
 

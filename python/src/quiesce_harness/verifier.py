@@ -18,6 +18,8 @@ GATE_EXIT_CODES = {
     15: "marker from another container",
     16: "a sandbox process is alive (live probe)",
     17: "unsafe state directory",
+    18: "marker from a configuration the policy flags refuse",
+    19: "attestation missing, not this marker's, or the attested trees changed",
 }
 
 

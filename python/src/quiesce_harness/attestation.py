@@ -1,0 +1,127 @@
+"""The attestation of the frozen trees checked in the harness, independently of the binary.
+
+The init writes an in-toto Statement v1 in a DSSE envelope, signed with the marker's key
+(docs/attestation.md). Like the marker it is read from the sandbox's side of the wall, so it is
+parsed strictly: the envelope's signature over DSSE's PAE first, the statement only then, and the
+statement must belong to the marker (its `jti`) the harness checked.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+
+from .errors import AttestationInvalid
+from .marker import key_id, load_public_key
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://quiesce.dev/attestation/frozen-tree/v1"
+# The init's own read bound for an envelope.
+MAX_ENVELOPE_BYTES = 1 << 30
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE's pre-authentication encoding, exactly as the protocol defines it."""
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+def subject_path(name: str) -> bytes:
+    """A subject's `name` back to the path's bytes (percent-decoding, `quiesce-percent-v1`)."""
+    return urllib.parse.unquote_to_bytes(name)
+
+
+def _b64(s: object, what: str) -> bytes:
+    if not isinstance(s, str):
+        raise AttestationInvalid("format", f"{what} is not a string")
+    try:
+        return base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError):
+        raise AttestationInvalid("format", f"{what} is not base64") from None
+
+
+def verify_attestation(
+    envelope: str | bytes,
+    public_key_pem: str | bytes,
+    jti: str | None = None,
+    *,
+    read_file: Callable[[bytes], bytes] | None = None,
+) -> dict[str, Any]:
+    """Check an attestation and return its statement; raise AttestationInvalid naming the check.
+
+    Checks, in this order: the envelope's form and payloadType; a signature whose keyid is this
+    key's kid and that verifies over PAE; the statement's `_type` and `predicateType`; its
+    `predicate.freeze.jti` is `jti` (when given: the marker's, from verify_marker; an envelope
+    of another freeze is a replay); with `read_file` (path bytes -> content), every subject's
+    sha256 again.
+    """
+    raw = envelope.encode() if isinstance(envelope, str) else envelope
+    if len(raw) > MAX_ENVELOPE_BYTES:
+        raise AttestationInvalid("format", f"{len(raw)} bytes, more than any attestation")
+    try:
+        env = json.loads(raw)
+    except ValueError as e:
+        raise AttestationInvalid("format", f"not JSON: {e}") from None
+    if not isinstance(env, dict):
+        raise AttestationInvalid("format", "not a DSSE envelope (a JSON object)")
+    if env.get("payloadType") != PAYLOAD_TYPE:
+        raise AttestationInvalid(
+            "format", f"payloadType is {env.get('payloadType')!r}, not {PAYLOAD_TYPE}"
+        )
+    body = _b64(env.get("payload"), "payload")
+    key = load_public_key(public_key_pem)
+    kid = key_id(key)
+    sigs = env.get("signatures")
+    mine = [
+        s
+        for s in (sigs if isinstance(sigs, list) else [])
+        if isinstance(s, dict)
+        and isinstance(s.get("keyid"), str)
+        and hmac.compare_digest(s["keyid"], kid)
+    ]
+    if not mine:
+        raise AttestationInvalid("key", "no signature by this key: no keyid is its kid")
+    sig = _b64(mine[0].get("sig"), "sig")
+    try:
+        key.verify(sig, pae(PAYLOAD_TYPE, body))
+    except InvalidSignature:
+        raise AttestationInvalid(
+            "signature", "the signature does not verify with this key"
+        ) from None
+    try:
+        st = json.loads(body)
+    except ValueError as e:
+        raise AttestationInvalid("statement", f"the payload is not JSON: {e}") from None
+    if not isinstance(st, dict):
+        raise AttestationInvalid("statement", "the payload is not a statement (a JSON object)")
+    if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
+        raise AttestationInvalid(
+            "statement", f"a {st.get('_type')!r} of {st.get('predicateType')!r}, not quiesce's"
+        )
+    pred = st.get("predicate")
+    freeze = pred.get("freeze") if isinstance(pred, dict) else None
+    got = freeze.get("jti") if isinstance(freeze, dict) else None
+    if jti is not None and not (isinstance(got, str) and hmac.compare_digest(got, jti)):
+        raise AttestationInvalid(
+            "jti", f"of freeze {got!r}, not the marker's {jti!r}: freeze again"
+        )
+    if read_file is not None:
+        subjects = st.get("subject")
+        for s in subjects if isinstance(subjects, list) else []:
+            name = s.get("name") if isinstance(s, dict) else None
+            digest = s.get("digest") if isinstance(s, dict) else None
+            want = digest.get("sha256") if isinstance(digest, dict) else None
+            if not isinstance(name, str) or not isinstance(want, str):
+                raise AttestationInvalid("statement", f"a subject without name or sha256: {s!r}")
+            if hashlib.sha256(read_file(subject_path(name))).hexdigest() != want:
+                raise AttestationInvalid("changed", f"{name} is not the file attested")
+    return st

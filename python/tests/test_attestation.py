@@ -1,0 +1,131 @@
+"""verify_attestation against an attestation the real init signed: each refusal names its check."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from quiesce_harness import AttestationInvalid, verify_attestation, verify_marker
+from quiesce_harness.attestation import pae, subject_path
+
+import support
+
+
+@dataclass(frozen=True)
+class Attested:
+    envelope: bytes
+    marker: str
+    public_pem: bytes
+    tree: Path
+
+
+@pytest.fixture(scope="module")
+def attested() -> Iterator[Attested]:
+    """A freeze by the real init as PID 1 of a new PID namespace, with a tree attested."""
+    b = support.binary()
+    if not b.exists():
+        pytest.fail(f"no quiesce binary at {b}: run `cargo build --release` (or set QUIESCE_BIN)")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        support.skip_log("attestation", "needs root and unshare(1) to run the init as PID 1")
+        pytest.skip("needs root and unshare(1)")
+    d = Path(tempfile.mkdtemp(prefix="qhk-attest-"))
+    s, tree = d / "state", d / "tree"
+    tree.mkdir()
+    (tree / "a").write_bytes(b"alpha\n")
+    (tree / b"new\nline".decode()).write_bytes(b"nl\n")
+    script = f"""
+set -e
+while [ ! -s {s}/sandbox.json ]; do sleep 0.01; done
+{b} freeze --state-dir {s} --wait >/dev/null
+cp {s}/quiescence.jws {s}/signing.pub {s}/quiescence.intoto.jsonl {d}/
+"""
+    try:
+        subprocess.run(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                str(b),
+                "--sandbox-user",
+                "4242",
+                "--state-dir",
+                str(s),
+                "--attest",
+                str(tree),
+                "--after-freeze",
+                "exit",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
+        yield Attested(
+            envelope=(d / "quiescence.intoto.jsonl").read_bytes(),
+            marker=(d / "quiescence.jws").read_text().strip(),
+            public_pem=(d / "signing.pub").read_bytes(),
+            tree=tree,
+        )
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"the init's freeze failed: {e.stderr.decode(errors='replace')}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def read(p: bytes) -> bytes:
+    return Path(os.fsdecode(p)).read_bytes()
+
+
+def test_the_real_attestation_verifies_and_names_every_file(attested: Attested) -> None:
+    claims = verify_marker(attested.marker, attested.public_pem)
+    st = verify_attestation(attested.envelope, attested.public_pem, claims["jti"], read_file=read)
+    names = [s["name"] for s in st["subject"]]
+    assert names == [f"{attested.tree}/a", f"{attested.tree}/new%0Aline"]
+    assert subject_path(names[1]) == f"{attested.tree}/new\nline".encode()
+
+
+def refused(check: str, env: bytes, pem: bytes, **kw: object) -> None:
+    with pytest.raises(AttestationInvalid) as e:
+        verify_attestation(env, pem, **kw)  # type: ignore[arg-type]
+    assert e.value.check == check, e.value
+
+
+def test_each_refusal_names_its_check(attested: Attested) -> None:
+    pem = attested.public_pem
+    env = json.loads(attested.envelope)
+    body = json.loads(base64.b64decode(env["payload"]))
+    refused("format", b"[]", pem)
+    refused("format", json.dumps({**env, "payloadType": "text/plain"}).encode(), pem)
+    other = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    refused("key", attested.envelope, other)
+    body["subject"][0]["digest"]["sha256"] = "00" * 32
+    edited = {**env, "payload": base64.b64encode(json.dumps(body).encode()).decode()}
+    refused("signature", json.dumps(edited).encode(), pem)
+    refused("jti", attested.envelope, pem, jti="another-freeze")
+    (attested.tree / "a").write_bytes(b"beta\n")
+    refused("changed", attested.envelope, pem, read_file=read)
+
+
+def test_pae_is_the_dsse_specs() -> None:
+    assert pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )

@@ -1,0 +1,99 @@
+//! Names in a statement: a path's bytes as text, losslessly. Printable UTF-8 stays as it is;
+//! `%`, control characters (C0, DEL, C1, U+2028, U+2029) and every byte that is not part of
+//! valid UTF-8 become `%XX` (uppercase hex), one per byte. docs/attestation.md states the rule.
+
+/// Does this character stand for itself in a name?
+fn plain(c: char) -> bool {
+    !(c == '%' || c.is_control() || c == '\u{2028}' || c == '\u{2029}')
+}
+
+fn escape(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        out.push('%');
+        out.push(char::from(b"0123456789ABCDEF"[(b >> 4) as usize]));
+        out.push(char::from(b"0123456789ABCDEF"[(b & 15) as usize]));
+    }
+}
+
+pub fn encode(mut bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    while !bytes.is_empty() {
+        let (valid, rest) = match std::str::from_utf8(bytes) {
+            Ok(s) => (s, &[][..]),
+            Err(e) => {
+                let (ok, bad) = bytes.split_at(e.valid_up_to());
+                // SAFETY-free: from_utf8 said these bytes are valid.
+                (std::str::from_utf8(ok).unwrap_or_default(), bad)
+            }
+        };
+        for c in valid.chars() {
+            if plain(c) {
+                out.push(c);
+            } else {
+                let mut b = [0u8; 4];
+                escape(&mut out, c.encode_utf8(&mut b).as_bytes());
+            }
+        }
+        bytes = rest;
+        if !bytes.is_empty() {
+            // The invalid sequence's length, or one byte when the input ends inside one.
+            let n = std::str::from_utf8(bytes).err().and_then(|e| e.error_len()).unwrap_or(1);
+            let n = n.min(bytes.len());
+            escape(&mut out, &bytes[..n]);
+            bytes = &bytes[n..];
+        }
+    }
+    out
+}
+
+pub fn decode(s: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let byte =
+                hex.filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit())).map(|h| u8::from_str_radix(h, 16));
+            match byte {
+                Some(Ok(v)) => out.push(v),
+                _ => return Err(format!("name {s:?} has a '%' not followed by two hex digits")),
+            }
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_escapes_what_is_not_printable() {
+        let cases: &[&[u8]] = &[
+            b"/w/plain.txt",
+            b"/w/new\nline",
+            b"/w/\xff\xfe-not-utf8",
+            b"/w/100%",
+            "/w/caf\u{e9}/\u{1F600}".as_bytes(),
+            b"/w/\xe2\x82",
+            b"/w/\x7f\x00",
+            "/w/\u{2028}\u{85}".as_bytes(),
+        ];
+        for c in cases {
+            let e = encode(c);
+            assert!(!e.chars().any(|ch| ch.is_control()), "{e:?}");
+            assert_eq!(decode(&e).unwrap(), *c, "{e}");
+        }
+        assert_eq!(encode(b"/w/new\nline"), "/w/new%0Aline");
+        assert_eq!(encode(b"/w/100%"), "/w/100%25");
+        assert_eq!(encode(b"/w/\xff"), "/w/%FF");
+        assert_eq!(encode("/w/caf\u{e9}".as_bytes()), "/w/caf\u{e9}");
+        assert!(decode("/w/%G0").is_err());
+        assert!(decode("/w/%4").is_err());
+    }
+}

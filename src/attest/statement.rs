@@ -1,0 +1,148 @@
+//! The in-toto Statement v1 of a frozen tree: one subject per regular file (its absolute path,
+//! encoded by `name`, and its sha256), sorted by name; the predicate carries the freeze's facts
+//! and, per named path, everything that is not a regular file's content.
+
+use super::name;
+use super::tree::Collected;
+use super::walk::{Bounds, Entries};
+use crate::marker::Container;
+use crate::state::Phases;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+/// The project's predicate, versioned: a change to its meaning makes a new version.
+pub const PREDICATE_TYPE: &str = "https://quiesce.dev/attestation/frozen-tree/v1";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Statement {
+    #[serde(rename = "_type")]
+    pub kind: String,
+    pub subject: Vec<Subject>,
+    #[serde(rename = "predicateType")]
+    pub predicate_type: String,
+    pub predicate: Predicate,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Subject {
+    pub name: String,
+    pub digest: Sha256,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Sha256 {
+    pub sha256: String,
+}
+
+/// The freeze the tree was attested after, as its marker names it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Freeze {
+    pub id: String,
+    /// The marker's `jti` (the freeze id): the statement belongs to that marker alone.
+    pub jti: String,
+    pub nonce: Option<String>,
+    pub container: Container,
+    pub sandbox_uids: Vec<u32>,
+    pub killed: u64,
+    pub phases_ms: Phases,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Predicate {
+    pub freeze: Freeze,
+    /// How `name` encodes bytes that are not printable UTF-8 (docs/attestation.md).
+    pub name_encoding: String,
+    pub bounds: Bounds,
+    pub paths: Vec<PathFacts>,
+    pub version: String,
+}
+
+pub const NAME_ENCODING: &str = "quiesce-percent-v1";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct PathFacts {
+    pub path: String,
+    pub directories: u64,
+    pub files: u64,
+    pub bytes: u64,
+    /// name -> link text (never followed)
+    pub symlinks: BTreeMap<String, String>,
+    /// name -> fifo, socket, char-device or block-device (never opened)
+    pub special: BTreeMap<String, Special>,
+    /// name -> why it was not looked into (another mount, unreadable)
+    pub skipped: BTreeMap<String, String>,
+    /// Regular files with more than one link: the names here and the link count, which is
+    /// larger than the names when links lead from outside the path.
+    pub hardlinks: Vec<HardLink>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Special {
+    pub kind: String,
+    /// For devices: major and minor, as `MAJOR:MINOR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdev: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HardLink {
+    pub names: Vec<String>,
+    pub links: u32,
+}
+
+pub fn facts(path: &[u8], e: Entries) -> PathFacts {
+    let enc = |b: &[u8]| name::encode(b);
+    let mut hardlinks: Vec<HardLink> = e
+        .links
+        .into_values()
+        .map(|(links, names)| {
+            let mut names: Vec<String> = names.iter().map(|n| enc(n)).collect();
+            names.sort();
+            HardLink { names, links }
+        })
+        .collect();
+    hardlinks.sort();
+    PathFacts {
+        path: enc(path),
+        directories: e.directories,
+        files: e.files,
+        bytes: e.bytes,
+        symlinks: e.symlinks.iter().map(|(n, t)| (enc(n), enc(t))).collect(),
+        special: e
+            .special
+            .iter()
+            .map(|(n, kind, rdev)| {
+                let dev = kind.ends_with("device").then(|| format!("{}:{}", rdev >> 32, rdev & 0xffff_ffff));
+                (enc(n), Special { kind: kind.to_string(), rdev: dev })
+            })
+            .collect(),
+        skipped: e.skipped.into_iter().map(|(n, why)| (enc(&n), why)).collect(),
+        hardlinks,
+    }
+}
+
+/// Subjects sorted by name, with the name encoded.
+pub fn subjects(list: Vec<(Vec<u8>, [u8; 32])>) -> Vec<Subject> {
+    let mut s: Vec<Subject> = list
+        .into_iter()
+        .map(|(n, d)| Subject { name: name::encode(&n), digest: Sha256 { sha256: crate::state::hex(&d) } })
+        .collect();
+    s.sort();
+    s
+}
+
+pub fn build(c: Collected, freeze: Freeze, bounds: Bounds) -> Statement {
+    Statement {
+        kind: STATEMENT_TYPE.into(),
+        subject: subjects(c.subjects),
+        predicate_type: PREDICATE_TYPE.into(),
+        predicate: Predicate {
+            freeze,
+            name_encoding: NAME_ENCODING.into(),
+            bounds,
+            paths: c.paths.into_iter().map(|(p, e)| facts(&p, e)).collect(),
+            version: env!("QUIESCE_VERSION").into(),
+        },
+    }
+}

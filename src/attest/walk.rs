@@ -1,0 +1,300 @@
+//! The bounded walk of one named tree: every entry listed through the descriptor of its
+//! directory, looked at with statx and never followed; regular files handed on to be hashed,
+//! everything else recorded as it is. It never follows a symlink, never opens a FIFO, socket or
+//! device, and never enters another mount: those are recorded (skipped, and why).
+
+use super::name;
+use crate::sys::{self, Meta};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What one attestation may take; any bound exceeded fails it (nothing partial is signed).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Bounds {
+    /// Entries of every kind met by the walk, over all named paths.
+    pub files: u64,
+    /// Bytes of regular files (their sizes, sparse or not), over all named paths.
+    pub bytes: u64,
+    /// Directories below a named path, at most this deep (its entries are at depth 1).
+    pub depth: u32,
+    /// Seconds for the whole attestation.
+    pub seconds: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds { files: 1_000_000, bytes: 16 << 30, depth: 256, seconds: 300 }
+    }
+}
+
+/// A regular file to hash: its directory (held open), its name there, and what the walk saw.
+pub struct File {
+    pub dir: Arc<OwnedFd>,
+    pub leaf: CString,
+    /// The absolute path's bytes.
+    pub name: Vec<u8>,
+    pub meta: Meta,
+}
+
+/// What a named path holds besides the regular files' contents.
+#[derive(Debug, Default)]
+pub struct Entries {
+    pub directories: u64,
+    pub files: u64,
+    pub bytes: u64,
+    /// (name, target text)
+    pub symlinks: Vec<(Vec<u8>, Vec<u8>)>,
+    /// (name, kind, rdev)
+    pub special: Vec<(Vec<u8>, &'static str, u64)>,
+    /// (name, why)
+    pub skipped: Vec<(Vec<u8>, String)>,
+    /// Regular files with more than one link: (dev, ino) -> (link count, names seen here).
+    pub links: HashMap<(u64, u64), Links>,
+}
+
+/// A file's link count and the names it has in the walked tree.
+pub type Links = (u32, Vec<Vec<u8>>);
+
+/// What the walks of one attestation used so far, against its bounds.
+pub struct Used {
+    pub entries: u64,
+    pub bytes: u64,
+    pub deadline: Instant,
+}
+
+impl Used {
+    pub fn new(bounds: &Bounds, start: Instant) -> Used {
+        Used { entries: 0, bytes: 0, deadline: start + std::time::Duration::from_secs(bounds.seconds) }
+    }
+}
+
+fn join(dir: &[u8], leaf: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + leaf.len());
+    p.extend_from_slice(dir);
+    if !dir.ends_with(b"/") {
+        p.push(b'/');
+    }
+    p.extend_from_slice(leaf);
+    p
+}
+
+pub fn changed(name: &[u8], what: &str) -> String {
+    format!(
+        "{} changed while it was attested ({what}): attest trees nothing writes to after the freeze",
+        name::encode(name)
+    )
+}
+
+fn special_kind(kind: u32) -> Option<&'static str> {
+    Some(match kind {
+        libc::S_IFIFO => "fifo",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "char-device",
+        libc::S_IFBLK => "block-device",
+        _ => return None,
+    })
+}
+
+struct Frame {
+    fd: Arc<OwnedFd>,
+    path: Vec<u8>,
+    depth: u32,
+    subdirs: Vec<(CString, Meta)>,
+}
+
+struct Walk<'a> {
+    bounds: &'a Bounds,
+    used: &'a mut Used,
+    root_dev: u64,
+    root_mnt: Option<u64>,
+    out: Entries,
+    sink: &'a mut dyn FnMut(File) -> Result<(), String>,
+}
+
+impl Walk<'_> {
+    fn tick(&mut self, at: &[u8]) -> Result<(), String> {
+        self.used.entries += 1;
+        if self.used.entries > self.bounds.files {
+            return Err(format!(
+                "more than {} entries (at {}): raise --attest-max-files or attest a smaller tree",
+                self.bounds.files,
+                name::encode(at)
+            ));
+        }
+        if Instant::now() >= self.used.deadline {
+            return Err(format!(
+                "the time bound of {} s ran out (at {}): raise --attest-timeout or attest a smaller tree",
+                self.bounds.seconds,
+                name::encode(at)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Another mount below the path: a bind mount, a FUSE mount (dead or alive), a volume.
+    fn elsewhere(&self, m: &Meta) -> bool {
+        m.dev != self.root_dev || matches!((m.mnt_id, self.root_mnt), (Some(a), Some(b)) if a != b)
+    }
+
+    /// One regular file: counted, bounded, handed on.
+    fn file(&mut self, dir: &Arc<OwnedFd>, leaf: CString, full: Vec<u8>, meta: Meta) -> Result<(), String> {
+        self.used.bytes = self.used.bytes.saturating_add(meta.size);
+        if self.used.bytes > self.bounds.bytes {
+            return Err(format!(
+                "more than {} bytes of files (at {}, {} bytes): raise --attest-max-bytes or attest a smaller tree",
+                self.bounds.bytes,
+                name::encode(&full),
+                meta.size
+            ));
+        }
+        self.out.files += 1;
+        self.out.bytes += meta.size;
+        if meta.nlink > 1 {
+            self.out
+                .links
+                .entry((meta.dev, meta.ino))
+                .or_insert((meta.nlink, Vec::new()))
+                .1
+                .push(full.clone());
+        }
+        (self.sink)(File { dir: dir.clone(), leaf, name: full, meta })
+    }
+
+    /// List a directory and take every entry but its subdirectories, which are returned.
+    fn list(&mut self, fd: Arc<OwnedFd>, path: Vec<u8>, depth: u32) -> Result<Frame, String> {
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        let room = self.bounds.files.saturating_sub(self.used.entries).min(usize::MAX as u64 - 1) as usize;
+        let more = sys::each_entry(&fd, room + 1, |n| names.push(n.to_vec()))
+            .map_err(|e| format!("cannot list {}: {e}", name::encode(&path)))?;
+        if more {
+            return Err(format!(
+                "more than {} entries (in {}): raise --attest-max-files or attest a smaller tree",
+                self.bounds.files,
+                name::encode(&path)
+            ));
+        }
+        let mut subdirs = Vec::new();
+        for leaf in names {
+            let full = join(&path, &leaf);
+            self.tick(&full)?;
+            // getdents never gives a name with a NUL in it.
+            let Ok(c) = CString::new(leaf) else { continue };
+            let meta = match sys::statx_at(&fd, &c) {
+                Ok(m) => m,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(changed(&full, "removed")),
+                Err(e) => {
+                    self.out.skipped.push((full, format!("unreadable: {e}")));
+                    continue;
+                }
+            };
+            if self.elsewhere(&meta) {
+                self.out.skipped.push((full, "another mount: not entered".into()));
+                continue;
+            }
+            match meta.kind() {
+                libc::S_IFDIR => {
+                    if depth + 1 > self.bounds.depth {
+                        return Err(format!(
+                            "{} is deeper than {} levels: raise --attest-max-depth or attest a shallower tree",
+                            name::encode(&full),
+                            self.bounds.depth
+                        ));
+                    }
+                    self.out.directories += 1;
+                    subdirs.push((c, meta));
+                }
+                libc::S_IFREG => self.file(&fd, c, full, meta)?,
+                libc::S_IFLNK => match sys::read_link_at(&fd, &c) {
+                    Ok(t) => self.out.symlinks.push((full, t)),
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        return Err(changed(&full, "removed"))
+                    }
+                    Err(e) => self.out.skipped.push((full, format!("unreadable link: {e}"))),
+                },
+                k => match special_kind(k) {
+                    Some(kind) => self.out.special.push((full, kind, meta.rdev)),
+                    None => self.out.skipped.push((full, format!("unknown file type {k:o}"))),
+                },
+            }
+        }
+        // Entered in name order from the end: the order does not matter, the statement sorts.
+        Ok(Frame { fd, path, depth, subdirs })
+    }
+}
+
+/// Walk the named path `root` (absolute), handing each regular file to `sink`.
+pub fn walk(
+    root: &[u8],
+    bounds: &Bounds,
+    used: &mut Used,
+    sink: &mut dyn FnMut(File) -> Result<(), String>,
+) -> Result<Entries, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let shown = name::encode(root);
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(root));
+    let meta = sys::statx_path(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => {
+            format!("{shown} does not exist: create it before the freeze or stop attesting it")
+        }
+        _ => format!("cannot look at {shown}: {e}"),
+    })?;
+    let mut w =
+        Walk { bounds, used, root_dev: meta.dev, root_mnt: meta.mnt_id, out: Entries::default(), sink };
+    match meta.kind() {
+        libc::S_IFDIR => {}
+        libc::S_IFLNK => return Err(format!("{shown} is a symlink: attest the path it leads to")),
+        libc::S_IFREG => {
+            w.tick(root)?;
+            let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+            let leaf = path.file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
+            let dir = sys::open_dir(parent).map_err(|e| format!("cannot open {}: {e}", parent.display()))?;
+            let leaf = CString::new(leaf).map_err(|_| format!("{shown}: a name with NUL"))?;
+            w.file(&Arc::new(dir), leaf, root.to_vec(), meta)?;
+            return Ok(w.out);
+        }
+        k => {
+            w.tick(root)?;
+            match special_kind(k) {
+                Some(kind) => w.out.special.push((root.to_vec(), kind, meta.rdev)),
+                None => w.out.skipped.push((root.to_vec(), format!("unknown file type {k:o}"))),
+            }
+            return Ok(w.out);
+        }
+    }
+    let fd = sys::open_dir(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let opened = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {shown}: {e}"))?;
+    if (opened.dev, opened.ino) != (meta.dev, meta.ino) {
+        return Err(changed(root, "replaced"));
+    }
+    let first = w.list(Arc::new(fd), root.to_vec(), 0)?;
+    let mut stack = vec![first];
+    while let Some(top) = stack.last_mut() {
+        let Some((leaf, seen)) = top.subdirs.pop() else {
+            stack.pop();
+            continue;
+        };
+        let full = join(&top.path, leaf.as_bytes());
+        let depth = top.depth + 1;
+        let fd = match sys::open_subdir_at(&top.fd, &leaf) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)) => {
+                return Err(changed(&full, "removed or replaced"))
+            }
+            Err(e) => {
+                w.out.skipped.push((full, format!("unreadable: {e}")));
+                continue;
+            }
+        };
+        let now = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::encode(&full)))?;
+        if (now.dev, now.ino) != (seen.dev, seen.ino) {
+            return Err(changed(&full, "replaced"));
+        }
+        let frame = w.list(Arc::new(fd), full, depth)?;
+        stack.push(frame);
+    }
+    Ok(w.out)
+}

@@ -1,0 +1,63 @@
+//! The attestation worker: a process of its own (the init's binary, re-executed as root with
+//! the init's credentials), so that hashing never runs on PID 1's thread nor grows its memory.
+//! It walks, hashes, builds, signs and writes the envelope atomically, then says on stdout in
+//! one line what it did or why it failed; its exit status says which (0: attested).
+
+use super::job::{self, Job};
+use super::{dsse, statement, tree};
+use crate::state::{self, StateDir};
+use ed25519_dalek::SigningKey;
+use std::io::{Read, Write};
+use zeroize::Zeroize;
+
+fn run(job: &Job, key: &SigningKey) -> Result<String, String> {
+    let dir = StateDir::open(&job.state_dir)?;
+    let started = std::time::Instant::now();
+    let paths: Vec<Vec<u8>> = job.paths.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let c = tree::collect(&paths, &job.bounds, job.threads)?;
+    let files = c.subjects.len();
+    let bytes: u64 = c.paths.iter().map(|(_, e)| e.bytes).sum();
+    let st = statement::build(c, job.freeze.clone(), job.bounds);
+    let body = serde_json::to_vec(&st).map_err(|e| format!("cannot write the statement: {e}"))?;
+    drop(st);
+    let env = dsse::sign(key, &body)?;
+    dir.write_atomic(state::ATTESTATION, &env, 0o644)
+        .map_err(|e| format!("cannot write {}: {e}", dir.file(state::ATTESTATION).display()))?;
+    Ok(format!(
+        "{files} file(s), {bytes} bytes in {} path(s), {} ms",
+        paths.len(),
+        started.elapsed().as_millis()
+    ))
+}
+
+pub fn main() -> i32 {
+    // It holds the signing key: no core dump, no tracer of its own UID.
+    let said = match crate::sys::set_not_dumpable() {
+        Err(e) => Err(format!("cannot mark the attestation worker non-dumpable: {e}")),
+        Ok(()) => {
+            let mut text = Vec::new();
+            match std::io::stdin().take(job::MAX_JOB as u64 + 1).read_to_end(&mut text) {
+                Err(e) => Err(format!("cannot read the job: {e}")),
+                Ok(_) => {
+                    let parsed = serde_json::from_slice::<Job>(&text)
+                        .map_err(|e| format!("not an attestation job: {e}"));
+                    text.zeroize();
+                    parsed.and_then(|mut j| {
+                        let seed = job::unhex(&j.seed).and_then(|s| <[u8; 32]>::try_from(s).ok());
+                        j.seed.zeroize();
+                        let key =
+                            SigningKey::from_bytes(&seed.ok_or("the job's key is not a 32-byte hex seed")?);
+                        run(&j, &key)
+                    })
+                }
+            }
+        }
+    };
+    let (code, line) = match said {
+        Ok(l) => (0, l),
+        Err(e) => (1, e),
+    };
+    // The init reads this after it reaps the worker; nothing more is said.
+    let _ = writeln!(std::io::stdout(), "{line}");
+    code
+}

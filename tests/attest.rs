@@ -448,3 +448,50 @@ fn a_fuse_mount_that_never_answers_fails_the_attestation_on_its_time_bound() {
     let (rc, st) = c.freeze("after");
     assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
 }
+
+/// A FUSE mount that never answers, mounted inside an attested tree after the freeze: verify's
+/// re-check blocks in the kernel on it, and verify still refuses within the attestation's time
+/// bound and a few seconds more (exit 19), rather than hold the verifier's gate forever.
+#[test]
+fn verify_gives_up_on_a_mount_that_never_answers_within_its_bound() {
+    let test = "verify_gives_up_on_a_mount_that_never_answers_within_its_bound";
+    if !Path::new("/dev/fuse").exists() {
+        skip(test, "no /dev/fuse on this machine");
+        return;
+    }
+    let ws = scratch("fusev");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w, "--attest-timeout", "2"]);
+    let mnt = ws.join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::write(ws.join("f"), b"kept").unwrap();
+    let (rc, st) = freeze_attesting(&c, "fusev", &[]);
+    assert_eq!(rc, 0, "{st}");
+    assert_eq!(attested_state(&st).0, "attested", "{st}");
+    let _d = c.launch_root(&["fuse-daemon", s(&mnt)]);
+    let t = Instant::now();
+    let out = c.verify(&["--nonce", "fusev", "--", "echo", "scored"]);
+    let took = t.elapsed();
+    assert_eq!(code(&out), 19, "{}", stderr(&out));
+    assert!(stderr(&out).contains("did not end within"), "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "the verifier ran");
+    assert!(took < Duration::from_secs(30), "verify took {took:?}");
+}
+
+/// A directory above a named path that is a symlink (a sandbox-owned tree the init allows, with
+/// a link to /etc in it): the path is attested where it is or not at all, never where the link
+/// leads.
+#[test]
+fn a_link_above_a_named_path_fails_the_attestation() {
+    let ws = scratch("linkabove");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest-allow", &w]);
+    std::os::unix::fs::symlink("/etc", ws.join("res")).unwrap();
+    let asked = format!("{w}/res/ssh");
+    let (rc, st) = freeze_attesting(&c, "linkabove", &[&asked]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains("is a symlink"), "{reason}");
+    assert!(!envelope_path(&c).exists());
+}

@@ -485,6 +485,29 @@ fn escaped(c: &Container) -> Vec<i32> {
         .collect()
 }
 
+/// A quiescent freeze is right about an escapee only if it killed it: a refresh that saw the
+/// child under its sandbox parent before the parent exited makes it the sandbox's (ancestry), and
+/// the freeze kills it, root or not. Then it must be gone and the marker's; any other quiescent
+/// freeze is a marker signed beside it. Returns whether the freeze was quiescent (and right).
+fn killed_by_the_freeze(c: &Container, child: i32, code: i32, st: &serde_json::Value, what: &str) -> bool {
+    if code != 0 {
+        assert_eq!(code, 1, "{what}: {st}");
+        return false;
+    }
+    let gone = (0..50).any(|_| {
+        let alive = escaped(c).contains(&child);
+        if alive {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        !alive
+    });
+    assert!(gone, "{what}: a marker was signed while {child} lives: {st}");
+    let killed = st["killed"].as_u64().unwrap_or(0);
+    assert!(killed >= 1, "{what}: quiescent with {child} gone but nothing killed: {st}");
+    eprintln!("{what}: the escapee's child {child} was seen as the sandbox's and killed: {st}");
+    true
+}
+
 /// Wait (10 s at most) until `pid` is alive and root in every UID: a child still on its way there
 /// is a sandbox process, which the freeze kills (rightly), and the escape was not tested.
 fn wait_escaped(c: &Container, pid: i32, what: &str) {
@@ -535,7 +558,9 @@ fn p16_an_escape_before_any_observation_is_refused() {
         std::thread::sleep(Duration::from_millis(200));
         wait_escaped(&c, child, "the escapee's child to be root");
         let (code, st) = c.freeze("n-1");
-        assert_eq!(code, 1, "{how:?}: a marker was signed while {child} lives: {st}");
+        if killed_by_the_freeze(&c, child, code, &st, &format!("{how:?}")) {
+            continue;
+        }
         assert!(!c.marker_exists());
         let reason = st["reason"].as_str().unwrap_or_default();
         assert!(reason.contains("born since a launch that lineage does not follow"), "{how:?}: {st}");
@@ -579,7 +604,9 @@ fn p17_a_launcher_that_exits_before_the_init_takes_its_record_under_a_subreaper(
         std::thread::sleep(Duration::from_millis(700));
         wait_escaped(&c, w.pid, "the escapee's child to be root");
         let (code, st) = c.freeze("n-1");
-        assert_eq!(code, 1, "hold {hold}: a marker was signed while {} lives: {st}", w.pid);
+        if killed_by_the_freeze(&c, w.pid, code, &st, &format!("hold {hold}")) {
+            continue;
+        }
         assert!(!c.marker_exists());
         let named: Vec<i64> =
             st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();

@@ -187,7 +187,7 @@ impl Walk<'_> {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(changed(&full, "removed")),
                 Err(e) => {
-                    self.out.skipped.push((full, format!("unreadable: {e}")));
+                    self.out.skipped.push((full.clone(), unreadable(&full, e)?));
                     continue;
                 }
             };
@@ -213,7 +213,7 @@ impl Walk<'_> {
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         return Err(changed(&full, "removed"))
                     }
-                    Err(e) => self.out.skipped.push((full, format!("unreadable link: {e}"))),
+                    Err(e) => self.out.skipped.push((full.clone(), unreadable(&full, e)?)),
                 },
                 k => match special_kind(k) {
                     Some(kind) => self.out.special.push((full, kind, meta.rdev)),
@@ -236,6 +236,7 @@ pub fn walk(
     use std::os::unix::ffi::OsStrExt;
     let shown = name::encode(root);
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(root));
+    no_link_above(path, &shown)?;
     let meta = sys::statx_path(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => {
             format!("{shown} does not exist: create it before the freeze or stop attesting it")
@@ -285,7 +286,7 @@ pub fn walk(
                 return Err(changed(&full, "removed or replaced"))
             }
             Err(e) => {
-                w.out.skipped.push((full, format!("unreadable: {e}")));
+                w.out.skipped.push((full.clone(), unreadable(&full, e)?));
                 continue;
             }
         };
@@ -297,4 +298,63 @@ pub fn walk(
         stack.push(frame);
     }
     Ok(w.out)
+}
+
+/// Only a denial is an entry to skip as unreadable: any other error (no descriptor, no memory, an
+/// I/O error) says nothing about the entry, and a statement without it would be partial.
+fn unreadable(full: &[u8], e: std::io::Error) -> Result<String, String> {
+    match e.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM) => Ok(format!("unreadable: {e}")),
+        _ => Err(format!("cannot read {}: {e}: nothing is attested on a partial walk", name::encode(full))),
+    }
+}
+
+/// A named path is attested where it is, not where a link in it leads: a directory above it that
+/// the sandbox owned may hold a link to anywhere (`/etc`). Every component above the last is
+/// looked at without following it. (The last one is refused as a link by the walk itself.)
+fn no_link_above(path: &std::path::Path, shown: &str) -> Result<(), String> {
+    let mut above = path.parent();
+    while let Some(dir) = above {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!(
+                    "{shown}: {} is a symlink: name the path without links in it",
+                    dir.display()
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot look at {}: {e}", dir.display())),
+        }
+        above = dir.parent();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_denial_is_skipped_any_other_error_fails_the_walk() {
+        let e = |n| std::io::Error::from_raw_os_error(n);
+        assert!(unreadable(b"/w/a", e(libc::EACCES)).is_ok());
+        assert!(unreadable(b"/w/a", e(libc::EPERM)).is_ok());
+        for n in [libc::EMFILE, libc::ENFILE, libc::ENOMEM, libc::EIO, libc::EINTR] {
+            let r = unreadable(b"/w/a", e(n));
+            assert!(r.as_ref().is_err_and(|m| m.contains("partial walk")), "{n}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn a_link_above_the_named_path_is_refused() {
+        let d = std::env::temp_dir().join(format!("quiesce-linkabove-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("real/sub")).unwrap();
+        std::os::unix::fs::symlink(d.join("real"), d.join("link")).unwrap();
+        assert!(no_link_above(&d.join("real/sub"), "x").is_ok());
+        let r = no_link_above(&d.join("link/sub"), "x");
+        assert!(r.as_ref().is_err_and(|m| m.contains("is a symlink")), "{r:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 }

@@ -40,6 +40,9 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// Seconds the re-check may take beyond the attestation's own time bound.
+const RECHECK_SLACK_S: u64 = 5;
+
 /// A file named with --attestation: its signature is what counts, not its owner.
 const NAMED_ATTESTATION: files::Rule = files::Rule { root_owned: false, ..files::ATTESTATION };
 
@@ -137,8 +140,28 @@ fn check_attestation(
         .map(|p| name::decode(&p.path))
         .collect::<Result<_, _>>()
         .map_err(|e| fail(format!("attestation {}: {e}", shown.display())))?;
-    let now = tree::collect(&paths, &st.predicate.bounds, crate::sys::cpus().clamp(1, 2))
-        .map_err(|e| fail(format!("the tree is not the one attested: {e}")))?;
+    // The walk keeps its time bound between entries only: one read can wait forever (a FUSE
+    // mount that never answers), and the verifier's gate must not. It runs on a thread of its
+    // own, and verify gives up on it at the bound; exiting ends the thread, wherever it waits.
+    let bounds = st.predicate.bounds;
+    let limit = std::time::Duration::from_secs(bounds.seconds.saturating_add(RECHECK_SLACK_S));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("quiesce-recheck".into())
+        .spawn(move || {
+            let _ = tx.send(tree::collect(&paths, &bounds, crate::sys::cpus().clamp(1, 2)));
+        })
+        .map_err(|e| fail(format!("cannot start the re-check: {e}")))?;
+    let now = match rx.recv_timeout(limit) {
+        Ok(r) => r.map_err(|e| fail(format!("the tree is not the one attested: {e}")))?,
+        Err(_) => {
+            return Err(fail(format!(
+                "the re-check of the attested trees did not end within {} s (a mount that does not \
+                 answer?): unmount it or attest a tree without it",
+                limit.as_secs()
+            )))
+        }
+    };
     let subjects = statement::subjects(now.subjects);
     let facts: Vec<statement::PathFacts> =
         now.paths.into_iter().map(|(p, e)| statement::facts(&p, e)).collect();

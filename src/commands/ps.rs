@@ -89,7 +89,7 @@ pub fn ps(args: PsArgs) -> i32 {
                 state: p.state,
                 alive: p.alive(),
                 comm: &p.comm,
-                cmdline: &p.cmdline,
+                cmdline: p.cmdline(),
                 depth,
                 sandbox: !reasons.is_empty(),
                 reasons,

@@ -102,16 +102,11 @@ pub fn observe(
                 return Ok(Ok((snap, passes)));
             }
             passes += 1;
+            let mut batch = Vec::with_capacity(missing.len());
             for pid in missing {
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
-                    }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
-                }
+                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
             }
+            snap.procs.apply(batch);
             if Instant::now() >= deadline {
                 return Ok(Err(Churn { created: 0, passes }));
             }
@@ -124,35 +119,25 @@ pub fn observe(
         // Every pid in (covered, now] was handed out before this pass begins.
         if distance(covered, now) <= PROBE_MAX {
             let mut pid = covered;
+            let mut batch = Vec::new();
             while pid != now {
                 pid += 1;
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
-                    }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
-                }
+                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
             }
+            snap.procs.apply(batch);
         } else {
             let listed = reader.pids()?;
             let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
             // Not listed now: exited (anything created since is in the next pass's range).
             snap.procs.retain(|pid, _| keep.contains(pid));
+            let mut batch = Vec::new();
             for pid in listed {
                 if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {
                     continue;
                 }
-                match pass.read(pid, Detail::Light, earlier(pid))? {
-                    Some(p) => {
-                        snap.procs.insert(pid, p);
-                    }
-                    None => {
-                        snap.procs.remove(&pid);
-                    }
-                }
+                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
             }
+            snap.procs.apply(batch);
         }
         covered = now;
     }

@@ -5,7 +5,6 @@
 
 use crate::sys::{self, Pid};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -43,10 +42,18 @@ pub struct Proc {
     /// Field 22 of stat, in clock ticks since boot: with the pid, the process's identity.
     pub start_time: u64,
     pub comm: String,
-    pub cmdline: Vec<String>,
-    pub exe: Option<String>,
+    /// cmdline and exe, read by a full observation only (`ps`). Boxed: a light entry, of which
+    /// PID 1 holds one per process of the namespace, does not carry their room.
+    pub named: Option<Box<Named>>,
     pub loginuid: Option<u32>,
     pub threads: Vec<Thread>,
+}
+
+/// What a person needs to recognise a process.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Named {
+    pub cmdline: Vec<String>,
+    pub exe: Option<String>,
 }
 
 /// A state letter of a task that has exited: zombie or dead.
@@ -55,6 +62,17 @@ fn exited(state: char) -> bool {
 }
 
 impl Proc {
+    /// The command line a full observation read (empty otherwise).
+    pub fn cmdline(&self) -> &[String] {
+        self.named.as_ref().map_or(&[], |n| &n.cmdline)
+    }
+
+    /// The executable a full observation read.
+    #[cfg(test)]
+    pub fn exe(&self) -> Option<&str> {
+        self.named.as_ref().and_then(|n| n.exe.as_deref())
+    }
+
     /// Dead means every thread is a zombie or gone; a zombie leader with a running thread is alive.
     pub fn alive(&self) -> bool {
         if self.threads.is_empty() {
@@ -90,7 +108,129 @@ pub enum Detail {
 
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
-    pub procs: BTreeMap<Pid, Proc>,
+    pub procs: Table,
+}
+
+/// The processes of an observation by pid: a vector sorted by pid, so that an entry costs the
+/// process's own bytes and nothing more (a map's nodes cost about as much again, and building
+/// one from a list holds the list, a sort buffer and the map at once). The sandbox chooses how
+/// many processes there are; PID 1 holds one or two of these tables at a time.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Table {
+    v: Vec<Proc>,
+}
+
+impl Table {
+    /// From processes in any order; a pid listed twice keeps its last entry.
+    pub fn from_procs(mut v: Vec<Proc>) -> Table {
+        if !v.windows(2).all(|w| w[0].pid < w[1].pid) {
+            // Stable, so that of equal pids the last one stays last; dedup then keeps it.
+            v.sort_by_key(|p| p.pid);
+            v.reverse();
+            v.dedup_by_key(|p| p.pid);
+            v.reverse();
+        }
+        v.shrink_to_fit();
+        Table { v }
+    }
+
+    fn find(&self, pid: Pid) -> Result<usize, usize> {
+        self.v.binary_search_by_key(&pid, |p| p.pid)
+    }
+
+    pub fn get(&self, pid: &Pid) -> Option<&Proc> {
+        self.find(*pid).ok().map(|i| &self.v[i])
+    }
+
+    pub fn contains_key(&self, pid: &Pid) -> bool {
+        self.find(*pid).is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    #[allow(dead_code)] // the pair clippy asks of a public `len`
+    pub fn is_empty(&self) -> bool {
+        self.v.is_empty()
+    }
+
+    /// Pids in ascending order.
+    pub fn keys(&self) -> impl Iterator<Item = &Pid> + '_ {
+        self.v.iter().map(|p| &p.pid)
+    }
+
+    /// Processes in ascending pid order.
+    pub fn values(&self) -> std::slice::Iter<'_, Proc> {
+        self.v.iter()
+    }
+
+    /// Insert or replace one process (tests build tables so). Costs a shift of the entries above it: many changes at once
+    /// go through `apply`.
+    #[cfg(test)]
+    pub fn insert(&mut self, pid: Pid, p: Proc) -> Option<Proc> {
+        debug_assert_eq!(pid, p.pid);
+        match self.find(pid) {
+            Ok(i) => Some(std::mem::replace(&mut self.v[i], p)),
+            Err(i) => {
+                self.v.insert(i, p);
+                None
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub fn remove(&mut self, pid: &Pid) -> Option<Proc> {
+        self.find(*pid).ok().map(|i| self.v.remove(i))
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&Pid, &Proc) -> bool) {
+        self.v.retain(|p| keep(&p.pid, p));
+    }
+
+    /// Apply a batch of reads: Some replaces or adds the process, None removes the pid; of two
+    /// entries for one pid the later one counts. One pass over the table whatever the batch's
+    /// size (a pass of the proof may read thousands), and no second table.
+    pub fn apply(&mut self, mut batch: Vec<(Pid, Option<Proc>)>) {
+        // Stable: of equal pids the later entry stays after the earlier.
+        batch.sort_by_key(|e| e.0);
+        let mut removed: Vec<usize> = Vec::new();
+        let mut added: Vec<Proc> = Vec::new();
+        let mut it = batch.into_iter().peekable();
+        while let Some((pid, p)) = it.next() {
+            if it.peek().is_some_and(|n| n.0 == pid) {
+                continue;
+            }
+            match (self.find(pid), p) {
+                (Ok(i), Some(p)) => self.v[i] = p,
+                (Ok(i), None) => removed.push(i),
+                (Err(_), Some(p)) => added.push(p),
+                (Err(_), None) => {}
+            }
+        }
+        if !removed.is_empty() {
+            // `removed` is ascending: the batch was sorted by pid, and so is the table.
+            let mut k = 0;
+            let mut idx = 0;
+            self.v.retain(|_| {
+                let drop = removed.get(k) == Some(&idx);
+                k += drop as usize;
+                idx += 1;
+                !drop
+            });
+        }
+        if !added.is_empty() {
+            self.v.extend(added);
+            self.v.sort_unstable_by_key(|p| p.pid);
+        }
+    }
+}
+
+impl std::ops::Index<&Pid> for Table {
+    type Output = Proc;
+    fn index(&self, pid: &Pid) -> &Proc {
+        self.get(pid).expect("no process with this pid in the table")
+    }
 }
 
 #[cfg(test)]
@@ -106,8 +246,7 @@ impl Proc {
             state: 'S',
             start_time,
             comm: "x".into(),
-            cmdline: Vec::new(),
-            exe: None,
+            named: None,
             loginuid: None,
             threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4], creds: true }],
         }
@@ -117,7 +256,7 @@ impl Proc {
 #[cfg(test)]
 impl Snapshot {
     pub fn of(ps: &[Proc]) -> Snapshot {
-        Snapshot { procs: ps.iter().map(|p| (p.pid, p.clone())).collect() }
+        Snapshot { procs: Table::from_procs(ps.to_vec()) }
     }
 }
 
@@ -172,12 +311,7 @@ pub struct Stat {
 
 impl Stat {
     /// The process this stat line describes, with what else was read of it.
-    fn into_proc(
-        self,
-        threads: Vec<Thread>,
-        loginuid: Option<u32>,
-        evidence: (Vec<String>, Option<String>),
-    ) -> Proc {
+    fn into_proc(self, threads: Vec<Thread>, loginuid: Option<u32>, named: Option<Box<Named>>) -> Proc {
         Proc {
             pid: self.pid,
             ppid: self.ppid,
@@ -186,8 +320,7 @@ impl Stat {
             state: self.state,
             start_time: self.start_time,
             comm: self.comm,
-            cmdline: evidence.0,
-            exe: evidence.1,
+            named,
             loginuid,
             threads,
         }
@@ -350,7 +483,7 @@ impl Reader {
     }
 
     /// cmdline and exe of a process: what a person needs to recognise it.
-    fn evidence(&self, dir: &Path) -> io::Result<(Vec<String>, Option<String>)> {
+    fn evidence(&self, dir: &Path) -> io::Result<Named> {
         {
             // The process chooses its command line's size (even terabytes, through
             // PR_SET_MM): only the first bytes are read.
@@ -364,7 +497,7 @@ impl Reader {
             };
             // A zombie or kernel thread has no exe: that is an answer, not an unknown.
             let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
-            Ok((cmdline, exe))
+            Ok(Named { cmdline, exe })
         }
     }
 
@@ -410,20 +543,20 @@ impl Reader {
         detail: Detail,
         prev: Option<&Snapshot>,
         deciding: &[u32],
-    ) -> io::Result<BTreeMap<Pid, Proc>> {
-        let part = |pids: &[Pid]| -> io::Result<Vec<(Pid, Proc)>> {
+    ) -> io::Result<Table> {
+        let part = |pids: &[Pid]| -> io::Result<Vec<Proc>> {
             let mut pass = self.pass()?;
             pass.deciding = deciding;
             let mut out = Vec::with_capacity(pids.len());
             for &pid in pids {
                 if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
-                    out.push((pid, p));
+                    out.push(p);
                 }
             }
             Ok(out)
         };
         if detail != Detail::Light || pids.len() < SPLIT_MIN || !several_cores() {
-            return Ok(part(pids)?.into_iter().collect());
+            return Ok(Table::from_procs(part(pids)?));
         }
         let (a, b) = pids.split_at(pids.len() / 2);
         let (mine, theirs) = std::thread::scope(|s| {
@@ -438,7 +571,10 @@ impl Reader {
             };
             (mine, theirs)
         });
-        Ok(mine?.into_iter().chain(theirs?).collect())
+        // The halves in order are the listing's order: appended, not merged into a third list.
+        let mut all = mine?;
+        all.append(&mut theirs?);
+        Ok(Table::from_procs(all))
     }
 
     /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read
@@ -449,16 +585,20 @@ impl Reader {
     pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
         crate::proctrust::check(&self.root)?;
         let mut pass = self.pass()?;
-        let mut procs = BTreeMap::new();
-        for pid in self.pids()? {
+        let pids = self.pids()?;
+        let mut procs = Vec::with_capacity(pids.len());
+        for pid in pids {
             if abort() {
                 return Ok(None);
             }
-            if let Some(p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
-                procs.insert(pid, p);
+            if let Some(mut p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
+                // Nothing a refresh's table is used for looks at names (the freeze reads its own),
+                // and a name is a third of an entry.
+                p.comm = String::new();
+                procs.push(p);
             }
         }
-        Ok(Some(Snapshot { procs }))
+        Ok(Some(Snapshot { procs: Table::from_procs(procs) }))
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.
@@ -536,7 +676,7 @@ impl Pass<'_> {
         // `ps` (Full) reads on, to show whose zombie it is.
         if detail == Detail::Light && exited(stat.state) && stat.num_threads == 1 {
             let leader = Thread::state_only(pid, stat.state);
-            return Ok(Some(stat.into_proc(vec![leader], known, (Vec::new(), None))));
+            return Ok(Some(stat.into_proc(vec![leader], known, None)));
         }
         // The leader's status says how many threads there are; only a multi-threaded process
         // (whose threads may hold other credentials) needs its task directory walked.
@@ -589,12 +729,12 @@ impl Pass<'_> {
                 }
             },
         };
-        let (cmdline, exe) = if detail == Detail::Full {
-            self.reader.evidence(&self.reader.root.join(pid.to_string()))?
+        let named = if detail == Detail::Full {
+            Some(Box::new(self.reader.evidence(&self.reader.root.join(pid.to_string()))?))
         } else {
-            (Vec::new(), None)
+            None
         };
-        Ok(Some(stat.into_proc(threads, loginuid, (cmdline, exe))))
+        Ok(Some(stat.into_proc(threads, loginuid, named)))
     }
 
     /// The state of every thread of `pid`, from each thread's stat line; Ok(None) if it exited.
@@ -948,6 +1088,6 @@ mod tests {
         let me = &s.procs[&sys::getpid()];
         assert!(me.alive());
         assert!(!me.threads.is_empty());
-        assert!(me.exe.is_some());
+        assert!(me.exe().is_some());
     }
 }

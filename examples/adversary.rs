@@ -113,6 +113,28 @@ fn fork() -> i32 {
     unsafe { libc::fork() }
 }
 
+/// cont-escape's escape: root for good, then a child in a session of its own, made the child of
+/// this process's parent (`parent` as argument 3: CLONE_PARENT, a live launcher) or its own (it
+/// goes to a subreaper once this process exits). Returns 0 in the child, as fork does.
+fn escape(timer: libc::timer_t) -> i32 {
+    if raw_setresuid(0, 0, 0) != 0 {
+        fail("setresuid to root");
+    }
+    let child = if std::env::args().nth(3).as_deref() == Some("parent") {
+        unsafe { libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32 }
+    } else {
+        fork()
+    };
+    if child < 0 {
+        fail("clone");
+    }
+    if child == 0 {
+        unsafe { libc::setsid() };
+        unsafe { libc::timer_delete(timer) };
+    }
+    child
+}
+
 fn arg(i: usize, default: u64) -> u64 {
     std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -443,20 +465,7 @@ fn main() {
             // `now`: escape at once, before any observation can see this process: its record of
             // the launch is all the init has.
             if std::env::args().nth(4).as_deref() == Some("now") {
-                if raw_setresuid(0, 0, 0) != 0 {
-                    fail("setresuid to root");
-                }
-                let parent = std::env::args().nth(3).as_deref() == Some("parent");
-                let child = if parent {
-                    unsafe {
-                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
-                    }
-                } else {
-                    fork()
-                };
-                if child == 0 {
-                    unsafe { libc::setsid() };
-                    unsafe { libc::timer_delete(timer) };
+                if escape(timer) == 0 {
                     ready();
                     forever();
                 }
@@ -482,24 +491,33 @@ fn main() {
                     last = std::time::Instant::now();
                     continue;
                 }
-                if raw_setresuid(0, 0, 0) != 0 {
-                    fail("setresuid to root");
-                }
-                // `parent`: the child is made the child of this process's parent (CLONE_PARENT),
-                // a live launcher that predates the freeze; otherwise it goes to a subreaper.
-                let child = if std::env::args().nth(3).as_deref() == Some("parent") {
-                    unsafe {
-                        libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
-                    }
-                } else {
-                    fork()
-                };
-                if child == 0 {
-                    unsafe { libc::setsid() };
-                    unsafe { libc::timer_delete(timer) };
+                if escape(timer) == 0 {
                     forever();
                 }
                 std::process::exit(0);
+            }
+        }
+        // A root supervisor (a `tini -s`, s6, a harness): a child subreaper that runs CMD... and
+        // reaps whatever it is handed, forever.
+        "subreaper" => {
+            if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+                fail("PR_SET_CHILD_SUBREAPER");
+            }
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            if args.is_empty() {
+                fail("subreaper needs a command");
+            }
+            if fork() == 0 {
+                let err = std::os::unix::process::CommandExt::exec(
+                    std::process::Command::new(&args[0]).args(&args[1..]),
+                );
+                eprintln!("adversary: subreaper cannot run {}: {err}", args[0]);
+                std::process::exit(127);
+            }
+            loop {
+                if unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } < 0 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
         // The sandbox's own load on the machine: a busy loop per core and WRITERS processes that

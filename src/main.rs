@@ -49,7 +49,7 @@ fn main() {
         None => {
             let env_options = quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
             let quick = quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
-            init::run_init(quick.unwrap_or_else(cli::InitArgs::parse))
+            init::run_init(quick.unwrap_or_else(cli::InitArgs::parse_or_refuse))
         }
     };
     // Lines of the last moments (an exec failure's) may still be with the log writer thread.

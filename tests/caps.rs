@@ -188,6 +188,11 @@ fn the_needed_set_is_enough_beside_another_pid_1() {
     );
     let status = read(std::path::Path::new(&format!("/proc/{}/status", c.init)));
     assert!(status.lines().any(|l| l.split_whitespace().eq(["NoNewPrivs:", "1"])), "{status}");
+    // As an orchestrator's readiness check would: a launch before the init published its sandbox
+    // has no init to record it with, and a freeze then has none to answer it.
+    wait_for("the init's sandbox.json", std::time::Duration::from_secs(10), || {
+        c.state.join("sandbox.json").exists()
+    });
     let _w = c.launch(uid, &["sleepers", "2"]);
     let (code, st) = c.freeze("n-pod");
     assert_eq!(code, 0, "{st}");

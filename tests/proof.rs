@@ -538,6 +538,47 @@ fn p16_an_escape_before_any_observation_is_refused() {
     }
 }
 
+/// A launcher that returns at once (`sh -c 'quiesce exec … &'`) under a root subreaper: the
+/// launch is handed to the subreaper before the init takes its record, and escapes at once with a
+/// plain fork whose child then goes to the subreaper too. The record names the launcher, which is
+/// gone; the init notes the chain above the launch as it is when it takes the record. The init is
+/// held (stopped from outside) for 600 ms so that the launcher is surely gone by then; every freeze
+/// must refuse, naming the child.
+#[test]
+fn p17_a_launcher_that_exits_before_the_init_takes_its_record_under_a_subreaper() {
+    for (uid, hold) in [(4375, true), (4376, false)] {
+        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let suid = setuid_copy(&c);
+        let status = c.state.join("status.json");
+        let script = format!(
+            "'{}' exec --user {uid} --allow-setuid --no-lineage -- '{suid}' cont-escape '{}' fork now & sleep 0.005",
+            quiesce().display(),
+            status.display()
+        );
+        if hold {
+            unsafe { libc::kill(c.init, libc::SIGSTOP) };
+            let init = c.init;
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(600));
+                unsafe { libc::kill(init, libc::SIGCONT) };
+            });
+        }
+        let a = adversary();
+        let w = c.start_ready(
+            c.exec_cmd(&[a.to_str().unwrap(), "subreaper", "sh", "-c", &script]),
+            "a launcher under a subreaper",
+        );
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(escaped(&c).contains(&w.pid), "hold {hold}: the escapee's child is not alive");
+        let (code, st) = c.freeze("n-1");
+        assert_eq!(code, 1, "hold {hold}: a marker was signed while {} lives: {st}", w.pid);
+        assert!(!c.marker_exists());
+        let named: Vec<i64> =
+            st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
+        assert!(named.contains(&(w.pid as i64)), "hold {hold}: {} not named: {st}", w.pid);
+    }
+}
+
 /// p12b with the load made by the sandbox user itself (a busy loop per core, two writers that
 /// fsync without pause on the state dir's file system), which once let the escape happen between
 /// the freeze's announcement and its start point. Every attempt that escapes must be refused;

@@ -8,7 +8,7 @@ pub const SUBCOMMANDS: &[&str] = &["ps", "exec", "freeze", "verify", "keygen"];
 #[derive(Parser, Debug)]
 #[command(
     name = "quiesce",
-    version,
+    version = env!("QUIESCE_VERSION"),
     about = "A container init that proves the sandbox user's processes are gone before the verifier runs",
     after_help = "Subcommands (run beside the init, e.g. with docker exec):\n  \
         quiesce ps       show every process and why it counts as a sandbox process\n  \
@@ -42,7 +42,13 @@ pub struct InitArgs {
     pub remap_exit: Vec<u8>,
 
     /// Seconds between SIGTERM and SIGKILL for processes left when the command exits
-    #[arg(long, value_name = "SECONDS", default_value_t = 3.0, env = "QUIESCE_GRACE")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 3.0,
+        env = "QUIESCE_GRACE",
+        allow_negative_numbers = true
+    )]
     pub grace: f64,
 
     #[command(flatten)]
@@ -61,7 +67,13 @@ pub struct InitArgs {
     pub no_lineage: bool,
 
     /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0, env = "QUIESCE_TRACK_INTERVAL")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        env = "QUIESCE_TRACK_INTERVAL",
+        allow_negative_numbers = true
+    )]
     pub track_interval: f64,
 
     /// Signal that requests a freeze when a sandbox user is configured
@@ -69,7 +81,13 @@ pub struct InitArgs {
     pub freeze_signal: String,
 
     /// Budget in seconds for one freeze, after which it fails
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0, env = "QUIESCE_FREEZE_TIMEOUT")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        env = "QUIESCE_FREEZE_TIMEOUT",
+        allow_negative_numbers = true
+    )]
     pub freeze_timeout: f64,
 
     /// After a freeze: stay up until SIGTERM (for the verifier) or exit once the command is gone
@@ -84,8 +102,50 @@ pub struct InitArgs {
     pub signing_key: Option<PathBuf>,
 
     /// The command and its arguments
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    #[arg(trailing_var_arg = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+impl InitArgs {
+    /// clap's reading of the init's line, with a refusal said in one line: an unknown option
+    /// before the command is named (with the nearest known one), never run as the command.
+    pub fn parse_or_refuse() -> InitArgs {
+        use clap::error::{ContextKind, ContextValue, ErrorKind};
+        let e = match InitArgs::try_parse() {
+            Ok(a) => return a,
+            Err(e) => e,
+        };
+        if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+            e.exit();
+        }
+        let arg = |k| match e.get(k) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            Some(ContextValue::Strings(v)) => v.first().cloned(),
+            _ => None,
+        };
+        let msg = match (e.kind(), arg(ContextKind::InvalidArg)) {
+            (ErrorKind::UnknownArgument, Some(name)) => {
+                let near = arg(ContextKind::SuggestedArg)
+                    .map(|s| format!(" (did you mean '{s}'?)"))
+                    .unwrap_or_default();
+                format!(
+                    "unknown option '{name}'{near}: see 'quiesce --help'; a command whose name starts \
+                     with '-' goes after '--'"
+                )
+            }
+            _ => {
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or("cannot read the command line");
+                let valid = match e.get(ContextKind::ValidValue) {
+                    Some(ContextValue::Strings(v)) if !v.is_empty() => format!(" (one of: {})", v.join(", ")),
+                    _ => String::new(),
+                };
+                format!("{}{valid}: see 'quiesce --help'", first.trim_start_matches("error: "))
+            }
+        };
+        eprintln!("quiesce: {msg}");
+        std::process::exit(2);
+    }
 }
 
 #[derive(Args, Debug, Clone)]

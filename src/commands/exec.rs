@@ -47,7 +47,12 @@ pub fn exec(args: ExecArgs) -> i32 {
 /// dir, or nothing published there: no quiesce init with a sandbox runs here, and there is no one
 /// to tell.
 fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
-    let Ok(dir) = StateDir::open(&args.state.state_dir) else { return Ok(()) };
+    let dir = match StateDir::open(&args.state.state_dir) {
+        Ok(d) => d,
+        Err(_) if std::fs::symlink_metadata(&args.state.state_dir).is_err() => return Ok(()),
+        // There but not to be trusted: never the same as none.
+        Err(e) => return Err(e),
+    };
     let Some(published) = published_in(&dir)? else { return Ok(()) };
     let reader = Reader::default();
     let start =
@@ -69,15 +74,18 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
     let id = requests::submit_launch(&dir, launch)?;
     let sig = if published.freeze_signal > 0 { published.freeze_signal } else { libc::SIGUSR1 };
     if let Err(e) = super::freeze::signal_init(&dir, sig) {
-        let _ = requests::withdraw(&dir, &id);
-        return Err(format!("cannot tell the init about this launch: {e}"));
+        let withdrawn = requests::withdraw(&dir, &id).err().map(|w| format!("; {w}")).unwrap_or_default();
+        return Err(format!("cannot tell the init about this launch: {e}{withdrawn}"));
     }
     let until = Instant::now() + RECORD_WAIT;
     let mut pause = Duration::from_millis(1);
     while Instant::now() < until {
         if let Some(st) = requests::read_result(&results, &id)? {
-            // Read once, by this client alone: the answer has done its job.
-            let _ = results.remove(&format!("{id}.json"));
+            // Read once, by this client alone: the answer has done its job (the init prunes what
+            // is left, so a failed removal costs nothing but a file).
+            if let Err(e) = results.remove(&format!("{id}.json")) {
+                log::debug!("cannot remove the answer {id}.json: {e}");
+            }
             if st.state == requests::LAUNCH_TAKEN {
                 return Ok(());
             }
@@ -86,10 +94,10 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
     }
-    let _ = requests::withdraw(&dir, &id);
+    let withdrawn = requests::withdraw(&dir, &id).err().map(|w| format!("; {w}")).unwrap_or_default();
     Err(format!(
         "the init did not take this launch's record within {RECORD_WAIT:?} (a freeze that does not end?): \
-         the command did not run; retry"
+         the command did not run; retry{withdrawn}"
     ))
 }
 

@@ -57,6 +57,9 @@ pub struct Launchers {
     /// An unfollowed launch anywhere, since that tick: its children that it leaves behind go to
     /// the init (or the nearest subreaper above it) when it exits.
     init_since: Option<u64>,
+    /// Launches lineage follows: the process carries the sandbox loginuid from before its record
+    /// was sent, even where an observation read it before it set it.
+    followed: HashSet<(Pid, u64)>,
 }
 
 fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -69,6 +72,9 @@ fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 impl Launchers {
     /// Take in one launch; its process itself is the policy's to remember (history).
     pub fn add(&mut self, l: &Launch) {
+        if l.lineage {
+            self.followed.insert((l.pid, l.start_time));
+        }
         let since = l.unfollowed().then_some(l.start_time);
         if l.ppid == 0 {
             self.outside = Some(earliest(self.outside.flatten(), since));
@@ -94,7 +100,9 @@ impl Launchers {
 
     /// Forget launchers that are gone: a later process with the same pid is another process.
     pub fn prune(&mut self, snap: &Snapshot) {
-        self.by_launcher.retain(|(pid, st), _| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+        let live = |(pid, st): &(Pid, u64)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st);
+        self.by_launcher.retain(|k, _| live(k));
+        self.followed.retain(live);
     }
 
     /// Whether any launch so far may become root unseen.
@@ -152,6 +160,8 @@ pub struct Ancestry {
     above: HashSet<(Pid, u64)>,
     /// Such a process's chain ended at a process entered from outside (ppid 0, not the init).
     outside: bool,
+    /// Launches lineage follows (see [`Launchers`]).
+    followed: HashSet<(Pid, u64)>,
 }
 
 impl Ancestry {
@@ -162,6 +172,7 @@ impl Ancestry {
         Ancestry {
             above: l.by_launcher.iter().filter(|(_, since)| since.is_some()).map(|(k, _)| *k).collect(),
             outside: l.outside.flatten().is_some(),
+            followed: l.followed.clone(),
         }
     }
 
@@ -180,6 +191,10 @@ impl Ancestry {
                 continue;
             }
             let Some(mut cur) = snap.procs.get(pid) else { continue };
+            // A followed launch read before it tagged itself (as root, in transit) is lineage's.
+            if self.followed.contains(&(cur.pid, cur.start_time)) {
+                continue;
+            }
             // Bounded by the snapshot: each hop moves to another process of it, once per call.
             for _ in 0..=snap.procs.len() {
                 if cur.ppid == 0 {
@@ -398,5 +413,31 @@ mod tests {
         });
         assert!(!a.vouches(&proc(10, 1, 5)));
         assert!(a.vouches(&proc(30, 1, 7)));
+    }
+
+    #[test]
+    fn a_followed_launch_read_before_it_tagged_itself_leaves_the_outside_vouching() {
+        use crate::launches::Launch;
+        // 20: `quiesce exec` entered from outside, read while still root and untagged, held as
+        // the sandbox's by its record (history); 30: another client entered during the freeze.
+        let s = snap(&[proc(1, 0, 1), proc(20, 0, 50), proc(30, 0, 140)]);
+        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let mut l = Launchers::default();
+        l.add(&Launch {
+            pid: 20,
+            start_time: 50,
+            ppid: 0,
+            parent_start_time: 0,
+            lineage: true,
+            setuid: true,
+        });
+        let mut a = Ancestry::from_launchers(&l);
+        a.note(&s, &tainted, 1);
+        let since = Since { ticks: 100, last_pid: Some(5) };
+        assert!(orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).is_empty());
+        // Without the record's word, the same read counts the outside as a sandbox process's.
+        let mut b = Ancestry::default();
+        b.note(&s, &tainted, 1);
+        assert_eq!(orphaned(&s, &tainted, &b, &since, Some(99), 1, &[]).len(), 1);
     }
 }

@@ -237,7 +237,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 processes: std::mem::take(&mut out.evidence.processes),
                 processes_omitted: out.evidence.omitted,
                 phases_ms: out.phases.clone(),
-                version: env!("CARGO_PKG_VERSION").into(),
+                version: env!("QUIESCE_VERSION").into(),
                 lineage: Some(sb.policy.lineage),
                 setuid: Some(!sb.no_new_privs),
             };
@@ -307,9 +307,10 @@ fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
 }
 
 /// Hold a launch record: its process is the sandbox's from its first instruction (history), and
-/// its launcher is noted. For an unfollowed launch every process above the launcher is noted too:
-/// a child the launch leaves behind goes to the nearest subreaper above it when its parent exits,
-/// and any of them may be one.
+/// its launcher is noted. For an unfollowed launch every process above it now is noted too: a
+/// child the launch leaves behind goes to the nearest subreaper above it when its parent exits,
+/// and any of them may be one. The chain above a live process only shrinks later (its members
+/// exit; orphans go further up, to what is noted already), so one walk now covers it.
 fn take_launch(sb: &mut Sandbox, l: &Launch) {
     log::debug!("launch recorded: pid {} by {}", l.pid, l.ppid);
     sb.policy.history.insert((l.pid, l.start_time));
@@ -327,15 +328,32 @@ fn take_launch(sb: &mut Sandbox, l: &Launch) {
         }
     };
     let me = sys::getpid();
-    let mut cur = l.ppid;
+    // From the launch itself, alive and waiting for this answer: a launcher that exited since it
+    // wrote the record has handed it to a process above, which is noted through the live chain.
+    let mut cur = match pass.stat(l.pid) {
+        Ok(Some(p)) if p.start_time == l.start_time => l.pid,
+        _ => l.ppid,
+    };
     // Bounded: no chain of live processes is longer than a pids limit lets anyone build; a gone
     // process's children went further up, to the init, which every unfollowed launch notes.
+    let unknown = |pid: Pid, e: std::io::Error| {
+        // Not "gone": what is above it stays unnoted, and the init's own note is all there is.
+        log::warn!("cannot read process {pid} above launch {}: {e}", l.pid);
+    };
     for _ in 0..4096 {
-        let Ok(Some(p)) = pass.stat(cur) else { return };
+        let p = match pass.stat(cur) {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => return unknown(cur, e),
+        };
         if p.ppid <= 1 || p.ppid == me {
             return;
         }
-        let Ok(Some(parent)) = pass.stat(p.ppid) else { return };
+        let parent = match pass.stat(p.ppid) {
+            Ok(Some(p)) => p,
+            Ok(None) => return,
+            Err(e) => return unknown(p.ppid, e),
+        };
         sb.launchers.add_above(parent.pid, parent.start_time, l.start_time);
         cur = parent.pid;
     }

@@ -37,10 +37,23 @@ pub fn run_init(a: cli::InitArgs) -> i32 {
         );
     }
     if sys::getpid() != 1 || a.subreaper {
-        if let Err(e) = sys::set_child_subreaper() {
-            return fatal(format!("cannot become a child subreaper: {e}"));
+        match sys::set_child_subreaper() {
+            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid()),
+            Err(e) if a.subreaper => {
+                return fatal(format!(
+                    "cannot become a child subreaper, which --subreaper (QUIESCE_SUBREAPER) asks for: \
+                     {e}: run quiesce as PID 1, or without --subreaper"
+                ))
+            }
+            // As tini does: the command's status, signals and the freeze (which covers the whole
+            // PID namespace) do not need it; only orphans go elsewhere. qemu-user answers EINVAL.
+            // Said at every verbosity, before the command runs.
+            Err(e) => eprintln!(
+                "quiesce: warn: cannot become a child subreaper ({e}): orphans of the command go to \
+                 PID 1 of this namespace, which must reap them, and are not ended when the command \
+                 exits; run quiesce as PID 1 to have both"
+            ),
         }
-        log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid());
     }
     let uids = match users::resolve_uids(&a.sandbox.users) {
         Ok(u) => u,

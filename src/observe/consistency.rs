@@ -21,7 +21,9 @@
 //!
 //! What this assumes: nobody rewrites ns_last_pid (that needs CAP_SYS_ADMIN or
 //! CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes lack by default),
-//! and fewer than pid_max pids are handed out during one pass.
+//! and the counter does not come back to the same value during one pass. Pids are handed out
+//! cyclically, so it does after as many allocations as there are free pids: in a namespace whose
+//! pid space is nearly full that is a handful (docs/threat-model.md, "A pid space nearly full").
 
 use crate::procs::{Detail, Reader, Snapshot};
 use crate::sys::Pid;

@@ -1,0 +1,151 @@
+"""BenchFlow 0.7.11 (the wheel from PyPI): its own DockerSandbox (Compose v2), its own
+verify step (`_verify_rollout`: harden_before_verify, then its Verifier running tests/test.sh),
+with BenchFlow's default planes and with QuiescePlanes. The agent phase is not run (it needs an
+ACP agent and a model); the "agent" is a leftover process started as the sandbox user."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from benchflow.rollout._setup import _verify_rollout
+from benchflow.rollout_planes import DefaultRolloutPlanes
+from benchflow.sandbox.setup import _create_environment
+from benchflow.task import Task
+from benchflow.task.paths import RolloutPaths
+
+from quiesce_harness import Container
+from quiesce_harness.adapters.benchflow import QuiescePlanes
+
+import support
+from conftest import REWARD_FORGER
+
+TEST_SH = """#!/bin/sh
+# The scorer: 1 only for the right answer; it takes a moment, as scorers do.
+if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then r=1; else r=0; fi
+echo $r > /logs/verifier/reward.txt
+sleep 0.3
+"""
+
+
+def make_task(root: Path, image: str) -> Path:
+    t = root / "task"
+    (t / "environment").mkdir(parents=True)
+    (t / "tests").mkdir()
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 60\n'
+        f'[environment]\ndocker_image = "{image}"\ncpus = 1\nmemory_mb = 1024\n'
+        "allow_internet = false\n"
+    )
+    (t / "instruction.md").write_text("Write 42 to /app/answer.txt\n")
+    (t / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
+    # Merged by DockerSandbox over its own compose files.
+    (t / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    deploy:\n      resources:\n        limits:\n"
+        f"          pids: {support.PIDS_LIMIT}\n"
+    )
+    (t / "tests" / "test.sh").write_text(TEST_SH)
+    return t
+
+
+async def rollout_verify(
+    tmp_path: Path,
+    image: str,
+    project: str,
+    planes: Any,
+    leftover: list[str],
+    *,
+    bomb: bool = False,
+) -> tuple[dict[str, float] | None, str | None]:
+    path = make_task(tmp_path, image)
+    task = Task(path)
+    rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
+    rp.mkdir()
+    env = _create_environment("docker", task, path, project, rp)
+    await env.start(force_build=False)
+    try:
+        for cmd in leftover:
+            await env.exec(cmd, user="agent")
+        box = Container.compose("main", project=project)
+        support.until(
+            lambda: box.exec(["test", "-s", "/logs/verifier/reward.txt"]).returncode == 0,
+            15,
+            "the leftover never wrote",
+        )
+        if bomb:
+            ctr = docker.from_env().containers.get(box._docker_id())
+            b = support.Box(docker.from_env(), ctr)
+            support.until(lambda: b.pids() >= support.PIDS_LIMIT - 2, 30, "the bomb never held")
+        rewards, error, _ = await _verify_rollout(
+            env, task, rp, {}, planes, sandbox_user="agent", workspace="/app"
+        )
+        return rewards, error
+    finally:
+        await env.stop(delete=True)
+
+
+def test_benchflow_own_hardening_keeps_a_forged_reward(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # The control: on a slim image pkill is missing, BenchFlow ignores that, and the forger's
+    # 1 is read as the reward of a task its test scored 0.
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, DefaultRolloutPlanes(), [REWARD_FORGER])
+    )
+    assert (rewards, error) == ({"reward": 1.0}, None)
+
+
+def test_quiesce_planes_score_what_the_test_scored(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    planes = QuiescePlanes()
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
+    )
+    assert (rewards, error) == ({"reward": 0.0}, None)
+    [r] = planes.results
+    assert r.state == "quiescent" and r.killed >= 1 and r.marker
+
+
+def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # The task's compose file sets the pids limit that the bomb holds.
+    bomb = "nohup " + support.WORKLOADS["fork-bomb"] + " >/dev/null 2>&1 &"
+    planes = QuiescePlanes()
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER, bomb], bomb=True)
+    )
+    assert (rewards, error) == ({"reward": 0.0}, None)
+    assert planes.results[0].killed >= 100
+
+
+def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, project: str) -> None:
+    # A root daemon forking all the time makes the freeze fail: BenchFlow records the raise
+    # as a verifier error and keeps no reward.
+    daemon = "nohup " + support.WORKLOADS_ROOT_DAEMON + " >/dev/null 2>&1 &"
+
+    async def run() -> tuple[dict[str, float] | None, str | None]:
+        class Planes(QuiescePlanes):
+            async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
+                await a[0].exec(daemon, user="root")
+                await super().harden_before_verify(*a, **kw)
+
+        return await rollout_verify(tmp_path, task_image, project, Planes(), [REWARD_FORGER])
+
+    rewards, error = asyncio.run(run())
+    assert rewards is None
+    assert error is not None and "vouch" in error
+
+
+@pytest.mark.parametrize("task_image", [support.PROCPS], indirect=True)
+def test_benchflow_own_hardening_with_procps(tmp_path: Path, task_image: str, project: str) -> None:
+    # With pkill in the image BenchFlow's own kill ends this leftover (TERM ignored, so after
+    # its sleep 1 and the -9): the kit's adapter is needed for the slim image and the bomb.
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, DefaultRolloutPlanes(), [REWARD_FORGER])
+    )
+    assert (rewards, error) == ({"reward": 0.0}, None)

@@ -1,0 +1,434 @@
+"""Where the init runs, how to exec in it, and how to signal it through the engine.
+
+Docker and Compose containers are reached through the Docker SDK (Compose's containers are
+Docker containers carrying the project and service labels); Podman and Kubernetes through their
+command-line clients. An exec that the engine could not start (the sandbox holds the pids limit)
+is reported as `started=False`, so that freeze() can fall back to the engine's signal.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import Unreachable
+
+if TYPE_CHECKING:
+    import docker as docker_sdk
+
+Engine = Literal["docker", "podman", "compose", "kubectl"]
+
+# What engines print when the runtime could not start the exec'd process at all (fork failed
+# under the container's pids limit, or the runtime's own init could not be cloned into it).
+_NOT_STARTED = (
+    "oci runtime exec failed",
+    "resource temporarily unavailable",
+    "fork/exec",
+    "cannot allocate memory",
+    "read init-p",
+    "exec failed: unable to start container process",
+    "runc run failed",
+    "crun:",
+)
+_NOT_FOUND = ("executable file not found", "no such file or directory")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """One exec in the container; `started` is False when the engine could not start it."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    started: bool = True
+
+    @property
+    def text(self) -> str:
+        return (self.stdout + self.stderr).decode("utf-8", "replace").strip()
+
+
+def _classify(rc: int, out: bytes, err: bytes) -> ExecResult:
+    """Tell an exec that never started from a command that ran and failed.
+
+    Engines answer 126 (Docker, Podman; 125 for Podman's own errors) with the runtime's message
+    when the process could not be created, and 126/127 when the executable is missing. quiesce
+    itself exits 0, 1 or 2, and its output (which names the sandbox's processes, so the sandbox
+    chooses part of it) is never read for these messages unless the code is the engine's.
+    """
+    # Podman also answers 255 when the OCI runtime fails to start the exec under a held pids
+    # limit ("read init-p: connection reset by peer"); quiesce never exits 255.
+    if rc not in (125, 126, 127, 255):
+        return ExecResult(rc, out, err, started=True)
+    msg = (out + err).decode("utf-8", "replace").lower()
+    if any(s in msg for s in _NOT_FOUND) and "exec" in msg:
+        return ExecResult(127, out, err, started=True)
+    if rc != 127 and any(s in msg for s in _NOT_STARTED):
+        return ExecResult(rc, out, err, started=False)
+    return ExecResult(rc, out, err, started=True)
+
+
+@dataclass(frozen=True)
+class Container:
+    """The container whose init is quiesce. Make one with Container.docker/podman/compose/kubectl.
+
+    `binary` is quiesce's path inside the container: `quiesce` when it is in the image,
+    `/sbin/docker-init` (Docker) or `/run/podman-init` (Podman) when the engine injects it.
+    `freeze_signal` must be the init's `--freeze-signal` (USR1 unless changed).
+    """
+
+    engine: Engine
+    name: str
+    binary: str = "quiesce"
+    state_dir: str = "/run/quiesce"
+    freeze_signal: str = "USR1"
+    namespace: str | None = None
+    container: str | None = None
+    project: str | None = None
+    files: tuple[str, ...] = ()
+    cli: str = ""
+    # freeze() runs quiesce through the image's sh to read the marker in the same exec.
+    use_shell: bool = True
+    _client: Any = field(default=None, repr=False, compare=False)
+
+    # --- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def docker(
+        cls,
+        name_or_id: str,
+        *,
+        binary: str = "quiesce",
+        state_dir: str = "/run/quiesce",
+        freeze_signal: str = "USR1",
+        client: docker_sdk.DockerClient | None = None,
+    ) -> Container:
+        """A Docker container by name or id; `client` defaults to docker.from_env()."""
+        return cls("docker", name_or_id, binary, state_dir, freeze_signal, _client=client)
+
+    @classmethod
+    def podman(
+        cls,
+        name: str,
+        *,
+        binary: str = "quiesce",
+        state_dir: str = "/run/quiesce",
+        freeze_signal: str = "USR1",
+        podman: str = "podman",
+    ) -> Container:
+        """A Podman container, through the `podman` client (rootless: run as that user)."""
+        return cls("podman", name, binary, state_dir, freeze_signal, cli=podman)
+
+    @classmethod
+    def compose(
+        cls,
+        service: str,
+        project: str | None = None,
+        files: Sequence[str] = (),
+        *,
+        binary: str = "quiesce",
+        state_dir: str = "/run/quiesce",
+        freeze_signal: str = "USR1",
+        client: docker_sdk.DockerClient | None = None,
+    ) -> Container:
+        """A Compose service's container (its first replica).
+
+        With `project`, the container is found by Compose's labels through the Docker API (no
+        compose client needed); without it, `docker compose [-f FILE]... ps -q SERVICE` names it.
+        """
+        return cls(
+            "compose",
+            service,
+            binary,
+            state_dir,
+            freeze_signal,
+            project=project,
+            files=tuple(files),
+            _client=client,
+        )
+
+    @classmethod
+    def kubectl(
+        cls,
+        pod: str,
+        namespace: str | None = None,
+        container: str | None = None,
+        *,
+        binary: str = "quiesce",
+        state_dir: str = "/run/quiesce",
+        kubectl: str = "kubectl",
+    ) -> Container:
+        """A pod's container, through `kubectl exec`.
+
+        Kubernetes has no API that signals a container's process: when no exec can start (the
+        agent holds the pod's pids limit) there is no way in, and freeze() raises Unreachable.
+        Keep root's execs possible by capping the sandbox user's processes below the pod's
+        limit (RLIMIT_NPROC counts per UID: `ulimit -u` in the agent's launcher, or
+        `prlimit --nproc`), or end the pod, and score nothing.
+        """
+        return cls(
+            "kubectl",
+            pod,
+            binary,
+            state_dir,
+            "USR1",
+            namespace=namespace,
+            container=container,
+            cli=kubectl,
+        )
+
+    # --- engine access ------------------------------------------------------------------------
+
+    def _docker(self) -> docker_sdk.DockerClient:
+        if self._client is None:
+            import docker as docker_sdk
+
+            try:
+                object.__setattr__(self, "_client", docker_sdk.from_env(timeout=300))
+            except docker_sdk.errors.DockerException as e:
+                raise Unreachable(f"no Docker engine answers: {e}") from None
+        client: docker_sdk.DockerClient = self._client
+        return client
+
+    def _docker_id(self) -> str:
+        """The Docker container's id (a compose service resolved to its container)."""
+        import docker as docker_sdk
+
+        if self.engine == "docker":
+            return self.name
+        if self.project is not None:
+            try:
+                found = self._docker().containers.list(
+                    all=True,
+                    filters={
+                        "label": [
+                            f"com.docker.compose.project={self.project}",
+                            f"com.docker.compose.service={self.name}",
+                        ]
+                    },
+                )
+            except docker_sdk.errors.DockerException as e:
+                raise Unreachable(f"compose service {self.name}: {e}") from None
+            if not found:
+                raise Unreachable(
+                    f"compose project {self.project} has no container for service {self.name}"
+                )
+            found.sort(key=lambda c: str(c.labels.get("com.docker.compose.container-number", "")))
+            return str(found[0].id)
+        argv = ["docker", "compose"]
+        for f in self.files:
+            argv += ["-f", f]
+        argv += ["ps", "-q", self.name]
+        try:
+            p = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise Unreachable(f"docker compose ps {self.name}: {e}") from None
+        ids = p.stdout.decode().split()
+        if p.returncode != 0 or not ids:
+            raise Unreachable(
+                f"docker compose ps {self.name}: no container "
+                f"({p.stderr.decode(errors='replace').strip() or 'none running'})"
+            )
+        return ids[0]
+
+    def _cli_exec_argv(self, argv: Sequence[str], user: str | None) -> list[str]:
+        if self.engine == "podman":
+            return [self.cli, "exec", *(["-u", user] if user else []), self.name, *argv]
+        if user:
+            raise ValueError("kubectl exec cannot choose the user: run `quiesce exec --user`")
+        out = [self.cli, "exec"]
+        if self.namespace:
+            out += ["-n", self.namespace]
+        out.append(self.name)
+        if self.container:
+            out += ["-c", self.container]
+        return [*out, "--", *argv]
+
+    def exec(
+        self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60.0
+    ) -> ExecResult:
+        """Run argv in the container; Unreachable when the container is gone or stopped."""
+        if self.engine in ("docker", "compose"):
+            return self._sdk_exec(argv, user, timeout)
+        try:
+            p = subprocess.run(
+                self._cli_exec_argv(argv, user), capture_output=True, timeout=timeout, check=False
+            )
+        except FileNotFoundError:
+            raise Unreachable(f"{self.cli}: not installed on this machine") from None
+        except subprocess.TimeoutExpired:
+            raise Unreachable(
+                f"{self.engine} exec in {self.name}: no answer in {timeout:g} s"
+            ) from None
+        r = _classify(p.returncode, p.stdout, p.stderr)
+        if not r.started and not self.is_running():
+            raise Unreachable(f"{self.engine} container {self.name} is not running")
+        gone = b"no such container" in p.stderr.lower()
+        if self.engine == "podman" and p.returncode == 125 and gone:
+            raise Unreachable(f"podman container {self.name} does not exist")
+        return r
+
+    def _sdk_exec(self, argv: Sequence[str], user: str | None, timeout: float) -> ExecResult:
+        del timeout  # see below
+        import docker as docker_sdk
+        import requests
+
+        cid = self._docker_id()
+        api = self._docker().api
+        try:
+            e = api.exec_create(cid, list(argv), user=user or "", stdout=True, stderr=True)
+            # The client's own timeout bounds each read (the kit's client: 300 s); `quiesce
+            # freeze --timeout` bounds the wait inside.
+            out, err = api.exec_start(e["Id"], demux=True)
+            rc = api.exec_inspect(e["Id"]).get("ExitCode")
+        except docker_sdk.errors.NotFound:
+            raise Unreachable(f"docker container {cid} does not exist") from None
+        except docker_sdk.errors.APIError as e:
+            text = str(e)
+            if e.status_code == 409:
+                raise Unreachable(f"docker container {cid} is not running: {text}") from None
+            return _classify(126, b"", text.encode())
+        except (requests.exceptions.RequestException, OSError) as e:
+            raise Unreachable(f"docker exec in {cid}: the engine did not answer: {e}") from None
+        return _classify(126 if rc is None else int(rc), out or b"", err or b"")
+
+    def signal(self, sig: str | None = None) -> None:
+        """Send sig (default: the freeze signal) to the container's PID 1 through the engine.
+
+        Needs no process in the container, so it works where no exec can start.
+        """
+        sig = sig or self.freeze_signal
+        if self.engine in ("docker", "compose"):
+            import docker as docker_sdk
+
+            cid = self._docker_id()
+            try:
+                self._docker().api.kill(cid, signal=f"SIG{sig}" if sig.isalpha() else sig)
+            except docker_sdk.errors.DockerException as e:
+                raise Unreachable(f"docker kill -s {sig} {cid}: {e}") from None
+            return
+        if self.engine == "kubectl":
+            raise Unreachable(
+                f"pod {self.name}: Kubernetes has no API that signals a container's process, "
+                "and no exec can start: cap the sandbox user's processes (RLIMIT_NPROC) below "
+                "the pod's pids limit so that root's execs still start, or delete the pod and "
+                "score nothing"
+            )
+        try:
+            p = subprocess.run(
+                [self.cli, "kill", "-s", sig, self.name],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise Unreachable(f"podman kill -s {sig} {self.name}: {e}") from None
+        if p.returncode != 0:
+            raise Unreachable(
+                f"podman kill -s {sig} {self.name}: {p.stderr.decode(errors='replace').strip()}"
+            )
+
+    def inspect(self) -> dict[str, Any]:
+        """The engine's record of the container (Docker, Compose, Podman)."""
+        if self.engine in ("docker", "compose"):
+            import docker as docker_sdk
+
+            try:
+                info: dict[str, Any] = self._docker().api.inspect_container(self._docker_id())
+            except docker_sdk.errors.DockerException as e:
+                raise Unreachable(f"docker inspect {self.name}: {e}") from None
+            return info
+        if self.engine == "podman":
+            import json
+
+            p = subprocess.run(
+                [self.cli, "inspect", "--type", "container", self.name],
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            if p.returncode != 0:
+                err = p.stderr.decode(errors="replace").strip()
+                raise Unreachable(f"podman inspect {self.name}: {err}")
+            data = json.loads(p.stdout)
+            return dict(data[0])
+        raise Unreachable("kubectl: the kit reads no pod record; use the exec path")
+
+    def is_running(self) -> bool:
+        if self.engine == "kubectl":
+            return True
+        try:
+            return bool(self.inspect().get("State", {}).get("Running"))
+        except Unreachable:
+            return False
+
+    def quiesce(self, *args: str) -> list[str]:
+        """The command line of a quiesce subcommand in this container."""
+        return [self.binary, *args]
+
+    def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
+        """A file's content through `cat` in the container; Unreachable when it cannot be read."""
+        r = self.exec(["cat", path], timeout=timeout)
+        if not r.started:
+            raise Unreachable(f"{self.name}: no exec can start ({r.text})")
+        if r.returncode != 0:
+            raise Unreachable(f"{self.name}: cannot read {path}: {r.text}")
+        return r.stdout
+
+    def identity(self) -> dict[str, object]:
+        """boot_id, pid_ns, hostname and init_start of the container, as a marker names them.
+
+        Read on the host from the engine's pid of the init when this machine runs the engine
+        (nothing the sandbox can touch), else from inside the container.
+        """
+        host = self._host_identity()
+        return host if host is not None else self._exec_identity()
+
+    def _host_identity(self) -> dict[str, object] | None:
+        if self.engine == "kubectl":
+            return None
+        try:
+            info = self.inspect()
+        except Unreachable:
+            return None
+        pid = int(info.get("State", {}).get("Pid") or 0)
+        cid = str(info.get("Id", ""))
+        if pid <= 0 or not cid:
+            return None
+        try:
+            # The pid is this machine's only if that process is in the container's cgroup.
+            with open(f"/proc/{pid}/cgroup") as f:
+                if cid not in f.read():
+                    return None
+            pid_ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
+            with open(f"/proc/{pid}/stat") as f:
+                start = int(f.read().rsplit(")", 1)[1].split()[19])
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot_id = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            return None
+        return {
+            "boot_id": boot_id,
+            "pid_ns": pid_ns,
+            "hostname": str(info.get("Config", {}).get("Hostname", "")),
+            "init_start": start,
+        }
+
+    def _exec_identity(self) -> dict[str, object]:
+        def read(argv: list[str]) -> str:
+            r = self.exec(argv, timeout=30)
+            if not r.started or r.returncode != 0:
+                raise Unreachable(f"{self.name}: cannot read the container's identity: {r.text}")
+            return r.stdout.decode().strip()
+
+        boot_id, hostname = read(
+            ["cat", "/proc/sys/kernel/random/boot_id", "/proc/sys/kernel/hostname"]
+        ).splitlines()[:2]
+        start = int(read(["cat", "/proc/1/stat"]).rsplit(")", 1)[1].split()[19])
+        pid_ns = int(read(["stat", "-L", "-c", "%i", "/proc/1/ns/pid"]))
+        return {"boot_id": boot_id, "pid_ns": pid_ns, "hostname": hostname, "init_start": start}
+
+
+ExecFn = Callable[[Sequence[str]], ExecResult]

@@ -1,0 +1,40 @@
+"""The three ways a harness learns it must not score."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .freeze import FreezeResult, Survivor
+
+
+class QuiesceError(Exception):
+    """Base of every error the kit raises: catch it to mean "do not score"."""
+
+
+class Unreachable(QuiesceError):
+    """The init could not be reached or found, so no result was read.
+
+    Never means "quiescent": the sandbox may still be running.
+    """
+
+
+class FreezeFailed(QuiesceError):
+    """The init answered, and its answer is `failed`: processes of the sandbox may be alive."""
+
+    def __init__(self, result: FreezeResult) -> None:
+        self.result = result
+        self.survivors: list[Survivor] = list(result.survivors)
+        super().__init__(
+            f"freeze {result.freeze_id or '?'} failed: {result.reason or 'no reason given'}"
+            f" ({len(self.survivors)} survivor(s))"
+        )
+
+
+class MarkerInvalid(QuiesceError):
+    """The marker failed one check; `check` names which and `reason` says why."""
+
+    def __init__(self, check: str, reason: str) -> None:
+        self.check = check
+        self.reason = reason
+        super().__init__(f"marker refused ({check}): {reason}")

@@ -1,0 +1,179 @@
+"""The quiescence marker checked in the harness, independently of the binary.
+
+The marker is a compact JWS signed with Ed25519 (docs/marker.md). Everything here is read from
+the sandbox's side of the wall, so it is parsed strictly: exactly three base64url parts without
+padding, JSON objects without duplicate keys, `alg` pinned to EdDSA before the key is touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from .errors import MarkerInvalid
+
+if TYPE_CHECKING:
+    from .container import Container
+
+# The default of `quiesce verify --max-age`, and its allowance for a clock ahead of ours.
+DEFAULT_MAX_AGE_S = 600.0
+FUTURE_SKEW_S = 60.0
+# A marker carries at most 1 MiB of evidence; anything far larger is not one.
+MAX_MARKER_BYTES = 4 * 1024 * 1024
+IDENTITY_FIELDS = ("boot_id", "pid_ns", "hostname", "init_start")
+
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
+def _b64url(part: str, what: str) -> bytes:
+    if not _B64URL.fullmatch(part) or len(part) % 4 == 1:
+        raise MarkerInvalid("format", f"the {what} is not unpadded base64url")
+    raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    # Leftover bits in the last character would give two spellings of one token.
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != part:
+        raise MarkerInvalid("format", f"the {what} is not canonical base64url")
+    return raw
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise MarkerInvalid("format", f"the {what} is not a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise MarkerInvalid("format", f"the {what} is not a JSON object")
+    return value
+
+
+def load_public_key(public_key_pem: str | bytes) -> Ed25519PublicKey:
+    """An Ed25519 SPKI PEM public key (`signing.pub`); anything else raises MarkerInvalid."""
+    data = public_key_pem.encode() if isinstance(public_key_pem, str) else public_key_pem
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError) as e:
+        raise MarkerInvalid("key", f"the public key is not a PEM public key: {e}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise MarkerInvalid("key", f"the public key is {type(key).__name__}, not Ed25519")
+    return key
+
+
+def key_id(key: Ed25519PublicKey) -> str:
+    """The RFC 7638 JWK thumbprint the init puts in the header's `kid`."""
+    x = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    x64 = base64.urlsafe_b64encode(x).rstrip(b"=").decode("ascii")
+    jwk = '{"crv":"Ed25519","kty":"OKP","x":"' + x64 + '"}'
+    return base64.urlsafe_b64encode(hashlib.sha256(jwk.encode()).digest()).rstrip(b"=").decode()
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def verify_marker(
+    jws: str | bytes,
+    public_key_pem: str | bytes,
+    nonce: str | None = None,
+    max_age_s: float | None = None,
+    container: Container | Mapping[str, object] | None = None,
+    *,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Check a marker and return its claims; raise MarkerInvalid naming the failed check.
+
+    Checks, in this order: the form; `alg` is exactly EdDSA; `kid` names this key; the
+    signature; `iss`, `result` and `survivors`; `nonce` (when given: a marker of another
+    freeze is a replay); `iat` at most `max_age_s` old (default 600 s, as `quiesce verify`)
+    and at most 60 s ahead; the container identity (when given: a Container, whose
+    identity is read from the engine, or a mapping with any of boot_id, pid_ns, hostname,
+    init_start).
+    """
+    text = jws.decode("ascii", "replace") if isinstance(jws, bytes) else jws
+    text = text.strip()
+    if len(text) > MAX_MARKER_BYTES:
+        raise MarkerInvalid("format", f"{len(text)} bytes, more than any marker")
+    parts = text.split(".")
+    if len(parts) != 3:
+        raise MarkerInvalid("format", f"{len(parts)} parts, a compact JWS has 3")
+    header = _json_object(_b64url(parts[0], "header"), "header")
+    alg = header.get("alg")
+    if alg != "EdDSA":
+        raise MarkerInvalid("alg", f"alg is {alg!r}; only 'EdDSA' is accepted")
+    if "crit" in header:
+        raise MarkerInvalid("alg", "the header has 'crit' extensions, which no marker uses")
+    key = load_public_key(public_key_pem)
+    kid = header.get("kid")
+    if kid is not None and not (isinstance(kid, str) and hmac.compare_digest(kid, key_id(key))):
+        raise MarkerInvalid("key", "signed by another key: the marker's kid is not this key's")
+    signature = _b64url(parts[2], "signature")
+    if len(signature) != 64:
+        raise MarkerInvalid("format", f"the signature is {len(signature)} bytes, Ed25519's is 64")
+    try:
+        key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"))
+    except InvalidSignature:
+        raise MarkerInvalid("signature", "the signature does not verify with this key") from None
+    claims = _json_object(_b64url(parts[1], "payload"), "payload")
+
+    if claims.get("iss") != "quiesce":
+        raise MarkerInvalid("claims", f"iss is {claims.get('iss')!r}, not 'quiesce'")
+    if claims.get("result") != "quiescent":
+        raise MarkerInvalid("claims", f"result is {claims.get('result')!r}, not 'quiescent'")
+    if claims.get("survivors") != 0 or not _is_int(claims.get("survivors")):
+        raise MarkerInvalid("claims", f"survivors is {claims.get('survivors')!r}, not 0")
+    if nonce is not None:
+        got = claims.get("nonce")
+        if not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
+            raise MarkerInvalid(
+                "nonce",
+                f"the marker carries nonce {got!r}, not the one asked for: "
+                "it answers another freeze (a replay)",
+            )
+    iat = claims.get("iat")
+    if not isinstance(iat, int) or isinstance(iat, bool):
+        raise MarkerInvalid("claims", f"iat is {iat!r}, not an integer")
+    t = time.time() if now is None else now
+    limit = DEFAULT_MAX_AGE_S if max_age_s is None else max_age_s
+    if t - iat > limit:
+        raise MarkerInvalid("expired", f"signed {t - iat:.0f} s ago, more than {limit:g} s")
+    if iat - t > FUTURE_SKEW_S:
+        raise MarkerInvalid("future", f"signed {iat - t:.0f} s in the future")
+    if container is not None:
+        _check_identity(claims, container)
+    return claims
+
+
+def _check_identity(claims: Mapping[str, Any], container: Container | Mapping[str, object]) -> None:
+    want = container if isinstance(container, Mapping) else container.identity()
+    unknown = set(want) - set(IDENTITY_FIELDS)
+    if unknown:
+        raise ValueError(f"container identity has unknown fields {sorted(unknown)}")
+    if not want:
+        raise ValueError("container identity is empty: give any of " + ", ".join(IDENTITY_FIELDS))
+    got = claims.get("container")
+    if not isinstance(got, dict):
+        raise MarkerInvalid("claims", "the marker names no container")
+    for field in IDENTITY_FIELDS:
+        if field in want and got.get(field) != want[field]:
+            raise MarkerInvalid(
+                "container",
+                f"signed in another container: {field} is {got.get(field)!r}, "
+                f"this container's is {want[field]!r}",
+            )

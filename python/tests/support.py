@@ -1,0 +1,225 @@
+"""Real containers for the tests and the side-by-side: images, hostile workloads, observations.
+
+Everything is named with the prefix `qhk-` and removed by its owner. Observations are made
+from the engine's side (`docker top`, the archive API), never by an exec in the container, so
+they work while the sandbox holds the pids limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+from docker.models.containers import Container as DockerContainer
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "qhk-"
+LABEL = "qhk-test"
+AGENT_UID = "1000"
+OUT = "/workspace/out"
+SLIM = f"{PREFIX}slim"
+PROCPS = f"{PREFIX}procps"
+IMAGES = (SLIM, PROCPS)
+
+
+def binary() -> Path:
+    return Path(
+        os.environ.get("QUIESCE_BIN", REPO / "target/x86_64-unknown-linux-musl/release/quiesce")
+    )
+
+
+def skip_log(name: str, reason: str) -> None:
+    """Record a case that cannot run here: scripts/test counts it as skipped, never passed."""
+    log = os.environ.get("QUIESCE_SKIP_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"python/{name}: {reason}\n")
+
+
+_DOCKERFILE = """FROM debian:bookworm-slim
+COPY quiesce /sbin/quiesce
+{extra}RUN useradd --create-home --uid 1000 --shell /bin/sh agent \\
+ && mkdir -p /workspace && chown agent:agent /workspace
+WORKDIR /workspace
+ENTRYPOINT ["/sbin/quiesce", "--sandbox-user", "agent", "--"]
+CMD ["sleep", "infinity"]
+"""
+
+
+def build_images(client: docker.DockerClient) -> None:
+    """qhk-slim (bookworm-slim: no procps, as most slim images) and qhk-procps (with it).
+
+    debian:bookworm-slim comes from docker/base-images (debootstrap, offline); procps and its
+    two libraries from this machine's apt sources (`apt-get download`), installed with dpkg.
+    """
+    try:
+        client.images.get("debian:bookworm-slim")
+    except docker.errors.ImageNotFound:
+        subprocess.run(["bash", str(REPO / "docker/base-images")], check=True)
+    for name, with_procps in ((SLIM, False), (PROCPS, True)):
+        with tempfile.TemporaryDirectory() as ctx:
+            shutil.copy(binary(), Path(ctx) / "quiesce")
+            extra = ""
+            if with_procps:
+                debs = Path(ctx) / "debs"
+                debs.mkdir()
+                subprocess.run(
+                    ["apt-get", "download", "-q", "procps", "libproc2-0", "libncursesw6"],
+                    cwd=debs,
+                    check=True,
+                    capture_output=True,
+                )
+                extra = "COPY debs /tmp/debs\nRUN dpkg -i /tmp/debs/*.deb && rm -rf /tmp/debs\n"
+            (Path(ctx) / "Dockerfile").write_text(_DOCKERFILE.format(extra=extra))
+            client.images.build(path=ctx, tag=name, rm=True, labels={LABEL: "1"})
+
+
+def _perl(body: str) -> str:
+    return 'perl -e \'$SIG{TERM}="IGNORE"; ' + body + "'"
+
+
+# Each runs as the agent (`docker exec -u agent -d`), and all but the bomb detach from the exec.
+WORKLOADS: dict[str, str] = {
+    # A writer in a session of its own that ignores SIGTERM (so does its sleep).
+    "setsid-writer": (
+        "setsid sh -c 'trap \"\" TERM; while :; do echo x >> /workspace/out; sleep 0.01; done'"
+    ),
+    # A chain that respawns itself: each link forks the next and exits, so a pid read by
+    # pkill is gone by the time it is signalled.
+    "respawn-chain": "setsid "
+    + _perl(
+        "while(1){ my $p=fork(); if(defined $p && $p>0){ exit 0 } "
+        'open(my $f,">>","/workspace/out"); print $f "r"; close $f; '
+        "select(undef,undef,undef,0.005) }"
+    ),
+    # Every process forks forever and, whenever the pids limit refuses it, writes a byte.
+    "fork-bomb": _perl(
+        "while(1){ my $p=fork(); if(!defined $p){ "
+        'open(my $f,">>","/workspace/out"); print $f "b"; close $f; '
+        "select(undef,undef,undef,0.01) } }"
+    ),
+    # A double-forked writer in its own session that keeps one descriptor open.
+    "fd-writer": 'perl -MPOSIX -e \'$SIG{TERM}="IGNORE"; fork and exit; setsid(); fork and exit; '
+    'open(my $f,">>","/workspace/out") or die; select($f); $|=1; '
+    'while(1){ print "f"; select(undef,undef,undef,0.01) }\'',
+}
+PIDS_LIMIT = 128
+
+# A root daemon that double-forks all the time, each child living 3 s: processes that appear
+# during a freeze with no parent that can vouch for them, so the freeze fails. perl, so that a
+# fork refused at the pids limit does not end it.
+WORKLOADS_ROOT_DAEMON = (
+    "perl -e 'while(1){ my $p=fork(); if(defined $p && $p==0){ fork() or sleep 3; exit 0 } "
+    "waitpid($p,0) if $p; select(undef,undef,undef,0.005) }'"
+)
+
+
+@dataclass
+class Box:
+    """A running test container and what the engine can tell about it without an exec."""
+
+    client: docker.DockerClient
+    ctr: DockerContainer
+
+    @property
+    def name(self) -> str:
+        return str(self.ctr.name)
+
+    @property
+    def id(self) -> str:
+        return str(self.ctr.id)
+
+    def size(self) -> int | None:
+        """Bytes in the agent's output file, through the archive API (no exec)."""
+        try:
+            stream, stat = self.client.api.get_archive(self.id, OUT)
+        except docker.errors.NotFound:
+            return None
+        with contextlib.suppress(Exception):
+            stream.close()
+        return int(stat["size"])
+
+    def agents(self) -> int:
+        """Live (non-zombie) processes of the agent's UID, by `docker top` on the host."""
+        top = self.client.api.top(self.id, ps_args="-o uid,stat,pid")
+        titles = [t.upper() for t in top["Titles"]]
+        iu, ist = titles.index("UID"), titles.index("STAT")
+        return sum(
+            1 for p in top["Processes"] or [] if p[iu] == AGENT_UID and not p[ist].startswith("Z")
+        )
+
+    def pids(self) -> int:
+        top = self.client.api.top(self.id, ps_args="-o pid")
+        return len(top["Processes"] or [])
+
+    def agent_exec(self, cmd: str) -> None:
+        e = self.client.api.exec_create(self.id, ["sh", "-c", cmd], user="agent")
+        self.client.api.exec_start(e["Id"], detach=True)
+
+    def start(self, workload: str, *, budget_s: float = 30.0) -> None:
+        """Start a workload and wait until it is writing (and, for the bomb, at the limit)."""
+        self.agent_exec(WORKLOADS[workload])
+        until(lambda: (self.size() or 0) > 0, budget_s, f"{workload} never wrote")
+        s = self.size() or 0
+        until(lambda: (self.size() or 0) > s, budget_s, f"{workload} stopped writing")
+        if workload == "fork-bomb":
+            until(
+                lambda: self.pids() >= PIDS_LIMIT - 2, budget_s, "the bomb never reached the limit"
+            )
+
+    def wait_running(self) -> None:
+        until(lambda: self.size_of_state() is not None, 15, "the init never wrote sandbox.json")
+
+    def size_of_state(self) -> int | None:
+        try:
+            stream, stat = self.client.api.get_archive(self.id, "/run/quiesce/sandbox.json")
+        except docker.errors.NotFound:
+            return None
+        with contextlib.suppress(Exception):
+            stream.close()
+        return int(stat["size"])
+
+
+def until(cond: Callable[[], bool], budget_s: float, what: str) -> None:
+    end = time.monotonic() + budget_s
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} within {budget_s:g} s")
+
+
+@contextlib.contextmanager
+def box(
+    client: docker.DockerClient,
+    image: str = SLIM,
+    *,
+    pids_limit: int | None = None,
+    labels: dict[str, str] | None = None,
+) -> Iterator[Box]:
+    name = f"{PREFIX}{uuid.uuid4().hex[:10]}"
+    ctr = client.containers.run(
+        image,
+        detach=True,
+        name=name,
+        labels={LABEL: "1", **(labels or {})},
+        network_mode="none",
+        pids_limit=pids_limit or PIDS_LIMIT,
+    )
+    b = Box(client, ctr)
+    try:
+        b.wait_running()
+        yield b
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            ctr.remove(force=True)

@@ -1,0 +1,189 @@
+"""freeze(), run_verifier() and the CLI against real containers on a real Docker engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import docker
+import pytest
+
+from quiesce_harness import (
+    Container,
+    ExecResult,
+    FreezeFailed,
+    Unreachable,
+    freeze,
+    run_verifier,
+    verify_marker,
+)
+
+import support
+from support import PROCPS, SLIM, Box, box
+
+HOSTILE = ["setsid-writer", "respawn-chain", "fork-bomb", "fd-writer"]
+
+
+def settled(b: Box) -> tuple[int, int]:
+    """(bytes written, live agent processes) in the 0.5 s after the caller's step returned."""
+    s0 = b.size() or 0
+    time.sleep(0.5)
+    return (b.size() or 0) - s0, b.agents()
+
+
+@pytest.mark.parametrize("image", [SLIM, PROCPS])
+@pytest.mark.parametrize("workload", HOSTILE)
+def test_freeze_ends_every_hostile_workload(
+    client: docker.DockerClient, image: str, workload: str
+) -> None:
+    with box(client, image) as b:
+        b.start(workload)
+        c = Container.docker(b.name, client=client)
+        r = freeze(c)
+        assert b.agents() == 0
+        after, alive = settled(b)
+        assert (after, alive) == (0, 0)
+        assert r.state == "quiescent" and r.survivors == [] and r.killed >= 1
+        # At the pids limit no exec can fork (or, on some engines, start): the engine's signal.
+        assert r.via_signal == (workload == "fork-bomb")
+        assert r.marker is not None and r.nonce is not None
+        pem = c.read_file("/run/quiesce/signing.pub")
+        claims = verify_marker(r.marker, pem, nonce=r.nonce, container=c)
+        assert claims["jti"] == r.freeze_id
+
+
+def test_run_verifier_runs_behind_the_gate(client: docker.DockerClient) -> None:
+    with box(client) as b:
+        b.start("setsid-writer")
+        c = Container.docker(b.name, client=client)
+        r = freeze(c, nonce="n-1")
+        done = run_verifier(c, ["sh", "-c", "echo scored"], nonce="n-1")
+        assert (done.returncode, done.stdout) == (0, b"scored\n")
+        # The marker of this freeze offered for another: code 13, the verifier never ran.
+        other = run_verifier(c, "echo scored", nonce="n-2")
+        assert other.returncode == 13 and b"scored" not in other.stdout
+        # An agent process started after the freeze: the live probe refuses (16).
+        b.agent_exec("exec sleep 100")
+        support.until(lambda: b.agents() == 1, 15, "the late agent process never ran")
+        late = run_verifier(c, "echo scored", nonce=r.nonce)
+        assert late.returncode == 16 and b"scored" not in late.stdout
+
+
+class RefusedExecs(Container):
+    """A container whose first `refuse` execs the engine could not start, as on engines that
+    create the exec'd process inside the container's cgroup at its pids limit (runc with
+    CLONE_INTO_CGROUP, crun); Debian's runc 1.1 on cgroup v1 joins the cgroup after the fork,
+    so there a bomb at the limit leaves execs of non-forking commands free to start."""
+
+    refuse: int = 0
+
+    def exec(
+        self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60.0
+    ) -> ExecResult:
+        if self.refuse > 0:
+            object.__setattr__(self, "refuse", self.refuse - 1)
+            return ExecResult(126, b"", b"OCI runtime exec failed: read init-p", started=False)
+        return super().exec(argv, user=user, timeout=timeout)
+
+
+def test_the_bomb_at_the_pids_limit_through_the_engines_signal(
+    client: docker.DockerClient,
+) -> None:
+    with box(client) as b:
+        b.start("fork-bomb")
+        assert b.pids() >= support.PIDS_LIMIT - 2
+        c = RefusedExecs("docker", b.name, _client=client)
+        object.__setattr__(c, "refuse", 3)
+        r = freeze(c, nonce="after-signal")
+        assert r.via_signal and r.state == "quiescent"
+        # The signal's own freeze (null nonce) killed the bomb; the kit read its status...
+        assert r.signal_status is not None and r.signal_status["state"] == "quiescent"
+        assert r.signal_status["nonce"] is None and r.signal_status["killed"] >= 100
+        # ...and the freeze with the caller's nonce is the one the marker answers.
+        assert r.marker is not None
+        pem = c.read_file("/run/quiesce/signing.pub")
+        assert verify_marker(r.marker, pem, nonce="after-signal")["jti"] == r.freeze_id
+        assert settled(b) == (0, 0)
+
+
+def test_a_failed_freeze_raises_with_its_survivors(client: docker.DockerClient) -> None:
+    with box(client) as b:
+        # A root daemon that double-forks all the time (children no parent vouches for, each
+        # living 3 s); perl, so that a fork refused at the pids limit does not end it.
+        daemon = ["sh", "-c", support.WORKLOADS_ROOT_DAEMON]
+        client.api.exec_start(client.api.exec_create(b.id, daemon)["Id"], detach=True)
+        b.start("setsid-writer")
+        c = Container.docker(b.name, client=client)
+        with pytest.raises(FreezeFailed) as e:
+            freeze(c)
+        assert e.value.result.state == "failed" and e.value.result.marker is None
+        assert e.value.survivors and "vouch" in (e.value.result.reason or "")
+
+
+def test_unreachable_inits(client: docker.DockerClient) -> None:
+    with pytest.raises(Unreachable, match="does not exist"):
+        freeze(Container.docker("qhk-no-such-container", client=client))
+    with box(client) as b:
+        with pytest.raises(Unreachable, match="not found"):
+            freeze(Container.docker(b.name, binary="/nowhere/quiesce", client=client))
+        # An init without a sandbox user has no state dir: nothing to freeze, no result.
+        b.ctr.stop(timeout=5)
+        with pytest.raises(Unreachable, match="not running"):
+            freeze(Container.docker(b.name, client=client))
+
+
+def test_an_image_whose_init_is_not_quiesce(client: docker.DockerClient) -> None:
+    name = "qhk-plain-" + str(time.monotonic_ns())
+    ctr = client.containers.run(
+        "debian:bookworm-slim",
+        ["sleep", "infinity"],
+        detach=True,
+        name=name,
+        labels={support.LABEL: "1"},
+        network_mode="none",
+    )
+    try:
+        with pytest.raises(Unreachable, match="not found"):
+            freeze(Container.docker(name, client=client), timeout=5)
+    finally:
+        ctr.remove(force=True)
+
+
+def test_compose_service_found_by_its_labels(client: docker.DockerClient) -> None:
+    project = "qhk-proj-" + str(time.monotonic_ns())
+    labels = {"com.docker.compose.project": project, "com.docker.compose.service": "main"}
+    with box(client, labels=labels) as b:
+        b.start("setsid-writer")
+        c = Container.compose("main", project=project, client=client)
+        assert freeze(c).state == "quiescent"
+        assert settled(b) == (0, 0)
+    with pytest.raises(Unreachable, match="no container"):
+        freeze(Container.compose("main", project=project, client=client))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quiesce_harness", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_command_line(client: docker.DockerClient) -> None:
+    with box(client) as b:
+        b.start("fd-writer")
+        f = cli("freeze", "--docker", b.name, "--nonce", "cli-1")
+        assert f.returncode == 0, f.stderr
+        out = json.loads(f.stdout)
+        assert out["state"] == "quiescent" and out["nonce"] == "cli-1" and out["marker"]
+        ok = cli("verify", "--docker", b.name, "--nonce", "cli-1")
+        assert ok.returncode == 0 and json.loads(ok.stdout)["valid"], ok.stderr
+        bad = cli("verify", "--docker", b.name, "--nonce", "cli-2")
+        assert bad.returncode == 1 and json.loads(bad.stdout)["check"] == "nonce"
+    gone = cli("freeze", "--docker", "qhk-no-such-container", "--timeout", "5")
+    assert gone.returncode == 3 and "unreachable" in gone.stderr

@@ -18,7 +18,7 @@ struct PsRow<'a> {
     state: char,
     /// A zombie leader with a live thread is alive; so is one read mid-exec (see procs).
     alive: bool,
-    comm: &'a str,
+    comm: String,
     cmdline: &'a [String],
     depth: usize,
     sandbox: bool,
@@ -88,7 +88,7 @@ pub fn ps(args: PsArgs) -> i32 {
                 uids: all,
                 state: p.state,
                 alive: p.alive(),
-                comm: &p.comm,
+                comm: p.comm.to_string(),
                 cmdline: p.cmdline(),
                 depth,
                 sandbox: !reasons.is_empty(),

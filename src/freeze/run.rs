@@ -81,29 +81,31 @@ fn observe(
     Ok((snap, tainted))
 }
 
-/// Depth of every process in the tree, each computed once: a 4,096-deep chain must not cost
-/// a walk up the chain per comparison.
-fn depths(snap: &Snapshot) -> BTreeMap<Pid, usize> {
-    let mut memo: BTreeMap<Pid, usize> = BTreeMap::new();
-    for &start in snap.procs.keys() {
-        let mut chain = Vec::new();
-        let mut cur = start;
+/// Depth of every process in the tree, in the table's order, each computed once: a 4,096-deep
+/// chain must not cost a walk up the chain per comparison.
+fn depths(snap: &Snapshot) -> Vec<u32> {
+    let t = &snap.procs;
+    let mut memo: Vec<Option<u32>> = vec![None; t.len()];
+    let mut chain: Vec<usize> = Vec::new();
+    for start in 0..t.len() {
+        chain.clear();
+        let mut cur = Some(start);
         let mut base = 0;
         // Bounded by the table: a cycle (pid reuse between reads) ends the walk.
-        while chain.len() <= snap.procs.len() {
-            if let Some(&d) = memo.get(&cur) {
+        while chain.len() <= t.len() {
+            let Some(i) = cur else { break };
+            if let Some(d) = memo[i] {
                 base = d + 1;
                 break;
             }
-            let Some(p) = snap.procs.get(&cur) else { break };
-            chain.push(cur);
-            cur = p.ppid;
+            chain.push(i);
+            cur = t.position(t.at(i).ppid);
         }
-        for (i, pid) in chain.iter().rev().enumerate() {
-            memo.entry(*pid).or_insert(base + i);
+        for (k, &i) in chain.iter().rev().enumerate() {
+            memo[i].get_or_insert(base + k as u32);
         }
     }
-    memo
+    memo.into_iter().map(|d| d.unwrap_or(0)).collect()
 }
 
 /// Could kill(-1) from a thread switched to a sandbox UID miss this process? Its permission
@@ -151,7 +153,7 @@ fn signal_each(
 ) -> io::Result<usize> {
     let mut targets: Vec<&Proc> = live(snap, tainted).filter(|p| reach.needs(p)).collect();
     let depth = depths(snap);
-    targets.sort_by_key(|p| std::cmp::Reverse(depth.get(&p.pid).copied().unwrap_or(0)));
+    targets.sort_by_key(|p| std::cmp::Reverse(snap.procs.position(p.pid).map_or(0, |i| depth[i])));
     let mut n = 0;
     let mut pass = reader.pass()?;
     for p in targets {
@@ -221,7 +223,7 @@ fn kill_groups(
 
 fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
     live(snap, tainted)
-        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
+        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
         .collect()
 }
 
@@ -234,8 +236,9 @@ struct Run<'a> {
     deadline: Instant,
     phases: Phases,
     evidence: Gathered,
-    /// Every (pid, start time) the evidence has seen, kept or only counted.
-    recorded: HashSet<(Pid, u64)>,
+    /// Every (pid, start time) the evidence recorded after the walk, kept or only counted (the
+    /// walk's own are the live sandbox processes of the stop's observation).
+    late: HashSet<(Pid, u64)>,
     unstopped: Vec<Pid>,
     /// The pid counter before the last stop observation (None: unreadable).
     since: Option<Pid>,
@@ -272,10 +275,16 @@ impl Run<'_> {
     /// Add to the evidence every live sandbox process not in it yet: those created after the
     /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
     /// They are recorded from the observation alone (no command line: they are running).
-    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted) {
+    /// `walked`: the stop's observation, whose live sandbox processes the walk recorded.
+    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted, walked: (&Snapshot, &Tainted)) {
+        let (wsnap, wtainted) = walked;
+        let in_walk = |p: &Proc| {
+            wtainted.contains_key(&p.pid)
+                && wsnap.procs.get(&p.pid).is_some_and(|w| w.start_time == p.start_time && w.alive())
+        };
         for p in live(snap, tainted) {
-            if self.recorded.insert((p.pid, p.start_time)) {
-                evidence::add_late(&mut self.evidence, evidence::Target::of(p, &tainted[&p.pid]));
+            if !in_walk(p) && self.late.insert((p.pid, p.start_time)) {
+                evidence::add_late(&mut self.evidence, evidence::Target::of(p, tainted[&p.pid]));
             }
         }
     }
@@ -284,12 +293,22 @@ impl Run<'_> {
     /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
     /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
     /// one-by-one stop, but not a stop that reaches all of them at once.
-    fn stop(&mut self, stop_wait: Duration, seen: &Snapshot) -> Result<(Snapshot, Tainted), String> {
+    /// The stop starts from `seen`, which it takes: PID 1 holds two tables at most. When the
+    /// stop fails, `seen` gets back its last observation.
+    fn stop(&mut self, stop_wait: Duration, seen: &mut Snapshot) -> Result<(Snapshot, Tainted), String> {
+        let mut prev = std::mem::take(seen);
+        let r = self.stop_from(stop_wait, &mut prev);
+        if r.is_err() {
+            *seen = prev;
+        }
+        r
+    }
+
+    fn stop_from(&mut self, stop_wait: Duration, prev: &mut Snapshot) -> Result<(Snapshot, Tainted), String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
         let mut first = true;
         let mut waiting: Vec<settle::Target> = Vec::new();
-        let mut prev: Option<Snapshot> = None;
         let last = loop {
             // After the first pass, sweep several times back to back within one switch: a process
             // caught in the middle of its own SIGCONT sweep undoes the part of ours that came
@@ -305,14 +324,21 @@ impl Run<'_> {
                 // What to wait for before the first full observation, listed while the first sweep
                 // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
                 // init's last tracking observation. Anything else is found by the observation.
+                let seen = &*prev;
                 let tainted = self.policy.classify(seen);
                 self.ancestry.note(seen, &tainted, sys::getpid());
-                let mut w: BTreeMap<Pid, Option<u64>> =
+                // In pid order; a pid both lists name keeps the observation's start time.
+                let mut w: Vec<settle::Target> =
                     live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+                let from_seen = w.len();
                 for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
-                    w.entry(pid).or_insert(start);
+                    if w[..from_seen].binary_search_by_key(&pid, |t| t.0).is_err() {
+                        w.push((pid, start));
+                    }
                 }
-                waiting = w.into_iter().collect();
+                w.sort_by_key(|t| t.0);
+                w.dedup_by_key(|t| t.0);
+                waiting = w;
                 log::debug!(
                     "stop: {} processes to wait for, listed in {:?}",
                     waiting.len(),
@@ -322,9 +348,8 @@ impl Run<'_> {
             let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();
             self.since = consistency::last_pid(self.reader.root()).ok();
-            let (snap, tainted) =
-                observe(self.reader, self.policy, Detail::Light, Some(prev.as_ref().unwrap_or(seen)))
-                    .map_err(|e| format!("/proc unreadable: {e}"))?;
+            let (snap, tainted) = observe(self.reader, self.policy, Detail::Light, Some(prev))
+                .map_err(|e| format!("/proc unreadable: {e}"))?;
             self.ancestry.note(&snap, &tainted, sys::getpid());
             let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
@@ -361,7 +386,8 @@ impl Run<'_> {
             }
             waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
-            prev = Some(snap);
+            drop(running);
+            *prev = snap;
         };
         self.phases.stop = ms(t.elapsed());
         Ok(last)
@@ -371,9 +397,9 @@ impl Run<'_> {
     /// the target run on a reader thread with a deadline, within a share of the budget.
     fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
         let t = Instant::now();
-        self.recorded = live(&snap, tainted).map(|p| (p.pid, p.start_time)).collect();
-        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid])).collect();
-        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline), self.since);
+        let n = live(&snap, tainted).count();
+        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, tainted[&p.pid]));
+        self.evidence = evidence::gather(targets, n, evidence::walk_deadline(t, self.deadline), self.since);
         self.phases.walk = ms(t.elapsed());
         snap
     }
@@ -386,13 +412,15 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// How long the proof keeps looking while newcomers no parent vouches for are alive.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
-/// Run one freeze. `seen`: the init's last tracking observation. `reap` reaps a batch of zombie
-/// children of the init (and records the command's status); true when more may be waiting.
+/// Run one freeze. `seen`: the init's last tracking observation; the freeze takes its room for
+/// the stop's and leaves in it the latest table it has (the proof's, or the stop's). `reap` reaps a
+/// batch of zombie children of the init (and records the command's status); true when more may
+/// be waiting.
 pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,
     reader: &Reader,
-    seen: &Snapshot,
+    seen: &mut Snapshot,
     ctx: Context,
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
@@ -411,7 +439,7 @@ pub fn run(
         deadline: start + cfg.timeout,
         phases: Phases::default(),
         evidence: Gathered::default(),
-        recorded: HashSet::new(),
+        late: HashSet::new(),
         unstopped: Vec::new(),
         since: None,
         ancestry,
@@ -421,6 +449,14 @@ pub fn run(
         Err(e) => return run.fail(e, Vec::new()),
     };
     let snap = run.walk(snap, &tainted);
+    // Every way out from here leaves the latest table in `seen`.
+    macro_rules! out {
+        ($table:expr, $outcome:expr) => {{
+            let o = $outcome;
+            *seen = $table;
+            return o;
+        }};
+    }
 
     let t = Instant::now();
     // kill(-1) reaches every stopped process it can reach, and anything one of them forks
@@ -429,7 +465,7 @@ pub fn run(
     let uids = run.policy.uids.clone();
     let reach = if run.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
     if let Err(e) = run.kill_channels(&snap, &tainted, reach) {
-        return run.fail(e, survivors(&snap, &tainted));
+        out!(snap, run.fail(e, survivors(&snap, &tainted)));
     }
     let sent = Instant::now();
     let killed: Vec<settle::Target> = live(&snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
@@ -448,27 +484,32 @@ pub fn run(
     let mut pause = Duration::from_millis(1);
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
+    let stopped = snap;
+    let walked = (&stopped, &tainted);
     loop {
         // The proof: a consistent observation taken after the last kill.
-        let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
+        let observed = consistency::observe(run.reader, Some(&stopped), run.deadline);
         let (snap, passes) = match observed {
             Ok(Ok(x)) => x,
             Ok(Err(churn)) => {
                 run.phases.probe = ms(t.elapsed());
                 let n =
                     if churn.created == u64::MAX { "many".to_string() } else { churn.created.to_string() };
-                return run.fail(
-                    format!(
-                        "processes kept appearing: {n} pid(s) created during the last of {} passes \
-                         of the final observation, within the {:?} budget",
-                        churn.passes, cfg.timeout
-                    ),
-                    Vec::new(),
+                out!(
+                    stopped,
+                    run.fail(
+                        format!(
+                            "processes kept appearing: {n} pid(s) created during the last of {} passes \
+                             of the final observation, within the {:?} budget",
+                            churn.passes, cfg.timeout
+                        ),
+                        Vec::new(),
+                    )
                 );
             }
             Err(e) => {
                 run.phases.probe = ms(t.elapsed());
-                return run.fail(format!("/proc unreadable: {e}"), Vec::new());
+                out!(stopped, run.fail(format!("/proc unreadable: {e}"), Vec::new()));
             }
         };
         let tainted = run.policy.classify(&snap);
@@ -506,7 +547,7 @@ pub fn run(
                     orphans.iter().take(8).map(|p| format!("{} uid {} {}", p.pid, p.uid(), p.comm)).collect();
                 let found = orphans
                     .iter()
-                    .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
+                    .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
                     .collect();
                 let reason = if newcomers_found {
                     format!(
@@ -524,33 +565,39 @@ pub fn run(
                         named.join(", ")
                     )
                 };
-                return run.fail(reason, found);
+                out!(snap, run.fail(reason, found));
             }
             run.phases.total = ms(start.elapsed());
-            return Outcome {
-                ok: true,
-                reason: None,
-                survivors: left,
-                evidence: run.evidence,
-                phases: run.phases,
-                unstopped: run.unstopped,
-            };
+            out!(
+                snap,
+                Outcome {
+                    ok: true,
+                    reason: None,
+                    survivors: left,
+                    evidence: run.evidence,
+                    phases: run.phases,
+                    unstopped: run.unstopped,
+                }
+            );
         }
-        run.late_evidence(&snap, &tainted);
+        run.late_evidence(&snap, &tainted, walked);
         rounds += 1;
         if Instant::now() >= run.deadline {
             run.phases.probe = ms(t.elapsed());
             let n = left.len();
-            return run.fail(
-                format!(
-                    "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
-                    cfg.timeout
-                ),
-                left,
+            out!(
+                snap,
+                run.fail(
+                    format!(
+                        "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
+                        cfg.timeout
+                    ),
+                    left,
+                )
             );
         }
         if let Err(e) = run.kill_channels(&snap, &tainted, Reach::All) {
-            return run.fail(e, left);
+            out!(snap, run.fail(e, left));
         }
         (run.reap)();
         std::thread::sleep(pause);

@@ -214,7 +214,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
-    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
+    // The freeze takes the table's room and leaves its latest one there: PID 1 holds two at most.
+    let mut out =
+        freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
@@ -292,10 +294,11 @@ fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
     let reader = Reader::default();
     match reader.snapshot_since(&sb.seen, abort) {
         Ok(Some(snap)) => {
-            let tainted = sb.policy.classify(&snap);
-            sb.policy.remember(&snap, &tainted);
-            sb.launchers.prune(&snap);
+            // The last table goes first: PID 1 holds two only while the new one is read.
             sb.seen = snap;
+            let tainted = sb.policy.classify(&sb.seen);
+            sb.policy.remember(&sb.seen, &tainted);
+            sb.launchers.prune(&sb.seen);
             sb.tracked_at = Some(Instant::now());
             return true;
         }

@@ -128,10 +128,10 @@ pub fn observe(
             }
             snap.procs.apply(batch);
         } else {
-            let listed = reader.pids()?;
-            let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
+            let mut listed = reader.pids()?;
+            listed.sort_unstable();
             // Not listed now: exited (anything created since is in the next pass's range).
-            snap.procs.retain(|pid, _| keep.contains(pid));
+            snap.procs.retain(|pid, _| listed.binary_search(pid).is_ok());
             let mut batch = Vec::new();
             for pid in listed {
                 if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {

@@ -4,7 +4,6 @@
 //! *unknown* and is returned as an error: it is never read as "no such process".
 
 use crate::sys::{self, Pid};
-use serde::Serialize;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -13,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Bytes of /proc/PID/cmdline read per process.
 pub const CMDLINE_READ: usize = 4096;
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Thread {
     pub tid: Pid,
     pub state: char,
@@ -32,25 +31,125 @@ impl Thread {
     }
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// A process's threads. Nearly every process has one: it is kept inside the entry, and only a
+/// process with more has them on the heap (an allocation per entry cost as much as the entry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Threads {
+    One([Thread; 1]),
+    Many(Vec<Thread>),
+}
+
+impl Threads {
+    pub fn push(&mut self, t: Thread) {
+        match self {
+            Threads::One([first]) => {
+                let first = first.clone();
+                *self = Threads::Many(vec![first, t]);
+            }
+            Threads::Many(v) => v.push(t),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn clear(&mut self) {
+        *self = Threads::Many(Vec::new());
+    }
+}
+
+impl From<Vec<Thread>> for Threads {
+    fn from(mut v: Vec<Thread>) -> Threads {
+        if v.len() == 1 {
+            if let Some(t) = v.pop() {
+                return Threads::One([t]);
+            }
+        }
+        v.shrink_to_fit();
+        Threads::Many(v)
+    }
+}
+
+impl std::ops::Deref for Threads {
+    type Target = [Thread];
+    fn deref(&self) -> &[Thread] {
+        match self {
+            Threads::One(t) => t,
+            Threads::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Threads {
+    fn deref_mut(&mut self) -> &mut [Thread] {
+        match self {
+            Threads::One(t) => t,
+            Threads::Many(v) => v,
+        }
+    }
+}
+
+/// A process's name as stat shows it, kept in the entry: the kernel's comm is at most 15 bytes
+/// (TASK_COMM_LEN); a longer one (a kernel thread's full name) is cut there. Only shown, never
+/// decides anything.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Comm {
+    len: u8,
+    bytes: [u8; COMM_KEEP],
+}
+
+/// Bytes of a name kept.
+const COMM_KEEP: usize = 15;
+
+impl Comm {
+    pub fn new(raw: &[u8]) -> Comm {
+        let n = raw.len().min(COMM_KEEP);
+        let mut bytes = [0u8; COMM_KEEP];
+        bytes[..n].copy_from_slice(&raw[..n]);
+        Comm { len: n as u8, bytes }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl From<&str> for Comm {
+    fn from(s: &str) -> Comm {
+        Comm::new(s.as_bytes())
+    }
+}
+
+impl std::fmt::Display for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+/// One process of an observation. Fixed size, nothing on the heap for a process with one thread
+/// (the sandbox chooses how many entries PID 1 holds): 104 bytes (`entry_size` below).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proc {
     pub pid: Pid,
     pub ppid: Pid,
     pub pgid: Pid,
-    pub sid: Pid,
     pub state: char,
     /// Field 22 of stat, in clock ticks since boot: with the pid, the process's identity.
     pub start_time: u64,
-    pub comm: String,
+    pub comm: Comm,
     /// cmdline and exe, read by a full observation only (`ps`). Boxed: a light entry, of which
     /// PID 1 holds one per process of the namespace, does not carry their room.
     pub named: Option<Box<Named>>,
     pub loginuid: Option<u32>,
-    pub threads: Vec<Thread>,
+    pub threads: Threads,
 }
 
 /// What a person needs to recognise a process.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {
     pub cmdline: Vec<String>,
     pub exe: Option<String>,
@@ -138,6 +237,16 @@ impl Table {
         self.v.binary_search_by_key(&pid, |p| p.pid)
     }
 
+    /// Where `pid` is in the table's order (that of `values`).
+    pub fn position(&self, pid: Pid) -> Option<usize> {
+        self.find(pid).ok()
+    }
+
+    /// The process at a position of the table's order.
+    pub fn at(&self, i: usize) -> &Proc {
+        &self.v[i]
+    }
+
     pub fn get(&self, pid: &Pid) -> Option<&Proc> {
         self.find(*pid).ok().map(|i| &self.v[i])
     }
@@ -153,11 +262,6 @@ impl Table {
     #[allow(dead_code)] // the pair clippy asks of a public `len`
     pub fn is_empty(&self) -> bool {
         self.v.is_empty()
-    }
-
-    /// Pids in ascending order.
-    pub fn keys(&self) -> impl Iterator<Item = &Pid> + '_ {
-        self.v.iter().map(|p| &p.pid)
     }
 
     /// Processes in ascending pid order.
@@ -242,13 +346,12 @@ impl Proc {
             pid,
             ppid,
             pgid: pid,
-            sid: pid,
             state: 'S',
             start_time,
             comm: "x".into(),
             named: None,
             loginuid: None,
-            threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4], creds: true }],
+            threads: vec![Thread { tid: pid, state: 'S', uids: [uid; 4], gids: [0; 4], creds: true }].into(),
         }
     }
 }
@@ -262,6 +365,9 @@ impl Snapshot {
 
 /// Processes from which a light observation is split between two threads.
 const SPLIT_MIN: usize = 64;
+
+/// Entries a reading thread gathers before it puts them into the table.
+const READ_BATCH: usize = 64;
 
 /// Can a second thread run at the same time as this one?
 pub fn several_cores() -> bool {
@@ -303,6 +409,8 @@ pub struct Stat {
     pub state: char,
     pub ppid: Pid,
     pub pgid: Pid,
+    /// Parsed with the rest (the parser's tests check it); nothing keeps or decides on it.
+    #[allow(dead_code)]
     pub sid: Pid,
     /// Field 20: threads not yet released (a dead process's zombie leader counts as one).
     pub num_threads: i64,
@@ -311,15 +419,14 @@ pub struct Stat {
 
 impl Stat {
     /// The process this stat line describes, with what else was read of it.
-    fn into_proc(self, threads: Vec<Thread>, loginuid: Option<u32>, named: Option<Box<Named>>) -> Proc {
+    fn into_proc(self, threads: Threads, loginuid: Option<u32>, named: Option<Box<Named>>) -> Proc {
         Proc {
             pid: self.pid,
             ppid: self.ppid,
             pgid: self.pgid,
-            sid: self.sid,
             state: self.state,
             start_time: self.start_time,
-            comm: self.comm,
+            comm: Comm::from(self.comm.as_str()),
             named,
             loginuid,
             threads,
@@ -536,7 +643,9 @@ impl Reader {
     /// Read every pid of `pids`. A large light observation is read by two threads, half each:
     /// the reads are the kernel's CPU work, which a second core halves. The helper is started
     /// for this call and joined before it returns (reads of stat and status never wait on the
-    /// target); when it cannot be started (a pids limit), this thread reads both halves.
+    /// target); when it cannot be started (a pids limit), this thread reads both halves. Both
+    /// put what they read into one table, made once for as many entries as there are pids, a
+    /// few at a time: PID 1 never holds a half beside the whole.
     fn read_all(
         &self,
         pids: &[Pid],
@@ -544,36 +653,45 @@ impl Reader {
         prev: Option<&Snapshot>,
         deciding: &[u32],
     ) -> io::Result<Table> {
-        let part = |pids: &[Pid]| -> io::Result<Vec<Proc>> {
+        let all = std::sync::Mutex::new(Vec::with_capacity(pids.len()));
+        let put = |batch: &mut Vec<Proc>| all.lock().unwrap_or_else(|e| e.into_inner()).append(batch);
+        let part = |pids: &[Pid]| -> io::Result<()> {
             let mut pass = self.pass()?;
             pass.deciding = deciding;
-            let mut out = Vec::with_capacity(pids.len());
+            let mut batch = Vec::with_capacity(READ_BATCH);
             for &pid in pids {
                 if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
-                    out.push(p);
+                    batch.push(p);
+                    if batch.len() == READ_BATCH {
+                        put(&mut batch);
+                    }
                 }
             }
-            Ok(out)
+            put(&mut batch);
+            Ok(())
         };
         if detail != Detail::Light || pids.len() < SPLIT_MIN || !several_cores() {
-            return Ok(Table::from_procs(part(pids)?));
+            part(pids)?;
+        } else {
+            let (a, b) = pids.split_at(pids.len() / 2);
+            let (mine, theirs) = std::thread::scope(|s| {
+                let helper = std::thread::Builder::new()
+                    .name("quiesce-observe".into())
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, || part(b));
+                let mine = part(a);
+                let theirs = match helper {
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),
+                    Err(_) => part(b),
+                };
+                (mine, theirs)
+            });
+            mine?;
+            theirs?;
         }
-        let (a, b) = pids.split_at(pids.len() / 2);
-        let (mine, theirs) = std::thread::scope(|s| {
-            let helper = std::thread::Builder::new()
-                .name("quiesce-observe".into())
-                .stack_size(256 * 1024)
-                .spawn_scoped(s, || part(b));
-            let mine = part(a);
-            let theirs = match helper {
-                Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),
-                Err(_) => part(b),
-            };
-            (mine, theirs)
-        });
-        // The halves in order are the listing's order: appended, not merged into a third list.
-        let mut all = mine?;
-        all.append(&mut theirs?);
+        let mut all = all.into_inner().unwrap_or_else(|e| e.into_inner());
+        // The halves' batches interleave; a sort in place puts them back in pid order.
+        all.sort_unstable_by_key(|p| p.pid);
         Ok(Table::from_procs(all))
     }
 
@@ -591,10 +709,7 @@ impl Reader {
             if abort() {
                 return Ok(None);
             }
-            if let Some(mut p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
-                // Nothing a refresh's table is used for looks at names (the freeze reads its own),
-                // and a name is a third of an entry.
-                p.comm = String::new();
+            if let Some(p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
                 procs.push(p);
             }
         }
@@ -676,7 +791,7 @@ impl Pass<'_> {
         // `ps` (Full) reads on, to show whose zombie it is.
         if detail == Detail::Light && exited(stat.state) && stat.num_threads == 1 {
             let leader = Thread::state_only(pid, stat.state);
-            return Ok(Some(stat.into_proc(vec![leader], known, None)));
+            return Ok(Some(stat.into_proc(Threads::One([leader]), known, None)));
         }
         // The leader's status says how many threads there are; only a multi-threaded process
         // (whose threads may hold other credentials) needs its task directory walked.
@@ -705,10 +820,10 @@ impl Pass<'_> {
             };
             match read {
                 Read::Gone => return Ok(None),
-                Read::Ok(t) => t,
+                Read::Ok(t) => Threads::from(t),
             }
         } else {
-            vec![leader]
+            Threads::One([leader])
         };
         // Dead only when the leader reads dead with a count, read with its state, of exactly
         // itself. Any other way of reading no live thread may be a read that straddled an exec
@@ -931,6 +1046,18 @@ pub fn signal_in(pass: &mut Pass, p: &Proc, sig: i32) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What PID 1 holds per process of the namespace, per table (`docs/benchmarks.md`).
+    #[test]
+    fn entry_size() {
+        assert_eq!(std::mem::size_of::<Thread>(), 44);
+        assert_eq!(std::mem::size_of::<Threads>(), 48);
+        assert_eq!(std::mem::size_of::<Comm>(), 16);
+        assert_eq!(std::mem::size_of::<Proc>(), 104);
+        let one = Proc::fixture(7, 1, 5, 4242);
+        assert!(matches!(one.threads, Threads::One(_)), "one thread is kept in the entry");
+        assert_eq!(Comm::from("a very long kernel thread name").to_string(), "a very long ker");
+    }
 
     #[test]
     fn stat_with_hostile_comm() {

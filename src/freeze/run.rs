@@ -4,7 +4,7 @@
 use crate::consistency;
 use crate::evidence::{self, Gathered};
 use crate::newcomers;
-use crate::procs::{self, Detail, Proc, Reader, Snapshot};
+use crate::procs::{self, Proc, Reader, Snapshot};
 use crate::settle;
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
@@ -67,18 +67,14 @@ fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'
     tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
 }
 
-/// Observe and classify; the policy remembers what it saw, so an escape later does not help.
-/// `prev`: the observation before, whose loginuids that were set are reused.
-fn observe(
-    reader: &Reader,
-    policy: &mut Policy,
-    detail: Detail,
-    prev: Option<&Snapshot>,
-) -> io::Result<(Snapshot, Tainted)> {
-    let snap = reader.snapshot_deciding(detail, prev, &policy.uids)?;
-    let tainted = policy.classify(&snap);
-    policy.remember(&snap, &tainted);
-    Ok((snap, tainted))
+/// Observe into `table` (the observation before, read again in its own room: its loginuids that
+/// were set are reused) and classify; the policy remembers what it saw, so an escape later does
+/// not help.
+fn observe(reader: &Reader, policy: &mut Policy, table: &mut Snapshot) -> io::Result<Tainted> {
+    reader.refresh(table, &policy.uids, None)?;
+    let tainted = policy.classify(table);
+    policy.remember(table, &tainted);
+    Ok(tainted)
 }
 
 /// Depth of every process in the tree, in the table's order, each computed once: a 4,096-deep
@@ -275,13 +271,9 @@ impl Run<'_> {
     /// Add to the evidence every live sandbox process not in it yet: those created after the
     /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
     /// They are recorded from the observation alone (no command line: they are running).
-    /// `walked`: the stop's observation, whose live sandbox processes the walk recorded.
-    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted, walked: (&Snapshot, &Tainted)) {
-        let (wsnap, wtainted) = walked;
-        let in_walk = |p: &Proc| {
-            wtainted.contains_key(&p.pid)
-                && wsnap.procs.get(&p.pid).is_some_and(|w| w.start_time == p.start_time && w.alive())
-        };
+    /// `walked`: the identities the walk recorded, sorted.
+    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted, walked: &[(Pid, u64)]) {
+        let in_walk = |p: &Proc| walked.binary_search(&(p.pid, p.start_time)).is_ok();
         for p in live(snap, tainted) {
             if !in_walk(p) && self.late.insert((p.pid, p.start_time)) {
                 evidence::add_late(&mut self.evidence, evidence::Target::of(p, tainted[&p.pid]));
@@ -293,18 +285,9 @@ impl Run<'_> {
     /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
     /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
     /// one-by-one stop, but not a stop that reaches all of them at once.
-    /// The stop starts from `seen`, which it takes: PID 1 holds two tables at most. When the
-    /// stop fails, `seen` gets back its last observation.
-    fn stop(&mut self, stop_wait: Duration, seen: &mut Snapshot) -> Result<(Snapshot, Tainted), String> {
-        let mut prev = std::mem::take(seen);
-        let r = self.stop_from(stop_wait, &mut prev);
-        if r.is_err() {
-            *seen = prev;
-        }
-        r
-    }
-
-    fn stop_from(&mut self, stop_wait: Duration, prev: &mut Snapshot) -> Result<(Snapshot, Tainted), String> {
+    /// The stop starts from `table`, the init's last observation, and reads each of its own
+    /// observations into it: PID 1 holds one table.
+    fn stop(&mut self, stop_wait: Duration, table: &mut Snapshot) -> Result<Tainted, String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
         let mut first = true;
@@ -324,7 +307,7 @@ impl Run<'_> {
                 // What to wait for before the first full observation, listed while the first sweep
                 // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
                 // init's last tracking observation. Anything else is found by the observation.
-                let seen = &*prev;
+                let seen = &*table;
                 let tainted = self.policy.classify(seen);
                 self.ancestry.note(seen, &tainted, sys::getpid());
                 // In pid order; a pid both lists name keeps the observation's start time.
@@ -348,10 +331,11 @@ impl Run<'_> {
             let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();
             self.since = consistency::last_pid(self.reader.root()).ok();
-            let (snap, tainted) = observe(self.reader, self.policy, Detail::Light, Some(prev))
-                .map_err(|e| format!("/proc unreadable: {e}"))?;
-            self.ancestry.note(&snap, &tainted, sys::getpid());
-            let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
+            let tainted =
+                observe(self.reader, self.policy, table).map_err(|e| format!("/proc unreadable: {e}"))?;
+            let snap = &*table;
+            self.ancestry.note(snap, &tainted, sys::getpid());
+            let running: Vec<&Proc> = live(snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
                 "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
                  in {:?}, {} sandbox, {} not yet stopped",
@@ -365,7 +349,7 @@ impl Run<'_> {
             );
             if running.is_empty() {
                 self.unstopped.clear();
-                break (snap, tainted);
+                break tainted;
             }
             if Instant::now() >= until {
                 self.unstopped = running.iter().map(|p| p.pid).collect();
@@ -374,7 +358,7 @@ impl Run<'_> {
                     running.len(),
                     stop_wait
                 );
-                break (snap, tainted);
+                break tainted;
             }
             // kill(-1) reached the rest already and they are on their way to stopping; on the
             // first pass only what it may have missed needs a pidfd.
@@ -386,8 +370,6 @@ impl Run<'_> {
             }
             waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
-            drop(running);
-            *prev = snap;
         };
         self.phases.stop = ms(t.elapsed());
         Ok(last)
@@ -395,13 +377,12 @@ impl Run<'_> {
 
     /// Record the evidence of every sandbox process after the stop. The reads that can wait on
     /// the target run on a reader thread with a deadline, within a share of the budget.
-    fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
+    fn walk(&mut self, snap: &Snapshot, tainted: &Tainted) {
         let t = Instant::now();
-        let n = live(&snap, tainted).count();
-        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, tainted[&p.pid]));
+        let n = live(snap, tainted).count();
+        let targets = live(snap, tainted).map(|p| evidence::Target::of(p, tainted[&p.pid]));
         self.evidence = evidence::gather(targets, n, evidence::walk_deadline(t, self.deadline), self.since);
         self.phases.walk = ms(t.elapsed());
-        snap
     }
 }
 
@@ -444,19 +425,14 @@ pub fn run(
         since: None,
         ancestry,
     };
-    let (snap, tainted) = match run.stop(cfg.stop_wait, seen) {
+    // One table from here on: every observation of the freeze is read into the init's last one.
+    let table = seen;
+    let tainted = match run.stop(cfg.stop_wait, table) {
         Ok(x) => x,
         Err(e) => return run.fail(e, Vec::new()),
     };
-    let snap = run.walk(snap, &tainted);
-    // Every way out from here leaves the latest table in `seen`.
-    macro_rules! out {
-        ($table:expr, $outcome:expr) => {{
-            let o = $outcome;
-            *seen = $table;
-            return o;
-        }};
-    }
+    let snap = &*table;
+    run.walk(snap, &tainted);
 
     let t = Instant::now();
     // kill(-1) reaches every stopped process it can reach, and anything one of them forks
@@ -465,10 +441,10 @@ pub fn run(
     let uids = run.policy.uids.clone();
     let reach = if run.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
     if let Err(e) = run.kill_channels(&snap, &tainted, reach) {
-        out!(snap, run.fail(e, survivors(&snap, &tainted)));
+        return run.fail(e, survivors(snap, &tainted));
     }
     let sent = Instant::now();
-    let killed: Vec<settle::Target> = live(&snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+    let killed: Vec<settle::Target> = live(snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
     let left = settle::wait(run.reader, &killed, settle::Goal::Dead, (sent + EXIT_WAIT).min(run.deadline));
     let exited = Instant::now();
     // The zombies are left for after the proof: each costs it one stat read (a dead process's
@@ -484,35 +460,34 @@ pub fn run(
     let mut pause = Duration::from_millis(1);
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
-    let stopped = snap;
-    let walked = (&stopped, &tainted);
+    // What the walk recorded (sorted: `live` goes in pid order), for the evidence of latecomers.
+    let walked: Vec<(Pid, u64)> = live(snap, &tainted).map(|p| (p.pid, p.start_time)).collect();
+    drop(killed);
     loop {
-        // The proof: a consistent observation taken after the last kill.
-        let observed = consistency::observe(run.reader, Some(&stopped), run.deadline);
-        let (snap, passes) = match observed {
+        // The proof: a consistent observation taken after the last kill, read into the table.
+        let observed = consistency::observe(run.reader, table, run.deadline);
+        let passes = match observed {
             Ok(Ok(x)) => x,
             Ok(Err(churn)) => {
                 run.phases.probe = ms(t.elapsed());
                 let n =
                     if churn.created == u64::MAX { "many".to_string() } else { churn.created.to_string() };
-                out!(
-                    stopped,
-                    run.fail(
-                        format!(
-                            "processes kept appearing: {n} pid(s) created during the last of {} passes \
+                return run.fail(
+                    format!(
+                        "processes kept appearing: {n} pid(s) created during the last of {} passes \
                              of the final observation, within the {:?} budget",
-                            churn.passes, cfg.timeout
-                        ),
-                        Vec::new(),
-                    )
+                        churn.passes, cfg.timeout
+                    ),
+                    Vec::new(),
                 );
             }
             Err(e) => {
                 run.phases.probe = ms(t.elapsed());
-                out!(stopped, run.fail(format!("/proc unreadable: {e}"), Vec::new()));
+                return run.fail(format!("/proc unreadable: {e}"), Vec::new());
             }
         };
-        let tainted = run.policy.classify(&snap);
+        let snap = &*table;
+        let tainted = run.policy.classify(snap);
         run.policy.remember(&snap, &tainted);
         run.ancestry.note(&snap, &tainted, sys::getpid());
         if passes > 1 {
@@ -565,39 +540,33 @@ pub fn run(
                         named.join(", ")
                     )
                 };
-                out!(snap, run.fail(reason, found));
+                return run.fail(reason, found);
             }
             run.phases.total = ms(start.elapsed());
-            out!(
-                snap,
-                Outcome {
-                    ok: true,
-                    reason: None,
-                    survivors: left,
-                    evidence: run.evidence,
-                    phases: run.phases,
-                    unstopped: run.unstopped,
-                }
-            );
+            return Outcome {
+                ok: true,
+                reason: None,
+                survivors: left,
+                evidence: run.evidence,
+                phases: run.phases,
+                unstopped: run.unstopped,
+            };
         }
-        run.late_evidence(&snap, &tainted, walked);
+        run.late_evidence(snap, &tainted, &walked);
         rounds += 1;
         if Instant::now() >= run.deadline {
             run.phases.probe = ms(t.elapsed());
             let n = left.len();
-            out!(
-                snap,
-                run.fail(
-                    format!(
-                        "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
-                        cfg.timeout
-                    ),
-                    left,
-                )
+            return run.fail(
+                format!(
+                    "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
+                    cfg.timeout
+                ),
+                left,
             );
         }
         if let Err(e) = run.kill_channels(&snap, &tainted, Reach::All) {
-            out!(snap, run.fail(e, left));
+            return run.fail(e, left);
         }
         (run.reap)();
         std::thread::sleep(pause);

@@ -292,17 +292,16 @@ fn publish(sb: &Sandbox, status: &Status) {
 /// Returns whether the refresh completed.
 fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
     let reader = Reader::default();
-    match reader.snapshot_since(&sb.seen, abort) {
-        Ok(Some(snap)) => {
-            // The last table goes first: PID 1 holds two only while the new one is read.
-            sb.seen = snap;
+    // Read into the last table's room: PID 1 holds one table.
+    match reader.refresh(&mut sb.seen, &[], Some(abort)) {
+        Ok(true) => {
             let tainted = sb.policy.classify(&sb.seen);
             sb.policy.remember(&sb.seen, &tainted);
             sb.launchers.prune(&sb.seen);
             sb.tracked_at = Some(Instant::now());
             return true;
         }
-        Ok(None) => log::debug!("tracking interrupted"),
+        Ok(false) => log::debug!("tracking interrupted"),
         Err(e) => log::warn!("tracking: {e}"),
     }
     sb.tracked_at = None;

@@ -77,18 +77,14 @@ fn distance(from: Pid, to: Pid) -> u64 {
     }
 }
 
-/// A consistent table of the whole PID namespace, or Churn when processes kept being created
-/// until `deadline`. `prev`: an earlier observation, whose loginuids that were set are reused.
-pub fn observe(
-    reader: &Reader,
-    prev: Option<&Snapshot>,
-    deadline: Instant,
-) -> io::Result<Result<(Snapshot, usize), Churn>> {
+/// A consistent table of the whole PID namespace, read into `snap` (an earlier observation, whose
+/// loginuids that were set are reused: its room is the new table's), with the number of passes it
+/// took; or Churn when processes kept being created until `deadline`.
+pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Result<usize, Churn>> {
     let root = reader.root().to_path_buf();
     let mut covered = last_pid(&root)?;
-    let mut snap = reader.snapshot_after(Detail::Light, prev)?;
+    reader.refresh(snap, &[], None)?;
     let mut pass = reader.pass()?;
-    let earlier = |pid: Pid| prev.and_then(|s| s.procs.get(&pid));
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
@@ -101,12 +97,12 @@ pub fn observe(
             let missing: Vec<Pid> =
                 reader.pids()?.into_iter().filter(|pid| !snap.procs.contains_key(pid)).collect();
             if missing.is_empty() && last_pid(&root)? == covered {
-                return Ok(Ok((snap, passes)));
+                return Ok(Ok(passes));
             }
             passes += 1;
             let mut batch = Vec::with_capacity(missing.len());
             for pid in missing {
-                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
+                batch.push((pid, pass.read(pid, Detail::Light, snap.procs.get(&pid))?));
             }
             snap.procs.apply(batch);
             if Instant::now() >= deadline {
@@ -124,7 +120,7 @@ pub fn observe(
             let mut batch = Vec::new();
             while pid != now {
                 pid += 1;
-                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
+                batch.push((pid, pass.read(pid, Detail::Light, snap.procs.get(&pid))?));
             }
             snap.procs.apply(batch);
         } else {
@@ -137,7 +133,7 @@ pub fn observe(
                 if snap.procs.contains_key(&pid) && !allocated_between(covered, now, pid) {
                     continue;
                 }
-                batch.push((pid, pass.read(pid, Detail::Light, earlier(pid))?));
+                batch.push((pid, pass.read(pid, Detail::Light, snap.procs.get(&pid))?));
             }
             snap.procs.apply(batch);
         }
@@ -166,7 +162,8 @@ mod tests {
     fn a_quiet_table_is_consistent_at_once_and_a_new_child_is_found() {
         let r = Reader::default();
         let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let (snap, _) = observe(&r, None, deadline).unwrap().unwrap();
+        let mut snap = Snapshot::default();
+        observe(&r, &mut snap, deadline).unwrap().unwrap();
         assert!(snap.procs.contains_key(&crate::sys::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }

@@ -233,6 +233,11 @@ impl Table {
         Table { v }
     }
 
+    #[cfg(test)]
+    fn keys_sorted(&self) -> bool {
+        self.v.windows(2).all(|w| w[0].pid < w[1].pid)
+    }
+
     fn find(&self, pid: Pid) -> Result<usize, usize> {
         self.v.binary_search_by_key(&pid, |p| p.pid)
     }
@@ -695,31 +700,150 @@ impl Reader {
         Ok(Table::from_procs(all))
     }
 
-    /// Like `snapshot(Light)`, for the init's periodic history refresh: credentials are read
-    /// afresh, a loginuid already set is reused from `prev`.
-    /// `abort` is asked before every process (one syscall against the several a read costs: when
-    /// a CPU storm leaves the init 1% of a core, 32 processes took a quarter of a second); when it
-    /// says yes, Ok(None) comes back at once.
-    pub fn snapshot_since(&self, prev: &Snapshot, abort: &dyn Fn() -> bool) -> io::Result<Option<Snapshot>> {
+    /// Like `snapshot_deciding(Light, Some(snap), uids)`, read into `snap`'s own room: every pid
+    /// listed now is read again into its entry (its last entry is what a loginuid already set is
+    /// reused from), a pid listed for the first time is added, and an entry whose pid is no
+    /// longer listed goes. PID 1 holds one table, not the last one beside the next; once this
+    /// returns Ok(true) the table is exactly what a fresh observation would have read.
+    ///
+    /// `abort` (the init's periodic refresh) is asked before every process (one syscall against
+    /// the several a read costs: when a CPU storm leaves the init 1% of a core, 32 processes took
+    /// a quarter of a second); when it says yes, Ok(false) comes back at once. An aborted or
+    /// failed refresh leaves every entry either as it was or read again, and the new ones added:
+    /// never an entry of a process that was not observed. Without `abort`, a large table is read
+    /// by two threads, half of it each.
+    pub fn refresh(
+        &self,
+        snap: &mut Snapshot,
+        uids: &[u32],
+        abort: Option<&dyn Fn() -> bool>,
+    ) -> io::Result<bool> {
         crate::proctrust::check(&self.root)?;
-        let mut pass = self.pass()?;
-        let pids = self.pids()?;
-        let mut procs = Vec::with_capacity(pids.len());
-        for pid in pids {
-            if abort() {
-                return Ok(None);
+        let mut pids = self.pids()?;
+        pids.sort_unstable();
+        pids.dedup();
+        let slots = &mut snap.procs.v[..];
+        let part = |slots: &mut [Proc], pids: &[Pid], added: &mut Vec<Proc>| -> io::Result<bool> {
+            let mut pass = self.pass()?;
+            pass.deciding = uids;
+            merge(&mut pass, slots, pids, added, None)
+        };
+        let mut added = Vec::new();
+        let done = if let Some(abort) = abort {
+            self.pass().and_then(|mut pass| {
+                pass.deciding = uids;
+                merge(&mut pass, slots, &pids, &mut added, Some(abort))
+            })
+        } else if slots.len() < SPLIT_MIN || !several_cores() {
+            part(slots, &pids, &mut added)
+        } else {
+            // Each half of the table with the pids listed in its range; pids above the first
+            // half's last entry are the second half's.
+            let mid = slots.len() / 2;
+            let (lo, hi) = slots.split_at_mut(mid);
+            let cut = pids.partition_point(|&p| p < hi[0].pid);
+            let (lo_pids, hi_pids) = pids.split_at(cut);
+            let second = std::sync::Mutex::new(Some(hi));
+            let run_second = || -> io::Result<(bool, Vec<Proc>)> {
+                let taken = second.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let mut more = Vec::new();
+                match taken {
+                    Some(hi) => part(hi, hi_pids, &mut more).map(|d| (d, more)),
+                    None => Ok((true, more)),
+                }
+            };
+            let (mine, theirs) = std::thread::scope(|s| {
+                let helper = std::thread::Builder::new()
+                    .name("quiesce-observe".into())
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, &run_second);
+                let mine = part(lo, lo_pids, &mut added);
+                let theirs = match helper {
+                    Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),
+                    // No thread (a pids limit): this one reads the second half too.
+                    Err(_) => run_second(),
+                };
+                (mine, theirs)
+            });
+            match (mine, theirs) {
+                (Ok(a), Ok((b, mut more))) => {
+                    added.append(&mut more);
+                    Ok(a && b)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
             }
-            if let Some(p) = pass.read(pid, Detail::Light, prev.procs.get(&pid))? {
-                procs.push(p);
+        };
+        // Whatever happened, the table is put back in order: gone entries out, new ones in. The
+        // smaller list goes into the larger (a namespace filled since the last refresh has most
+        // of its entries among the new ones), whose room grows in place.
+        let v = &mut snap.procs.v;
+        v.retain(|p| p.pid != GONE);
+        if !added.is_empty() {
+            if added.len() > v.len() {
+                std::mem::swap(v, &mut added);
             }
+            v.reserve_exact(added.len());
+            v.append(&mut added);
+            drop(added);
+            v.sort_unstable_by_key(|p| p.pid);
         }
-        Ok(Some(Snapshot { procs: Table::from_procs(procs) }))
+        if v.capacity() > v.len() + v.len() / 8 + 16 {
+            v.shrink_to_fit();
+        }
+        let done = done?;
+        if done && !snap.procs.contains_key(&sys::getpid()) {
+            return Err(io::Error::other(format!(
+                "{} does not list this process: the process table is unknown",
+                self.root.display()
+            )));
+        }
+        Ok(done)
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.
     pub fn start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
         self.pass()?.start_time(pid)
     }
+}
+
+/// The pid of an entry a refresh found gone, until the table is put back in order (/proc never
+/// lists pid 0).
+const GONE: Pid = 0;
+
+/// Read `pids` (sorted, each once) into `slots` (sorted by pid): a pid with an entry is read
+/// into it, knowing the entry; one without goes to `added`; an entry whose pid is not listed, or
+/// that reads as exited, is marked GONE. Ok(false): `abort` said stop (entries not reached yet
+/// are left as they were).
+fn merge(
+    pass: &mut Pass,
+    slots: &mut [Proc],
+    pids: &[Pid],
+    added: &mut Vec<Proc>,
+    abort: Option<&dyn Fn() -> bool>,
+) -> io::Result<bool> {
+    let mut i = 0;
+    for &pid in pids {
+        if abort.is_some_and(|a| a()) {
+            return Ok(false);
+        }
+        while i < slots.len() && slots[i].pid < pid {
+            slots[i].pid = GONE;
+            i += 1;
+        }
+        if i < slots.len() && slots[i].pid == pid {
+            match pass.read(pid, Detail::Light, Some(&slots[i]))? {
+                Some(p) => slots[i] = p,
+                None => slots[i].pid = GONE,
+            }
+            i += 1;
+        } else if let Some(p) = pass.read(pid, Detail::Light, None)? {
+            added.push(p);
+        }
+    }
+    for p in &mut slots[i..] {
+        p.pid = GONE;
+    }
+    Ok(true)
 }
 
 /// One pass of reads over /proc: every file is opened relative to one descriptor of the /proc
@@ -1057,6 +1181,32 @@ mod tests {
         let one = Proc::fixture(7, 1, 5, 4242);
         assert!(matches!(one.threads, Threads::One(_)), "one thread is kept in the entry");
         assert_eq!(Comm::from("a very long kernel thread name").to_string(), "a very long ker");
+    }
+
+    /// A refresh in the table's own room ends as a fresh observation would: a process listed now
+    /// is in it with what it is now, one that is gone is not, and one it never saw is added.
+    #[test]
+    fn a_refresh_in_place_reads_what_a_fresh_observation_reads() {
+        let r = Reader::default();
+        let me = sys::getpid();
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id() as Pid;
+        // A table with an entry whose pid no process holds, and a stale one of this process.
+        let mut snap = Snapshot::of(&[Proc::fixture(i32::MAX - 7, 1, 5, 0), Proc::fixture(me, 1, 5, 0)]);
+        assert!(r.refresh(&mut snap, &[], None).unwrap());
+        assert!(!snap.procs.contains_key(&(i32::MAX - 7)), "a pid no process holds stays");
+        assert!(snap.procs.contains_key(&pid), "a new process is not added");
+        let fresh = r.snapshot(Detail::Light).unwrap();
+        assert_eq!(snap.procs[&me].start_time, fresh.procs[&me].start_time);
+        assert!(snap.procs.keys_sorted(), "the table is out of order");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(r.refresh(&mut snap, &[], None).unwrap());
+        assert!(!snap.procs.contains_key(&pid), "a reaped process stays");
+        // Aborted at once: nothing read, nothing lost that was not known gone.
+        let before = snap.procs.len();
+        assert!(!r.refresh(&mut snap, &[], Some(&|| true)).unwrap());
+        assert_eq!(snap.procs.len(), before);
     }
 
     #[test]

@@ -440,7 +440,7 @@ pub fn run(
     // the stop observation and that left kill(-1)'s reach meanwhile is the proof's to find.
     let uids = run.policy.uids.clone();
     let reach = if run.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
-    if let Err(e) = run.kill_channels(&snap, &tainted, reach) {
+    if let Err(e) = run.kill_channels(snap, &tainted, reach) {
         return run.fail(e, survivors(snap, &tainted));
     }
     let sent = Instant::now();
@@ -488,20 +488,20 @@ pub fn run(
         };
         let snap = &*table;
         let tainted = run.policy.classify(snap);
-        run.policy.remember(&snap, &tainted);
-        run.ancestry.note(&snap, &tainted, sys::getpid());
+        run.policy.remember(snap, &tainted);
+        run.ancestry.note(snap, &tainted, sys::getpid());
         if passes > 1 {
             log::debug!("proof: consistent after {passes} passes");
         }
-        let left = survivors(&snap, &tainted);
+        let left = survivors(snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
             let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(also_own.iter().copied()).collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
-                newcomers::orphaned(&snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
+                newcomers::orphaned(snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
             let newcomers_found = !orphans.is_empty();
-            for p in newcomers::unfollowed_children(&snap, &tainted, launchers, sys::getpid(), &own) {
+            for p in newcomers::unfollowed_children(snap, &tainted, launchers, sys::getpid(), &own) {
                 if !orphans.iter().any(|o| o.pid == p.pid) {
                     orphans.push(p);
                 }
@@ -565,7 +565,7 @@ pub fn run(
                 left,
             );
         }
-        if let Err(e) = run.kill_channels(&snap, &tainted, Reach::All) {
+        if let Err(e) = run.kill_channels(snap, &tainted, Reach::All) {
             return run.fail(e, left);
         }
         (run.reap)();

@@ -756,7 +756,7 @@ impl Reader {
                 let helper = std::thread::Builder::new()
                     .name("quiesce-observe".into())
                     .stack_size(256 * 1024)
-                    .spawn_scoped(s, &run_second);
+                    .spawn_scoped(s, run_second);
                 let mine = part(lo, lo_pids, &mut added);
                 let theirs = match helper {
                     Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("observation helper failed"))),

@@ -213,7 +213,7 @@ pub struct Snapshot {
 /// The processes of an observation by pid: a vector sorted by pid, so that an entry costs the
 /// process's own bytes and nothing more (a map's nodes cost about as much again, and building
 /// one from a list holds the list, a sort buffer and the map at once). The sandbox chooses how
-/// many processes there are; PID 1 holds one or two of these tables at a time.
+/// many processes there are; PID 1 holds one of these tables, read again in place (`Reader::refresh`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Table {
     v: Vec<Proc>,

@@ -393,10 +393,9 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// How long the proof keeps looking while newcomers no parent vouches for are alive.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
-/// Run one freeze. `seen`: the init's last tracking observation; the freeze takes its room for
-/// the stop's and leaves in it the latest table it has (the proof's, or the stop's). `reap` reaps a
-/// batch of zombie children of the init (and records the command's status); true when more may
-/// be waiting.
+/// Run one freeze. `seen`: the init's last tracking observation; every observation of the freeze
+/// is read into it, so it ends as the latest (the proof's, or the stop's). `reap` reaps a batch of
+/// zombie children of the init (and records the command's status); true when more may be waiting.
 pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,

@@ -214,7 +214,8 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
-    // The freeze takes the table's room and leaves its latest one there: PID 1 holds two at most.
+    // The freeze reads its observations into the init's table (PID 1 holds one) and leaves its
+    // latest there.
     let mut out =
         freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();

@@ -993,6 +993,265 @@ fn main() {
                 }
             }
         }
+        // Run as root: fill the PID namespace's pid space with children that sleep, until the
+        // kernel refuses a fork for want of a pid (at most 70,000), then let the last FREE of them
+        // go (killed and reaped), so that exactly FREE pids are left to hand out. With CYCLES > 0,
+        // then create and reap that many children and write to OUT what the pid counter read
+        // before and after and how many pids they got. `pidfill OUT FREE CYCLES`
+        "pidfill" => {
+            let out = std::env::args().nth(2).expect("pidfill OUT");
+            let free = arg(3, 1) as usize;
+            let cycles = arg(4, 0);
+            let last_pid = || -> i64 {
+                std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+                    .unwrap_or_else(|| fail("read ns_last_pid"))
+            };
+            let mut holders = Vec::new();
+            loop {
+                if holders.len() >= 70_000 {
+                    fail("the pid space did not run out within 70,000 processes");
+                }
+                match fork() {
+                    0 => forever(),
+                    p if p > 0 => holders.push(p),
+                    _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) => break,
+                    _ => fail("fork"),
+                }
+            }
+            if holders.len() < free {
+                fail("fewer holders than pids to free");
+            }
+            for p in holders.split_off(holders.len() - free) {
+                unsafe { libc::kill(p, libc::SIGKILL) };
+                if unsafe { libc::waitpid(p, std::ptr::null_mut(), 0) } != p {
+                    fail("reap a holder");
+                }
+            }
+            let before = last_pid();
+            let mut got = std::collections::BTreeSet::new();
+            for _ in 0..cycles {
+                match fork() {
+                    0 => unsafe { libc::_exit(0) },
+                    p if p > 0 => {
+                        got.insert(p);
+                        if unsafe { libc::waitpid(p, std::ptr::null_mut(), 0) } != p {
+                            fail("reap a cycle's child");
+                        }
+                    }
+                    _ => fail("fork in a cycle"),
+                }
+            }
+            let after = last_pid();
+            let pids: Vec<String> = got.iter().take(8).map(|p| p.to_string()).collect();
+            let line = format!(
+                "holders {} before {before} after {after} distinct {} pids {}\n",
+                holders.len(),
+                got.len(),
+                pids.join(",")
+            );
+            std::fs::write(&out, line).unwrap_or_else(|_| fail("write OUT"));
+            ready();
+            forever();
+        }
+        // Run as root, as a launcher that reaps whatever dies under it (a shell, a supervisor):
+        // runs ARGS as its child, then reaps every child, forever, pausing DELAY_US microseconds
+        // after each one (a busy supervisor). `reaper DELAY_US ARGS...`
+        "reaper" => {
+            let delay = arg(2, 0) as u32;
+            let argv: Vec<CString> =
+                std::env::args().skip(3).map(|a| CString::new(a).expect("argument without NUL")).collect();
+            if argv.is_empty() {
+                fail("reaper needs a command");
+            }
+            let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            match fork() {
+                0 => {
+                    unsafe { libc::execv(ptrs[0], ptrs.as_ptr()) };
+                    unsafe { libc::_exit(127) };
+                }
+                p if p < 0 => fail("fork"),
+                _ => {}
+            }
+            loop {
+                if unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } < 0 {
+                    if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                } else if delay > 0 {
+                    unsafe { libc::usleep(delay) };
+                }
+            }
+        }
+        // Run as a setuid-root copy under a root launcher that reaps (`reaper`): stays the
+        // sandbox's (real UID the sandbox user, effective root) and alive, so that the init sees
+        // the launcher above a sandbox process; makes a root child of the launcher
+        // (CLONE_PARENT) that never keeps a pid: each hop clones the next one as the launcher's
+        // child and exits, and the launcher reaps it, so the hops need no more than one free pid.
+        // Each hop appends its pid to FILE and naps NAP_US. `parent-hopper FILE [NAP_US] [newsession]`
+        // A root child whose parent dies while the init reads: run as a setuid-root copy (real UID
+        // the sandbox user, effective root), no lineage. P (this process) pushes the pid counter near pid_max, then makes S, a root
+        // process that ends up a child of the init (its parent M exits); S lets the counter wrap
+        // and makes R (root, low pid) and R makes H (root, THREADS threads, slow to read, pid between
+        // R and S). Once P is dead (the freeze's kill), S waits DELAY_US and exits: a table that
+        // read R (ppid S) before S's exit and S after it holds R with a parent that is a dead
+        // non-launcher. `stale-parent THREADS DELAY_US [nowrap]`
+        "stale-parent" => {
+            let threads = arg(2, 3000) as usize;
+            let delay = arg(3, 5000) as u32;
+            let r = unsafe { libc::getuid() };
+            if raw_setresuid(r, 0, r) != 0 {
+                fail("setresuid: stale-parent needs a setuid-root copy");
+            }
+            let num = |f: &str| -> i64 {
+                std::fs::read_to_string(f).ok().and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| fail(f))
+            };
+            let pid_max = num("/proc/sys/kernel/pid_max");
+            let churn = |until: &dyn Fn() -> bool| {
+                let mut n = 0u64;
+                while !until() {
+                    n += 1;
+                    if n > 200_000 {
+                        fail("counter did not get there");
+                    }
+                    match fork() {
+                        0 => unsafe { libc::_exit(0) },
+                        c if c > 0 => {
+                            unsafe { libc::waitpid(c, std::ptr::null_mut(), 0) };
+                        }
+                        _ => {}
+                    }
+                }
+            };
+            eprintln!(
+                "stale-parent: P {} pid_max {pid_max} last {}",
+                unsafe { libc::getpid() },
+                num("/proc/sys/kernel/ns_last_pid")
+            );
+            churn(&|| num("/proc/sys/kernel/ns_last_pid") >= pid_max - 30);
+            eprintln!("stale-parent: P churned to {}", num("/proc/sys/kernel/ns_last_pid"));
+            let (rd, wr) = pipe_checked();
+            let p = unsafe { libc::getpid() };
+            match fork() {
+                0 => {
+                    if raw_setresuid(0, 0, 0) != 0 {
+                        unsafe { libc::_exit(1) };
+                    }
+                    match fork() {
+                        0 => {
+                            // S
+                            unsafe { libc::close(rd) };
+                            let t0 = std::time::Instant::now();
+                            while unsafe { libc::getppid() } != 1 && t0.elapsed() < Duration::from_secs(2) {
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            let me = unsafe { libc::getpid() } as i64;
+                            eprintln!("stale-parent: S {me} ppid {}", unsafe { libc::getppid() });
+                            if std::env::args().nth(4).as_deref() != Some("nowrap") {
+                                churn(&|| num("/proc/sys/kernel/ns_last_pid") < me - 100);
+                            }
+                            match fork() {
+                                0 => {
+                                    // R
+                                    match fork() {
+                                        0 => {
+                                            // H
+                                            for _ in 0..threads {
+                                                if std::thread::Builder::new()
+                                                    .stack_size(16 * 1024)
+                                                    .spawn(|| forever())
+                                                    .is_err()
+                                                {
+                                                    fail("thread");
+                                                }
+                                            }
+                                            eprintln!("stale-parent: H {} threads {threads}", unsafe {
+                                                libc::getpid()
+                                            });
+                                            report(wr);
+                                            forever();
+                                        }
+                                        h if h < 0 => fail("fork H"),
+                                        _ => {}
+                                    }
+                                    unsafe { libc::close(wr) };
+                                    forever();
+                                }
+                                c if c < 0 => fail("fork R"),
+                                _ => {}
+                            }
+                            unsafe { libc::close(wr) };
+                            // Armed once P is gone or a zombie.
+                            let stat = format!("/proc/{p}/stat");
+                            loop {
+                                let s = std::fs::read_to_string(&stat).unwrap_or_default();
+                                let st = s.rsplit(')').next().and_then(|r| r.trim_start().chars().next());
+                                if s.is_empty() || st == Some('Z') || st == Some('X') {
+                                    break;
+                                }
+                                unsafe { libc::usleep(100) };
+                            }
+                            unsafe { libc::usleep(delay) };
+                            unsafe { libc::_exit(0) };
+                        }
+                        c if c < 0 => unsafe { libc::_exit(1) },
+                        _ => unsafe { libc::_exit(0) },
+                    }
+                }
+                m if m < 0 => fail("fork M"),
+                m => {
+                    unsafe { libc::waitpid(m, std::ptr::null_mut(), 0) };
+                }
+            }
+            await_reports(rd, wr, 1);
+            ready();
+            forever();
+        }
+        "parent-hopper" => {
+            let path = std::env::args().nth(2).expect("parent-hopper FILE");
+            let nap = arg(3, 0) as u32;
+            let r = unsafe { libc::getuid() };
+            if raw_setresuid(r, 0, r) != 0 {
+                fail("setresuid: parent-hopper needs a setuid-root copy");
+            }
+            let c = path_c(&path);
+            let clone_parent =
+                || unsafe { libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) };
+            match clone_parent() {
+                0 => {
+                    if raw_setresuid(0, 0, 0) != 0 {
+                        unsafe { libc::_exit(1) };
+                    }
+                    // With "newsession" the first hop leads a session of its own, whose id keeps
+                    // its pid handed out after it exits: one pid fewer to hop through.
+                    if std::env::args().any(|a| a == "newsession") {
+                        unsafe { libc::setsid() };
+                    }
+                    loop {
+                        append_pid(&c);
+                        if nap > 0 {
+                            unsafe { libc::usleep(nap) };
+                        }
+                        // Refused (no pid free right now): try again; never exit without a
+                        // successor.
+                        loop {
+                            match clone_parent() {
+                                0 => break,
+                                p if p > 0 => unsafe { libc::_exit(0) },
+                                _ => {}
+                            }
+                        }
+                    }
+                }
+                p if p < 0 => fail("clone"),
+                _ => {}
+            }
+            wait_for_file_growth(&path);
+            ready();
+            forever();
+        }
         // N processes that each SIGCONT every process of their UID, as fast as they can.
         "cont-ring" => {
             let n = arg(2, 20);

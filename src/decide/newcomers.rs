@@ -22,21 +22,47 @@ use crate::sys::Pid;
 use crate::taint::{Reason, Tainted};
 use std::collections::{HashMap, HashSet};
 
-/// When the freeze began: the boot clock in ticks (stat's start-time unit) and the pid counter.
+/// When the freeze began: the boot clock in ticks (stat's start-time unit), and what tells the
+/// processes of that tick apart.
 pub struct Since {
     pub ticks: u64,
-    /// None: unreadable, and every process of the starting tick counts as new.
+    /// The pidfs identity of a kernel pid object made at the start (`consistency::start_identity`):
+    /// a process of the starting tick is new if its own is greater. None where the kernel gives no
+    /// such order; then the pid counter decides.
+    pub order: Option<u64>,
+    /// The pid counter at the start. None: unreadable, and every process of the starting tick
+    /// counts as new.
     pub last_pid: Option<Pid>,
 }
 
 impl Since {
+    /// The start, now: the clock first, then the identity and the counter. A process made after
+    /// them started in the clock's tick or later, so it is new by its tick or, in that same tick,
+    /// by its order; one made between the clock and them may count as old, and was made before
+    /// the start. (The other way round, a process made after the identity but stamped in the tick
+    /// before the clock's would count as old.) An unreadable clock makes every process count as
+    /// born during the freeze (more refusals, never fewer).
+    pub fn take(reader: &crate::procs::Reader) -> Since {
+        let ticks = crate::sys::boot_ticks().unwrap_or(0);
+        // Where identities exist but none could be had now (no pid free for a thread), every
+        // process of the starting tick counts as new.
+        let order = crate::consistency::start_identity(reader)
+            .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
+        let last_pid = crate::consistency::last_pid(reader.root()).ok();
+        Since { ticks, order, last_pid }
+    }
+
     /// Born during the freeze: in a later tick, or in the same tick (ticks are 10 ms, a freeze
-    /// can be shorter) with a pid handed out since (`now`: the pid counter now).
+    /// can be shorter) and made after the start. The identity orders processes exactly. The
+    /// counter (`now`: the counter at the observation) only says the pid was not handed out in
+    /// between if it went less than once round, which a nearly full pid space does not promise
+    /// (see consistency): kernels without pidfs rely on that.
     fn born(&self, p: &Proc, now: Option<Pid>) -> bool {
         p.start_time > self.ticks
             || (p.start_time == self.ticks
-                && match (self.last_pid, now) {
-                    (Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
+                && match (self.order, self.last_pid, now) {
+                    (Some(o), _, _) => crate::consistency::made_after(p.pid, p.start_time, o),
+                    (None, Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
                     _ => true,
                 })
     }
@@ -141,8 +167,11 @@ pub fn unfollowed_children<'a>(
         .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !own.contains(&p.pid))
         .filter(|p| {
             let parent = if p.ppid == 0 { None } else { snap.procs.get(&p.ppid) };
-            if p.ppid != 0 && parent.is_none() {
-                // A parent gone from the table: nothing vouches, and an escapee that exited is one.
+            // A parent gone from the table, or read dead (the table reads each process at its own
+            // moment: a child read before its parent exited still names it): nothing vouches,
+            // and an escapee that exited is one. Its children belong to the init or a subreaper
+            // by now, whatever the entry says.
+            if p.ppid != 0 && !parent.is_some_and(|q| q.alive()) {
                 return launchers.init_since.is_some_and(|t| p.start_time >= t);
             }
             launchers.unfollowed_since(parent, init).is_some_and(|t| p.start_time >= t)
@@ -282,7 +311,7 @@ mod tests {
             proc(70, 1, 170),  // the sandbox's: marked, killed by the freeze
         ]);
         let tainted: Tainted = [(70, Reasons::of(&[Reason::Uid]))].into_iter().collect();
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[60])
             .iter()
             .map(|p| p.pid)
@@ -293,14 +322,40 @@ mod tests {
     #[test]
     fn in_the_freezes_first_tick_the_pid_counter_decides() {
         let s = snap(&[proc(1, 0, 1), proc(8, 1, 100), proc(9, 1, 100)]);
-        let since = Since { ticks: 100, last_pid: Some(8) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(8) };
         let got: Vec<Pid> = orphaned(&s, &Tainted::new(), &Ancestry::default(), &since, Some(9), 1, &[])
             .iter()
             .map(|p| p.pid)
             .collect();
         assert_eq!(got, vec![9], "8 was handed out before the freeze began");
-        let unknown = Since { ticks: 100, last_pid: None };
+        let unknown = Since { ticks: 100, order: None, last_pid: None };
         assert_eq!(orphaned(&s, &Tainted::new(), &Ancestry::default(), &unknown, Some(9), 1, &[]).len(), 2);
+    }
+
+    #[test]
+    fn in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one() {
+        let Some(order) = Since::take(&crate::procs::Reader::default()).order.filter(|&o| o > 0) else {
+            crate::consistency::skip_test(
+                "in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one",
+                "no ordered pidfs identities on this kernel: the counter decides",
+            );
+            return;
+        };
+        let reader = crate::procs::Reader::default();
+        let me = crate::sys::getpid();
+        let mine = reader.start_time(me).unwrap().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let kid = child.id() as Pid;
+        let theirs = reader.start_time(kid).unwrap().unwrap();
+        let at = |ticks| Since { ticks, order: Some(order), last_pid: None };
+        assert!(!at(mine).born(&proc(me, 1, mine), None), "made before the start");
+        assert!(at(theirs).born(&proc(kid, me, theirs), None), "made after the start");
+        // The counter alone: back at the child's pid, as in a pid space full but one, it says
+        // the child's pid was not handed out since.
+        let counter = Since { ticks: theirs, order: None, last_pid: Some(kid) };
+        assert!(!counter.born(&proc(kid, me, theirs), Some(kid)));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
@@ -308,7 +363,7 @@ mod tests {
         let mut z = proc(20, 1, 130);
         z.state = 'Z';
         z.threads.clear();
-        let since = Since { ticks: 100, last_pid: None };
+        let since = Since { ticks: 100, order: None, last_pid: None };
         assert!(orphaned(
             &snap(&[proc(1, 0, 1), z]),
             &Tainted::new(),
@@ -335,7 +390,7 @@ mod tests {
         let tainted: Tainted = [(20, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &tainted, 1);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let got: Vec<Pid> =
             orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![40]);
@@ -357,7 +412,7 @@ mod tests {
             proc(20, 1, 6),   // started by the init
             proc(30, 0, 140), // entered from outside during the freeze
         ]);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let by_init: Tainted = [(20, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &by_init, 1);
@@ -369,6 +424,34 @@ mod tests {
         let got: Vec<Pid> =
             orphaned(&entered, &from_outside, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![30]);
+    }
+
+    #[test]
+    fn a_parent_read_dead_vouches_for_nothing_since_an_unfollowed_launch() {
+        use crate::launches::Launch;
+        // 20: an unfollowed launch at tick 50 under the init; 60: a root process it left (born
+        // since), which the table read alive with parent 70; 70 read afterwards, dead. 70 is no
+        // launcher, so alive it would vouch (it is refused itself); dead, its child is the init's.
+        let mut dead = proc(70, 1, 55);
+        dead.state = 'Z';
+        dead.threads[0].state = 'Z';
+        let s = snap(&[proc(1, 0, 1), proc(20, 1, 50), dead, proc(60, 70, 56), proc(61, 70, 40)]);
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
+        let mut l = Launchers::default();
+        l.add(&Launch {
+            pid: 20,
+            start_time: 50,
+            ppid: 1,
+            parent_start_time: 1,
+            lineage: false,
+            setuid: true,
+        });
+        let got: Vec<Pid> = unfollowed_children(&s, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![60], "born since the launch under a dead parent; 61 is from before it");
+        let mut alive = s.clone();
+        alive.procs.insert(70, proc(70, 1, 55));
+        let got: Vec<Pid> = unfollowed_children(&alive, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![70], "alive, the parent is refused itself and vouches for its child");
     }
 
     #[test]
@@ -434,7 +517,7 @@ mod tests {
         });
         let mut a = Ancestry::from_launchers(&l);
         a.note(&s, &tainted, 1);
-        let since = Since { ticks: 100, last_pid: Some(5) };
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         assert!(orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).is_empty());
         // Without the record's word, the same read counts the outside as a sandbox process's.
         let mut b = Ancestry::default();

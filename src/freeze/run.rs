@@ -11,7 +11,6 @@ use crate::sys::{self, Pid};
 use crate::taint::{Policy, Tainted};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Where the freeze starts from, besides the init's last observation.
@@ -27,14 +26,11 @@ pub struct Context<'a> {
     pub outside_unseen: bool,
 }
 
-/// The freeze's start point: the pid counter first, then the clock; a process of the starting
-/// tick with a pid handed out after it is new. Unreadable clock: every process counts as born
-/// during the freeze (more refusals, never fewer).
-pub fn start_point() -> newcomers::Since {
-    newcomers::Since {
-        last_pid: consistency::last_pid(Path::new("/proc")).ok(),
-        ticks: sys::boot_ticks().unwrap_or(0),
-    }
+/// The freeze's start point (`newcomers::Since::take`: what orders the starting tick's processes,
+/// then the clock); a process of the starting tick made after it is new. Unreadable clock: every
+/// process counts as born during the freeze (more refusals, never fewer).
+pub fn start_point(reader: &procs::Reader) -> newcomers::Since {
+    newcomers::Since::take(reader)
 }
 
 pub struct Config {

@@ -153,7 +153,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     // The start point comes before anything outside the init can tell that a freeze is under
     // way (the old marker's removal, "freezing" in status.json): a process that waits for those
     // to act makes what it makes after this point, where the proof looks for newcomers.
-    let born_since = freeze::start_point();
+    let born_since = freeze::start_point(&Reader::default());
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
     // The init's own command is the init's, whenever it was born (the same pid with the same

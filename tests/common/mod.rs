@@ -104,15 +104,28 @@ impl Drop for Scratch {
 }
 
 /// A scratch directory anyone may write in (sandbox UIDs create ready files there).
+/// A name is never reused: a test binary in another PID namespace can have this one's pid, and
+/// removing "its" directory would pull the state dir from under a running init.
 pub fn scratch(tag: &str) -> Scratch {
-    let d = std::env::temp_dir().join(format!(
-        "quiesce-t-{}-{}-{}",
-        tag,
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let base = std::env::temp_dir();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let d = (0..100)
+        .map(|_| {
+            base.join(format!(
+                "quiesce-t-{}-{}-{}-{:x}",
+                tag,
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::SeqCst),
+                nanos
+            ))
+        })
+        .find(|d| match std::fs::create_dir(d) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => panic!("harness: cannot create {}: {e}", d.display()),
+        })
+        .expect("harness: 100 scratch names taken");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
     Scratch(d)
 }

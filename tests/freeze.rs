@@ -348,8 +348,27 @@ fn root_orphans(c: &Container) -> Vec<serde_json::Value> {
     }
 }
 
+/// Injections from outside while a freeze runs. An injection caught in its root moment (the
+/// entering `setpriv` before it switches to the sandbox UID, as runc's own is before `docker exec
+/// -u` runs the command) is a root newcomer from where a sandbox process came: it cannot be told
+/// from an escapee's and fails the freeze (more likely the busier the machine). Such a refusal is
+/// checked and the scenario run again in a fresh namespace, three times at most.
 #[test]
 fn t09_injected_from_outside_mid_freeze() {
+    for attempt in 0..3 {
+        if injected_from_outside_mid_freeze(attempt) {
+            return;
+        }
+    }
+    skip(
+        "t09_injected_from_outside_mid_freeze",
+        "every freeze caught an injection in its root moment: the quiescent case was not exercised",
+    );
+}
+
+/// One run of t09: true when the freeze was quiescent and checked, false when it refused an
+/// injection in its root moment (checked too).
+fn injected_from_outside_mid_freeze(attempt: u32) -> bool {
     let uid = 4309;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["sleepers", "1500"]);
@@ -393,7 +412,22 @@ fn t09_injected_from_outside_mid_freeze() {
         during.extend(during2);
         (code, st, all, during)
     });
-    assert_eq!(code, 0, "{st}");
+    if code != 0 {
+        let survivors = st["survivors"].as_array().cloned().unwrap_or_default();
+        let entering = |s: &serde_json::Value| {
+            s["uid"] == 0 && matches!(s["comm"].as_str(), Some("setpriv" | "nsenter"))
+        };
+        assert!(
+            st["state"] == "failed"
+                && st["reason"].as_str().is_some_and(|r| r.contains("no parent that can vouch"))
+                && !survivors.is_empty()
+                && survivors.iter().all(entering),
+            "{st}"
+        );
+        assert!(!c.marker_exists(), "{st}");
+        eprintln!("attempt {attempt}: an injection caught in its root moment was refused: {st}");
+        return false;
+    }
     assert_eq!(st["state"], "quiescent", "{st}");
     let claims = c.marker_claims();
     assert_eq!(claims["result"], "quiescent");
@@ -424,6 +458,7 @@ fn t09_injected_from_outside_mid_freeze() {
         assert_eq!(out.status.code(), Some(16), "{left:?}");
         assert!(out.stdout.is_empty());
     }
+    true
 }
 
 #[test]

@@ -213,7 +213,8 @@ pub struct Snapshot {
 /// The processes of an observation by pid: a vector sorted by pid, so that an entry costs the
 /// process's own bytes and nothing more (a map's nodes cost about as much again, and building
 /// one from a list holds the list, a sort buffer and the map at once). The sandbox chooses how
-/// many processes there are; PID 1 holds one of these tables, read again in place (`Reader::refresh`).
+/// many processes there are; PID 1 holds one of these tables while it tracks, read again in place
+/// (`Reader::refresh`), and a second, the freeze's own, while a freeze runs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Table {
     v: Vec<Proc>,
@@ -295,6 +296,26 @@ impl Table {
 
     pub fn retain(&mut self, mut keep: impl FnMut(&Pid, &Proc) -> bool) {
         self.v.retain(|p| keep(&p.pid, p));
+    }
+
+    /// Put the table back in order after a refresh: entries marked GONE out, `added` in. The
+    /// smaller list goes into the larger (a namespace filled since the last refresh has most of
+    /// its entries among the new ones), whose room grows in place.
+    fn settle(&mut self, mut added: Vec<Proc>) {
+        let v = &mut self.v;
+        v.retain(|p| p.pid != GONE);
+        if !added.is_empty() {
+            if added.len() > v.len() {
+                std::mem::swap(v, &mut added);
+            }
+            v.reserve_exact(added.len());
+            v.append(&mut added);
+            drop(added);
+            v.sort_unstable_by_key(|p| p.pid);
+        }
+        if v.capacity() > v.len() + v.len() / 8 + 16 {
+            v.shrink_to_fit();
+        }
     }
 
     /// Apply a batch of reads: Some replaces or adds the process, None removes the pid; of two
@@ -703,15 +724,18 @@ impl Reader {
     /// Like `snapshot_deciding(Light, Some(snap), uids)`, read into `snap`'s own room: every pid
     /// listed now is read again into its entry (its last entry is what a loginuid already set is
     /// reused from), a pid listed for the first time is added, and an entry whose pid is no
-    /// longer listed goes. PID 1 holds one table, not the last one beside the next; once this
-    /// returns Ok(true) the table is exactly what a fresh observation would have read.
+    /// longer listed goes. No second table is built beside it; once this returns Ok(true) the
+    /// table is exactly what a fresh observation would have read.
     ///
     /// `abort` (the init's periodic refresh) is asked before every process (one syscall against
     /// the several a read costs: when a CPU storm leaves the init 1% of a core, 32 processes took
-    /// a quarter of a second); when it says yes, Ok(false) comes back at once. An aborted or
-    /// failed refresh leaves every entry either as it was or read again, and the new ones added:
-    /// never an entry of a process that was not observed. Without `abort`, a large table is read
-    /// by two threads, half of it each.
+    /// a quarter of a second); when it says yes, Ok(false) comes back at once. With `abort`, the
+    /// table is the last complete observation until this one completes: what the reading finds
+    /// changed, gone or new is held aside (only the entries that differ, so a quiet namespace
+    /// costs next to nothing) and applied at the end; an aborted or failed refresh leaves the
+    /// table exactly as it was, since the freeze decides from it. Without `abort` (a table the
+    /// caller throws away when a read fails: the freeze's own), entries are read into place and
+    /// a large table is read by two threads, half of it each.
     pub fn refresh(
         &self,
         snap: &mut Snapshot,
@@ -723,18 +747,22 @@ impl Reader {
         pids.sort_unstable();
         pids.dedup();
         let slots = &mut snap.procs.v[..];
-        let part = |slots: &mut [Proc], pids: &[Pid], added: &mut Vec<Proc>| -> io::Result<bool> {
+        let part = |slots: &mut [Proc], pids: &[Pid], added: &mut Vec<Proc>| -> io::Result<()> {
             let mut pass = self.pass()?;
             pass.deciding = uids;
-            merge(&mut pass, slots, pids, added, None)
+            merge(&mut pass, slots, pids, added)
         };
+        if let Some(abort) = abort {
+            let mut pass = self.pass()?;
+            pass.deciding = uids;
+            let Some(pending) = merge_pending(&mut pass, slots, &pids, abort)? else {
+                return Ok(false);
+            };
+            pending.commit(&mut snap.procs);
+            return Ok(true);
+        }
         let mut added = Vec::new();
-        let done = if let Some(abort) = abort {
-            self.pass().and_then(|mut pass| {
-                pass.deciding = uids;
-                merge(&mut pass, slots, &pids, &mut added, Some(abort))
-            })
-        } else if slots.len() < SPLIT_MIN || !several_cores() {
+        let done = if slots.len() < SPLIT_MIN || !several_cores() {
             part(slots, &pids, &mut added)
         } else {
             // Each half of the table with the pids listed in its range; pids above the first
@@ -744,12 +772,12 @@ impl Reader {
             let cut = pids.partition_point(|&p| p < hi[0].pid);
             let (lo_pids, hi_pids) = pids.split_at(cut);
             let second = std::sync::Mutex::new(Some(hi));
-            let run_second = || -> io::Result<(bool, Vec<Proc>)> {
+            let run_second = || -> io::Result<Vec<Proc>> {
                 let taken = second.lock().unwrap_or_else(|e| e.into_inner()).take();
                 let mut more = Vec::new();
                 match taken {
-                    Some(hi) => part(hi, hi_pids, &mut more).map(|d| (d, more)),
-                    None => Ok((true, more)),
+                    Some(hi) => part(hi, hi_pids, &mut more).map(|()| more),
+                    None => Ok(more),
                 }
             };
             let (mine, theirs) = std::thread::scope(|s| {
@@ -766,38 +794,23 @@ impl Reader {
                 (mine, theirs)
             });
             match (mine, theirs) {
-                (Ok(a), Ok((b, mut more))) => {
+                (Ok(()), Ok(mut more)) => {
                     added.append(&mut more);
-                    Ok(a && b)
+                    Ok(())
                 }
                 (Err(e), _) | (_, Err(e)) => Err(e),
             }
         };
-        // Whatever happened, the table is put back in order: gone entries out, new ones in. The
-        // smaller list goes into the larger (a namespace filled since the last refresh has most
-        // of its entries among the new ones), whose room grows in place.
-        let v = &mut snap.procs.v;
-        v.retain(|p| p.pid != GONE);
-        if !added.is_empty() {
-            if added.len() > v.len() {
-                std::mem::swap(v, &mut added);
-            }
-            v.reserve_exact(added.len());
-            v.append(&mut added);
-            drop(added);
-            v.sort_unstable_by_key(|p| p.pid);
-        }
-        if v.capacity() > v.len() + v.len() / 8 + 16 {
-            v.shrink_to_fit();
-        }
-        let done = done?;
-        if done && !snap.procs.contains_key(&sys::getpid()) {
+        // Whatever happened, the table is put back in order: gone entries out, new ones in.
+        snap.procs.settle(added);
+        done?;
+        if !snap.procs.contains_key(&sys::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
                 self.root.display()
             )));
         }
-        Ok(done)
+        Ok(true)
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.
@@ -810,22 +823,64 @@ impl Reader {
 /// lists pid 0).
 const GONE: Pid = 0;
 
-/// Read `pids` (sorted, each once) into `slots` (sorted by pid): a pid with an entry is read
-/// into it, knowing the entry; one without goes to `added`; an entry whose pid is not listed, or
-/// that reads as exited, is marked GONE. Ok(false): `abort` said stop (entries not reached yet
-/// are left as they were).
-fn merge(
+/// What a refresh with an abort found, held aside until it completes: the entries that read
+/// differently (by position), those gone (by position, ascending) and the pids new to the table.
+struct Pending {
+    changed: Vec<(usize, Proc)>,
+    gone: Vec<usize>,
+    added: Vec<Proc>,
+}
+
+impl Pending {
+    fn commit(self, table: &mut Table) {
+        for (i, p) in self.changed {
+            table.v[i] = p;
+        }
+        for i in self.gone {
+            table.v[i].pid = GONE;
+        }
+        table.settle(self.added);
+    }
+}
+
+/// Like `merge`, leaving `slots` as they are: Ok(None) when `abort` said stop.
+fn merge_pending(
     pass: &mut Pass,
-    slots: &mut [Proc],
+    slots: &[Proc],
     pids: &[Pid],
-    added: &mut Vec<Proc>,
-    abort: Option<&dyn Fn() -> bool>,
-) -> io::Result<bool> {
+    abort: &dyn Fn() -> bool,
+) -> io::Result<Option<Pending>> {
+    let mut out = Pending { changed: Vec::new(), gone: Vec::new(), added: Vec::new() };
     let mut i = 0;
     for &pid in pids {
-        if abort.is_some_and(|a| a()) {
-            return Ok(false);
+        if abort() {
+            return Ok(None);
         }
+        while i < slots.len() && slots[i].pid < pid {
+            out.gone.push(i);
+            i += 1;
+        }
+        if i < slots.len() && slots[i].pid == pid {
+            match pass.read(pid, Detail::Light, Some(&slots[i]))? {
+                Some(p) if p != slots[i] => out.changed.push((i, p)),
+                Some(_) => {}
+                None => out.gone.push(i),
+            }
+            i += 1;
+        } else if let Some(p) = pass.read(pid, Detail::Light, None)? {
+            out.added.push(p);
+        }
+    }
+    out.gone.extend(i..slots.len());
+    Ok(Some(out))
+}
+
+/// Read `pids` (sorted, each once) into `slots` (sorted by pid): a pid with an entry is read
+/// into it, knowing the entry; one without goes to `added`; an entry whose pid is not listed, or
+/// that reads as exited, is marked GONE.
+fn merge(pass: &mut Pass, slots: &mut [Proc], pids: &[Pid], added: &mut Vec<Proc>) -> io::Result<()> {
+    let mut i = 0;
+    for &pid in pids {
         while i < slots.len() && slots[i].pid < pid {
             slots[i].pid = GONE;
             i += 1;
@@ -843,7 +898,7 @@ fn merge(
     for p in &mut slots[i..] {
         p.pid = GONE;
     }
-    Ok(true)
+    Ok(())
 }
 
 /// One pass of reads over /proc: every file is opened relative to one descriptor of the /proc
@@ -1207,6 +1262,46 @@ mod tests {
         let before = snap.procs.len();
         assert!(!r.refresh(&mut snap, &[], Some(&|| true)).unwrap());
         assert_eq!(snap.procs.len(), before);
+    }
+
+    /// A tracking refresh cut off near its end leaves the table the last complete observation:
+    /// the freeze classifies it and notes whose parent can vouch, so an entry dropped, replaced or
+    /// added by a reading that never finished would change what it decides.
+    #[test]
+    fn a_refresh_cut_off_leaves_the_last_complete_observation() {
+        let r = Reader::default();
+        let me = sys::getpid();
+        let listed = r.pids().unwrap();
+        // A pid no process holds, below this one, so that the reading passes it before the cut.
+        let free = (2..me).rev().find(|p| !listed.contains(p)).expect("a free pid below this process");
+        assert_ne!(me, 1, "run as PID 1: no pid below this one to leave out");
+        // The last complete observation, but for pid 1 (new to the table when listed), this
+        // process with another start time (read again), and an entry of the free pid.
+        let mut table = r.snapshot(Detail::Light).unwrap().procs.v;
+        let mut stale_me = table.iter().find(|p| p.pid == me).unwrap().clone();
+        stale_me.start_time = 5;
+        table.retain(|p| p.pid != me && p.pid != 1);
+        table.push(stale_me);
+        table.push(Proc::fixture(free, 1, 7, 4242));
+        let mut snap = Snapshot { procs: Table::from_procs(table) };
+        let before = snap.procs.clone();
+        // Cut off before the last pid listed: every entry below it has been passed.
+        let n = r.pids().unwrap().len();
+        let calls = std::cell::Cell::new(0usize);
+        let abort = || {
+            calls.set(calls.get() + 1);
+            calls.get() >= n
+        };
+        assert!(!r.refresh(&mut snap, &[], Some(&abort)).unwrap());
+        assert!(calls.get() > 1, "the reading was cut off before it started");
+        assert!(snap.procs.contains_key(&free), "an entry the cut-off reading found unlisted was dropped");
+        assert_eq!(snap.procs[&me].start_time, 5, "an entry was replaced by a reading that never finished");
+        assert!(!snap.procs.contains_key(&1), "a pid new to the table was added");
+        assert_eq!(snap.procs, before, "a cut-off refresh changed the table");
+        // Completed, it is what a fresh observation reads.
+        assert!(r.refresh(&mut snap, &[], Some(&|| false)).unwrap());
+        assert!(!snap.procs.contains_key(&free));
+        assert_ne!(snap.procs[&me].start_time, 5);
     }
 
     #[test]

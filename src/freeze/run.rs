@@ -281,8 +281,8 @@ impl Run<'_> {
     /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
     /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
     /// one-by-one stop, but not a stop that reaches all of them at once.
-    /// The stop starts from `table`, the init's last observation, and reads each of its own
-    /// observations into it: PID 1 holds one table.
+    /// The stop starts from `table`, the freeze's copy of the init's last tracking observation,
+    /// and reads each of its own observations into it.
     fn stop(&mut self, stop_wait: Duration, table: &mut Snapshot) -> Result<Tainted, String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
@@ -389,14 +389,15 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// How long the proof keeps looking while newcomers no parent vouches for are alive.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
-/// Run one freeze. `seen`: the init's last tracking observation; every observation of the freeze
-/// is read into it, so it ends as the latest (the proof's, or the stop's). `reap` reaps a batch of
-/// zombie children of the init (and records the command's status); true when more may be waiting.
+/// Run one freeze. `seen`: the init's last tracking observation, left as it is (the next freeze
+/// within the interval starts from it again, as from any tracking refresh). `reap` reaps a batch
+/// of zombie children of the init (and records the command's status); true when more may be
+/// waiting.
 pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,
     reader: &Reader,
-    seen: &mut Snapshot,
+    seen: &Snapshot,
     ctx: Context,
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
@@ -420,8 +421,10 @@ pub fn run(
         since: None,
         ancestry,
     };
-    // One table from here on: every observation of the freeze is read into the init's last one.
-    let table = seen;
+    // One table of the freeze's own from here on, starting as the tracking view: every observation
+    // of the freeze is read into it, and it goes when the freeze ends.
+    let mut own = seen.clone();
+    let table = &mut own;
     let tainted = match run.stop(cfg.stop_wait, table) {
         Ok(x) => x,
         Err(e) => return run.fail(e, Vec::new()),

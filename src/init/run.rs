@@ -214,10 +214,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
-    // The freeze reads its observations into the init's table (PID 1 holds one) and leaves its
-    // latest there.
-    let mut out =
-        freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &mut sb.seen, ctx, &mut || reaper.reap());
+    // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
+    // refresh, which the next freeze within the interval starts from.
+    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
@@ -293,7 +292,8 @@ fn publish(sb: &Sandbox, status: &Status) {
 /// Returns whether the refresh completed.
 fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
     let reader = Reader::default();
-    // Read into the last table's room: PID 1 holds one table.
+    // Read into the last table's room, which stays the last complete observation until this one
+    // completes: the freeze starts from it, and decides from it who may vouch.
     match reader.refresh(&mut sb.seen, &[], Some(abort)) {
         Ok(true) => {
             let tainted = sb.policy.classify(&sb.seen);

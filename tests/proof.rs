@@ -485,6 +485,14 @@ fn escaped(c: &Container) -> Vec<i32> {
         .collect()
 }
 
+/// Wait (10 s at most) until `pid` is alive and root in every UID: a child still on its way there
+/// is a sandbox process, which the freeze kills (rightly), and the escape was not tested.
+fn wait_escaped(c: &Container, pid: i32, what: &str) {
+    wait_for(what, Duration::from_secs(10), || {
+        escaped(c).contains(&pid) && c.status_line(pid, "Uid").is_some_and(|u| u.iter().all(|x| x == "0"))
+    });
+}
+
 /// Start cont-escape the way `how` says; `extra`: more cont-escape arguments (`now`).
 fn start_escape(c: &Container, uid: u32, suid: &str, how: Escape, extra: &str) -> Workload {
     let status = c.state.join("status.json");
@@ -525,7 +533,7 @@ fn p16_an_escape_before_any_observation_is_refused() {
         let w = start_escape(&c, uid, &suid, how, "now");
         let child = w.pid;
         std::thread::sleep(Duration::from_millis(200));
-        assert!(escaped(&c).contains(&child), "{how:?}: the escapee's child is not alive");
+        wait_escaped(&c, child, "the escapee's child to be root");
         let (code, st) = c.freeze("n-1");
         assert_eq!(code, 1, "{how:?}: a marker was signed while {child} lives: {st}");
         assert!(!c.marker_exists());
@@ -569,7 +577,7 @@ fn p17_a_launcher_that_exits_before_the_init_takes_its_record_under_a_subreaper(
             "a launcher under a subreaper",
         );
         std::thread::sleep(Duration::from_millis(700));
-        assert!(escaped(&c).contains(&w.pid), "hold {hold}: the escapee's child is not alive");
+        wait_escaped(&c, w.pid, "the escapee's child to be root");
         let (code, st) = c.freeze("n-1");
         assert_eq!(code, 1, "hold {hold}: a marker was signed while {} lives: {st}", w.pid);
         assert!(!c.marker_exists());

@@ -517,3 +517,27 @@ fn the_client_keeps_to_the_state_dir_it_opened() {
         "{err}"
     );
 }
+
+#[test]
+fn freeze_json_carries_the_marker_of_its_own_freeze_and_null_when_it_failed() {
+    let uid = 4785;
+    let c = sandbox(uid, &["--freeze-timeout", "3"]);
+    let _w = c.launch(uid, &["sleepers", "3"]);
+    let (code, st) = c.freeze("with-marker");
+    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    // The marker is the file the freeze signed, names this freeze, and verifies on its own.
+    let jws = st["marker"].as_str().unwrap_or_else(|| panic!("no marker in the freeze's JSON: {st}"));
+    assert_eq!(jws, read(&c.state.join("quiescence.jws")).trim(), "{st}");
+    assert_eq!(c.marker_claims()["jti"], st["id"], "{st}");
+    let copy = c.dir.join("marker-from-json.jws");
+    std::fs::write(&copy, jws).unwrap();
+    let out = c.verify(&["--marker", s(&copy), "--nonce", "with-marker", "--", "echo", "scored"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // A failed freeze carries the key, as null: /proc hidden by an empty tmpfs fails the walk.
+    let out = c.exec(&["mount", "-t", "tmpfs", "none", "/proc"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, st) = c.freeze("no-marker");
+    assert_eq!(c.exec(&["umount", "/proc"]).status.code(), Some(0));
+    assert_eq!((code, st["state"].as_str()), (1, Some("failed")), "{st}");
+    assert!(st.as_object().is_some_and(|o| o.contains_key("marker")) && st["marker"].is_null(), "{st}");
+}

@@ -1,9 +1,10 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::FreezeArgs;
+use crate::marker;
 use crate::procs::Reader;
 use crate::requests;
-use crate::state::{published_in, StateDir, SANDBOX_FILE};
+use crate::state::{self, published_in, StateDir, Status, SANDBOX_FILE};
 use crate::sys;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,51 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
     sys::pidfd_send_signal(&fd, sig).map_err(|e| {
         format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
     })
+}
+
+/// The marker this freeze signed, read as verify reads it: from the state dir opened once (root
+/// owned, no link), its signature checked with the state dir's `signing.pub`, and its `jti` this
+/// freeze's id: a later freeze may have replaced the file since the answer was written.
+fn own_marker(dir: &StateDir, st: &Status) -> Result<String, String> {
+    let where_ = dir.file(state::MARKER);
+    let token = dir.read(state::MARKER).map_err(|e| e.to_string())?;
+    let token = String::from_utf8(token).map_err(|_| format!("{} is not text", where_.display()))?;
+    let token = token.trim().to_string();
+    let key = dir.read(state::PUBKEY).map_err(|e| e.to_string())?;
+    let key =
+        marker::parse_public(&key).map_err(|e| format!("{}: {e}", dir.file(state::PUBKEY).display()))?;
+    let claims = marker::verify(&token, &key)
+        .map_err(|_| format!("{} does not verify with signing.pub", where_.display()))?;
+    if claims.jti != st.id || claims.result != "quiescent" {
+        return Err(format!(
+            "{} is freeze {}'s, not {}'s (a later freeze replaced it)",
+            where_.display(),
+            claims.jti,
+            st.id
+        ));
+    }
+    Ok(token)
+}
+
+/// `--json`'s object: the status, and `marker` (the JWS text, or null when the freeze was not
+/// quiescent or its marker could not be read as verify would read it).
+fn json_with_marker(dir: &StateDir, st: &Status) -> String {
+    let marker = if st.state == "quiescent" {
+        match own_marker(dir, st) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!("quiesce freeze: marker not included: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut v = serde_json::to_value(st).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("marker".into(), marker.map(serde_json::Value::String).unwrap_or_default());
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_default()
 }
 
 pub fn freeze(args: FreezeArgs) -> i32 {
@@ -97,7 +143,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
         match requests::read_result(&results, &request_id) {
             Ok(Some(st)) => {
                 if args.json {
-                    println!("{}", serde_json::to_string_pretty(&st).unwrap_or_default());
+                    println!("{}", json_with_marker(&dir, &st));
                 } else {
                     println!(
                         "{} {} (freeze {}, {} killed, {} ms){}",

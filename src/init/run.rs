@@ -333,19 +333,27 @@ fn take_launch(sb: &mut Sandbox, l: &Launch) {
     let me = sys::getpid();
     // From the launch itself, alive and waiting for this answer: a launcher that exited since it
     // wrote the record has handed it to a process above, which is noted through the live chain.
-    let mut cur = match pass.stat(l.pid) {
+    let first = match pass.stat(l.pid) {
         Ok(Some(p)) if p.start_time == l.start_time => l.pid,
         _ => l.ppid,
     };
-    // Bounded: no chain of live processes is longer than a pids limit lets anyone build; a gone
-    // process's children went further up, to the init, which every unfollowed launch notes.
     let unknown = |pid: Pid, e: std::io::Error| {
         // Not "gone": what is above it stays unnoted, and the init's own note is all there is.
         log::warn!("cannot read process {pid} above launch {}: {e}", l.pid);
     };
+    // A process of the chain that is gone by the time it is read (a launcher that exits while
+    // this walks) has handed its children up already, maybe to a subreaper between it and the
+    // init: the walk starts again from the launch, whose parent link says where they went.
+    // Bounded: no chain of live processes is longer than a pids limit lets anyone build, and a
+    // chain that keeps changing is walked again a few times only.
+    let (mut cur, mut restarts) = (first, 0);
     for _ in 0..4096 {
         let p = match pass.stat(cur) {
             Ok(Some(p)) => p,
+            Ok(None) if cur != first && restarts < 64 => {
+                (cur, restarts) = (first, restarts + 1);
+                continue;
+            }
             Ok(None) => return,
             Err(e) => return unknown(cur, e),
         };
@@ -354,6 +362,10 @@ fn take_launch(sb: &mut Sandbox, l: &Launch) {
         }
         let parent = match pass.stat(p.ppid) {
             Ok(Some(p)) => p,
+            Ok(None) if restarts < 64 => {
+                (cur, restarts) = (first, restarts + 1);
+                continue;
+            }
             Ok(None) => return,
             Err(e) => return unknown(p.ppid, e),
         };

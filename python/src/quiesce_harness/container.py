@@ -89,8 +89,6 @@ class Container:
     project: str | None = None
     files: tuple[str, ...] = ()
     cli: str = ""
-    # freeze() runs quiesce through the image's sh to read the marker in the same exec.
-    use_shell: bool = True
     _client: Any = field(default=None, repr=False, compare=False)
 
     # --- constructors -------------------------------------------------------------------------

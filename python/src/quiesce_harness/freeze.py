@@ -1,7 +1,8 @@
 """freeze(): ask the init for a freeze and return only a result it read back.
 
 The normal path is one exec of `quiesce freeze --wait --json --nonce N`, whose client waits for
-the result of its own request. Where no exec can start (the sandbox holds the pids limit), the
+the result of its own request and prints it with the freeze's marker (no shell or `cat` needed
+in the image). Where no exec can start (the sandbox holds the pids limit), the
 init is signalled through the engine, which needs no process in the container; once that
 freeze has freed the pids and an exec starts again, the nonce-bound freeze runs as usual, so
 every result carries the caller's nonce and comes from the init's own answer.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -96,55 +96,28 @@ def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-_SEP = b"\n--quiesce-harness-marker--\n"
-# One exec for the freeze and its marker where the image has a shell: each exec costs the engine
-# about 0.1 s. The shell forks once for quiesce and once for cat; where it cannot (a pids limit)
-# quiesce never ran, no status comes back, and freeze() takes the path without a shell.
-_WITH_MARKER = '"$0" "$@"; rc=$?; [ $rc = 0 ] && printf %s $SEP && cat $MARKER; exit $rc'
-
-
-def _freeze_argv(c: Container, nonce: str, deadline: float) -> tuple[list[str], int]:
+def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
     wait_s = max(1, int(_remaining(deadline)))
     argv = c.quiesce("freeze", "--wait", "--json", "--nonce", nonce, "--timeout", str(wait_s))
-    return argv, wait_s
-
-
-def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
-    argv, wait_s = _freeze_argv(c, nonce, deadline)
     return c.exec(argv, timeout=wait_s + 10)
 
 
-def _run_freeze_with_marker(
-    c: Container, nonce: str, deadline: float
-) -> tuple[ExecResult, bytes | None] | None:
-    """The freeze and the marker in one exec through sh; None when sh did not run it (no sh).
+def _marker(c: Container, status: dict[str, Any]) -> str | None:
+    """This freeze's marker: from the freeze's own JSON, or the file for older binaries.
 
-    A shell that started but could not fork quiesce says the pids limit is held: that comes
-    back as an exec that did not start, so that freeze() goes to the engine's signal at once
-    rather than wait on more execs in a container the bomb keeps busy.
+    `quiesce freeze --json` carries `marker` (null when it could not read it as verify would),
+    so one exec does it all and the image needs no shell or cat. Binaries before that key print
+    none: then the marker is read with `cat` in a second exec.
     """
-    argv, wait_s = _freeze_argv(c, nonce, deadline)
-    marker = f"{c.state_dir}/quiescence.jws"
-    sep = _SEP.decode()
-    script = _WITH_MARKER.replace("$SEP", _shq(sep)).replace("$MARKER", _shq(marker))
-    r = c.exec(["sh", "-c", script, *argv], timeout=wait_s + 10)
-    if not r.started:
-        return r, None
-    head, found, tail = r.stdout.partition(_SEP)
-    r = ExecResult(r.returncode, head, r.stderr, started=True)
-    if _json(r) is None:
-        if r.returncode == 2 and _CANNOT_FORK.search(r.stderr.decode("utf-8", "replace")):
-            return ExecResult(126, b"", r.stderr, started=False), None
-        return None
-    return r, (tail if found else None)
-
-
-# dash, bash and busybox sh, when fork() fails.
-_CANNOT_FORK = re.compile(r"cannot fork|can't fork|fork: retry|fork: resource", re.IGNORECASE)
-
-
-def _shq(s: str) -> str:
-    return "'" + s.replace("'", "'\\''") + "'"
+    if "marker" in status:
+        m = status["marker"]
+        text = m.strip() if isinstance(m, str) else None
+    else:
+        r = c.exec(["cat", f"{c.state_dir}/quiescence.jws"], timeout=30)
+        ok = r.started and r.returncode == 0
+        text = r.stdout.decode("ascii", "replace").strip() if ok else None
+    # A later freeze replaces the marker: only this freeze's is this result's.
+    return text if text is not None and _jti(text) == status.get("id") else None
 
 
 def _await_signal_freeze(c: Container, deadline: float) -> dict[str, Any] | None:
@@ -182,20 +155,11 @@ def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0
     nonce = nonce if nonce is not None else secrets.token_hex(16)
     via_signal = False
     signal_status = None
-    marker_bytes: bytes | None = None
-    both = _run_freeze_with_marker(container, nonce, deadline) if container.use_shell else None
-    if both is not None:
-        r, marker_bytes = both
-    else:
-        r = _run_freeze(container, nonce, deadline)
+    r = _run_freeze(container, nonce, deadline)
     if not r.started:
         via_signal = True
         signal_status = _await_signal_freeze(container, deadline)
-        both = _run_freeze_with_marker(container, nonce, deadline) if container.use_shell else None
-        if both is not None and both[0].started:
-            r, marker_bytes = both
-        else:
-            r = _run_freeze(container, nonce, deadline)
+        r = _run_freeze(container, nonce, deadline)
         if not r.started:
             raise Unreachable(f"{container.name}: no exec can start ({r.text})")
     if r.returncode == 127:
@@ -226,13 +190,5 @@ def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0
     )
     if not base.quiescent:
         raise FreezeFailed(replace(base, elapsed_s=time.monotonic() - t0))
-    marker: str | None = None
-    if marker_bytes is None:
-        m = container.exec(["cat", f"{container.state_dir}/quiescence.jws"], timeout=30)
-        if m.started and m.returncode == 0:
-            marker_bytes = m.stdout
-    if marker_bytes is not None:
-        text = marker_bytes.decode("ascii", "replace").strip()
-        # A later freeze replaces the marker: only this freeze's is this result's.
-        marker = text if _jti(text) == status.get("id") else None
+    marker = _marker(container, status)
     return replace(base, marker=marker, elapsed_s=time.monotonic() - t0)

@@ -804,7 +804,18 @@ fn p18_a_second_freeze_within_the_interval_starts_from_the_same_tracking_view() 
     let out = c.exec(&["sh", "-c", "sleep 0.2 & exit 0"]);
     assert!(out.status.success(), "{out:?}");
     std::thread::sleep(Duration::from_millis(600));
+    // Before each freeze, 300 sandbox processes under another root parent that does not fork,
+    // so that the freeze lasts long enough for the forking parent to make newcomers. Each is that
+    // parent's own child, which it reaps: nothing is handed to the init.
+    let group = format!(
+        "for i in $(seq 300); do setpriv --reuid {uid} --regid {uid} --clear-groups sleep 1000 & done; \
+         setpriv --reuid {uid} --regid {uid} --clear-groups \"$ADV\" sleepers 0 & wait"
+    );
     for nonce in ["n-1", "n-2"] {
+        let _g = c.start_ready(c.exec_cmd(&["sh", "-c", &group]), "300 sandbox processes");
+        // The first freeze also has the forking parent's own sandbox process.
+        let n = if nonce == "n-1" { 302 } else { 301 };
+        wait_for("every sandbox process", Duration::from_secs(30), || c.live_of_uid(uid).len() >= n);
         let (code, st) = c.freeze(nonce);
         assert_eq!(code, 1, "freeze {nonce}: {st}");
         assert!(!c.marker_exists(), "freeze {nonce}: {st}");

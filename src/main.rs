@@ -45,6 +45,10 @@ fn main() {
     if args.len() == 2 && args[1] == attest::job::WORKER_FLAG {
         std::process::exit(attest::worker::main());
     }
+    // verify's re-check of attested trees (attest/recheck.rs), likewise.
+    if args.len() == 2 && args[1] == attest::recheck::RECHECK_FLAG {
+        std::process::exit(attest::recheck::main());
+    }
     let sub = args.get(1).map(String::as_str).filter(|a| cli::SUBCOMMANDS.contains(a));
     let code = match sub {
         Some(name) => {

@@ -99,9 +99,9 @@ def test_the_real_attestation_verifies_and_names_every_file(attested: Attested) 
     assert subject_path(names[1]) == f"{attested.tree}/new\nline".encode()
 
 
-def refused(check: str, env: bytes, pem: bytes, **kw: object) -> None:
+def refused(check: str, env: bytes, pem: bytes, jti: str = "any", **kw: object) -> None:
     with pytest.raises(AttestationInvalid) as e:
-        verify_attestation(env, pem, **kw)  # type: ignore[arg-type]
+        verify_attestation(env, pem, jti, **kw)  # type: ignore[arg-type]
     assert e.value.check == check, e.value
 
 
@@ -121,8 +121,9 @@ def test_each_refusal_names_its_check(attested: Attested) -> None:
     edited = {**env, "payload": base64.b64encode(json.dumps(body).encode()).decode()}
     refused("signature", json.dumps(edited).encode(), pem)
     refused("jti", attested.envelope, pem, jti="another-freeze")
+    jti = verify_marker(attested.marker, pem)["jti"]
     (attested.tree / "a").write_bytes(b"beta\n")
-    refused("changed", attested.envelope, pem, read_file=read)
+    refused("changed", attested.envelope, pem, jti=jti, read_file=read)
 
 
 def test_pae_is_the_dsse_specs() -> None:

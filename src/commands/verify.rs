@@ -8,6 +8,7 @@ use crate::procs::{Detail, Reader};
 use crate::state::{self, StateDir};
 use crate::taint::Policy;
 use serde::Serialize;
+use std::time::{Duration, Instant};
 
 /// Exit codes, one per class of failure (docs/marker.md lists them).
 pub mod code {
@@ -55,7 +56,7 @@ fn check_attestation(
     key: &ed25519_dalek::VerifyingKey,
     claims: &Claims,
 ) -> Result<Option<usize>, Fail> {
-    use crate::attest::{compare, name, statement, tree};
+    use crate::attest::{name, recheck, statement};
     let fail = |m: String| Fail(code::ATTESTATION, "attestation", m);
     let (read, shown) = match (&args.attestation, dir) {
         (Some(p), _) => (files::read_path(p, NAMED_ATTESTATION), p.clone()),
@@ -133,44 +134,69 @@ fn check_attestation(
             )));
         }
     }
-    let paths: Vec<Vec<u8>> = st
-        .predicate
-        .paths
-        .iter()
-        .map(|p| name::decode(&p.path))
-        .collect::<Result<_, _>>()
-        .map_err(|e| fail(format!("attestation {}: {e}", shown.display())))?;
-    // The walk keeps its time bound between entries only: one read can wait forever (a FUSE
-    // mount that never answers), and the verifier's gate must not. It runs on a thread of its
-    // own, and verify gives up on it at the bound; exiting ends the thread, wherever it waits.
-    let bounds = st.predicate.bounds;
-    let limit = std::time::Duration::from_secs(bounds.seconds.saturating_add(RECHECK_SLACK_S));
+    let ignore: Vec<String> = args.attest_ignore.iter().map(|p| name::encode(plain(p).as_bytes())).collect();
+    // The walk keeps its time bound between entries only: one read can wait in the kernel for
+    // good (a FUSE mount that never answers), past every signal. The re-check runs in a process
+    // of its own, and verify gives up on it at the bound and leaves it there.
+    let limit = Duration::from_secs(st.predicate.bounds.seconds.saturating_add(RECHECK_SLACK_S));
+    let job = recheck::Recheck { statement: st, ignore, threads: crate::sys::cpus().clamp(1, 2) };
+    match run_recheck(&job, limit) {
+        Ok(recheck::Verdict::Same(n)) => Ok(Some(n)),
+        Ok(recheck::Verdict::Differs(d)) => Err(fail(format!("the tree is not the one attested: {d}"))),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// Start the re-check process, hand it its job and wait for its verdict within `limit`.
+fn run_recheck(
+    job: &crate::attest::recheck::Recheck,
+    limit: Duration,
+) -> Result<crate::attest::recheck::Verdict, String> {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    let body = serde_json::to_vec(job).map_err(|e| format!("cannot write the re-check's job: {e}"))?;
+    let mut child = Command::new("/proc/self/exe")
+        .arg(crate::attest::recheck::RECHECK_FLAG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // Not verify's stderr: a re-check left waiting in the kernel would hold it open, and
+        // whoever reads verify's output would wait with it.
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the re-check of the attested trees: {e}"))?;
+    let until = Instant::now() + limit;
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+    // The job is written and the verdict read on a thread: the child may never read or answer.
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("quiesce-recheck".into())
         .spawn(move || {
-            let _ = tx.send(tree::collect(&paths, &bounds, crate::sys::cpus().clamp(1, 2)));
+            let sent = stdin.take().map(|mut i| i.write_all(&body));
+            let mut out = Vec::new();
+            let read = stdout.as_mut().map(|o| o.read_to_end(&mut out));
+            let _ = tx.send((sent, read, out));
         })
-        .map_err(|e| fail(format!("cannot start the re-check: {e}")))?;
-    let now = match rx.recv_timeout(limit) {
-        Ok(r) => r.map_err(|e| fail(format!("the tree is not the one attested: {e}")))?,
-        Err(_) => {
-            return Err(fail(format!(
-                "the re-check of the attested trees did not end within {} s (a mount that does not \
-                 answer?): unmount it or attest a tree without it",
-                limit.as_secs()
-            )))
+        .map_err(|e| format!("cannot start the re-check: {e}"))?;
+    let answer = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
+    let Ok((sent, read, out)) = answer else {
+        // Left where it waits: SIGKILL ends it once the read it waits on returns.
+        if let Err(e) = crate::sys::kill(child.id() as crate::sys::Pid, libc::SIGKILL) {
+            eprintln!("quiesce verify: cannot kill the re-check {}: {e}", child.id());
         }
+        return Err(format!(
+            "the re-check of the attested trees did not end within {} s (a mount that does not answer?): \
+             unmount it, or attest a tree without it",
+            limit.as_secs()
+        ));
     };
-    let subjects = statement::subjects(now.subjects);
-    let facts: Vec<statement::PathFacts> =
-        now.paths.into_iter().map(|(p, e)| statement::facts(&p, e)).collect();
-    let ignore: Vec<String> = args.attest_ignore.iter().map(|p| name::encode(plain(p).as_bytes())).collect();
-    let d = compare::compare(&st, &subjects, &facts, &ignore);
-    if !d.is_empty() {
-        return Err(fail(format!("the tree is not the one attested: {}", d.line())));
+    let status = child.wait().map_err(|e| format!("cannot wait for the re-check: {e}"))?;
+    match (sent, read) {
+        (Some(Ok(())), Some(Ok(_))) if status.success() => serde_json::from_slice(&out)
+            .map_err(|e| format!("the re-check answered what verify cannot read: {e}")),
+        _ => Err(format!("the re-check of the attested trees failed ({status})")),
     }
-    Ok(Some(subjects.len()))
 }
 
 fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usize>), Fail> {

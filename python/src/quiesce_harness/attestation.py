@@ -52,7 +52,7 @@ def _b64(s: object, what: str) -> bytes:
 def verify_attestation(
     envelope: str | bytes,
     public_key_pem: str | bytes,
-    jti: str | None = None,
+    jti: str,
     *,
     read_file: Callable[[bytes], bytes] | None = None,
 ) -> dict[str, Any]:
@@ -60,9 +60,10 @@ def verify_attestation(
 
     Checks, in this order: the envelope's form and payloadType; a signature whose keyid is this
     key's kid and that verifies over PAE; the statement's `_type` and `predicateType`; its
-    `predicate.freeze.jti` is `jti` (when given: the marker's, from verify_marker; an envelope
-    of another freeze is a replay); with `read_file` (path bytes -> content), every subject's
-    sha256 again.
+    `predicate.freeze.jti` is `jti` (the marker's, from verify_marker: required, since an
+    envelope of another freeze signed with the same key is a replay); with `read_file` (path
+    bytes -> content), every subject's sha256 again. Files added since, links and special files
+    are not compared here: `quiesce verify` walks the trees again.
     """
     raw = envelope.encode() if isinstance(envelope, str) else envelope
     if len(raw) > MAX_ENVELOPE_BYTES:
@@ -110,7 +111,7 @@ def verify_attestation(
     pred = st.get("predicate")
     freeze = pred.get("freeze") if isinstance(pred, dict) else None
     got = freeze.get("jti") if isinstance(freeze, dict) else None
-    if jti is not None and not (isinstance(got, str) and hmac.compare_digest(got, jti)):
+    if not (isinstance(got, str) and hmac.compare_digest(got, jti)):
         raise AttestationInvalid(
             "jti", f"of freeze {got!r}, not the marker's {jti!r}: freeze again"
         )

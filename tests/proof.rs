@@ -808,3 +808,49 @@ fn p15_the_init_stays_non_dumpable_after_switching_to_a_sandbox_uid() {
         "the init was traceable after a freeze's switches to the sandbox UID"
     );
 }
+
+/// The freeze starts from the last tracking refresh, and a freeze leaves it so: a second freeze
+/// within the interval starts from the same view, which still shows the sandbox processes the
+/// first one killed under their root parent. That parent vouches for nothing in either freeze
+/// (without lineage its new children cannot be told from a CLONE_PARENT escape under it). Were
+/// the tracking view replaced by the first freeze's last table, the parent would vouch again in
+/// the second one and a marker would be signed beside its newcomers.
+#[test]
+fn p18_a_second_freeze_within_the_interval_starts_from_the_same_tracking_view() {
+    let uid = 4781;
+    let c = sandbox(uid, &["--no-lineage", "--track-interval", "60"]);
+    // A root parent that forks all the time, with a sandbox process under it: not a recorded
+    // launch, so only an observation says it is above it. One process with no children: its
+    // death hands the init nothing, so no refresh follows the first freeze.
+    let script = format!(
+        "setpriv --reuid {uid} --regid {uid} --clear-groups \"$ADV\" sleepers 0 & \
+         while :; do sleep 0.3 & sleep 0.01; done"
+    );
+    let _r = c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "a root parent of sandbox processes");
+    // A refresh now, long before the next periodic one: a child handed to the init exits.
+    let out = c.exec(&["sh", "-c", "sleep 0.2 & exit 0"]);
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(Duration::from_millis(600));
+    // Before each freeze, 300 sandbox processes under another root parent that does not fork,
+    // so that the freeze lasts long enough for the forking parent to make newcomers. Each is that
+    // parent's own child, which it reaps: nothing is handed to the init.
+    let group = format!(
+        "for i in $(seq 300); do setpriv --reuid {uid} --regid {uid} --clear-groups sleep 1000 & done; \
+         setpriv --reuid {uid} --regid {uid} --clear-groups \"$ADV\" sleepers 0 & wait"
+    );
+    for nonce in ["n-1", "n-2"] {
+        let _g = c.start_ready(c.exec_cmd(&["sh", "-c", &group]), "300 sandbox processes");
+        // The first freeze also has the forking parent's own sandbox process.
+        let n = if nonce == "n-1" { 302 } else { 301 };
+        wait_for("every sandbox process", Duration::from_secs(30), || c.live_of_uid(uid).len() >= n);
+        let (code, st) = c.freeze(nonce);
+        assert_eq!(code, 1, "freeze {nonce}: {st}");
+        assert!(!c.marker_exists(), "freeze {nonce}: {st}");
+        let reason = st["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("no parent that can vouch") && reason.contains("sleep"),
+            "freeze {nonce}: {st}"
+        );
+        assert!(c.live_of_uid(uid).is_empty(), "freeze {nonce} left a sandbox process: {st}");
+    }
+}

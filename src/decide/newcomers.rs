@@ -286,6 +286,7 @@ pub fn orphaned<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::taint::Reasons;
 
     fn proc(pid: Pid, ppid: Pid, start_time: u64) -> Proc {
         Proc::fixture(pid, ppid, start_time, 0)
@@ -309,7 +310,7 @@ mod tests {
             proc(60, 1, 160),  // the init's own helper
             proc(70, 1, 170),  // the sandbox's: marked, killed by the freeze
         ]);
-        let tainted: Tainted = [(70, vec![Reason::Uid])].into_iter().collect();
+        let tainted: Tainted = [(70, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let since = Since { ticks: 100, order: None, last_pid: Some(5) };
         let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[60])
             .iter()
@@ -386,7 +387,7 @@ mod tests {
             proc(40, 10, 120), // born during the freeze under the launcher (CLONE_PARENT)
             proc(50, 30, 130), // born during the freeze under the service
         ]);
-        let tainted: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &tainted, 1);
         let since = Since { ticks: 100, order: None, last_pid: Some(5) };
@@ -394,7 +395,7 @@ mod tests {
             orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![40]);
         // The same chain followed by lineage: every child of 20 carries its loginuid.
-        let lineage: Tainted = [(20, vec![Reason::Uid, Reason::Lineage])].into_iter().collect();
+        let lineage: Tainted = [(20, Reasons::of(&[Reason::Uid, Reason::Lineage]))].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &lineage, 1);
         assert!(orphaned(&s, &lineage, &a, &since, Some(99), 1, &[]).is_empty());
@@ -412,13 +413,13 @@ mod tests {
             proc(30, 0, 140), // entered from outside during the freeze
         ]);
         let since = Since { ticks: 100, order: None, last_pid: Some(5) };
-        let by_init: Tainted = [(20, vec![Reason::Uid])].into_iter().collect();
+        let by_init: Tainted = [(20, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let mut a = Ancestry::default();
         a.note(&s, &by_init, 1);
         assert!(orphaned(&s, &by_init, &a, &since, Some(99), 1, &[]).is_empty());
         let mut entered = s.clone();
         entered.procs.insert(21, proc(21, 0, 8)); // `docker exec -u`: a sandbox process from outside
-        let from_outside: Tainted = [(21, vec![Reason::Uid])].into_iter().collect();
+        let from_outside: Tainted = [(21, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         a.note(&entered, &from_outside, 1);
         let got: Vec<Pid> =
             orphaned(&entered, &from_outside, &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
@@ -435,7 +436,7 @@ mod tests {
         dead.state = 'Z';
         dead.threads[0].state = 'Z';
         let s = snap(&[proc(1, 0, 1), proc(20, 1, 50), dead, proc(60, 70, 56), proc(61, 70, 40)]);
-        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
         let mut l = Launchers::default();
         l.add(&Launch {
             pid: 20,
@@ -469,7 +470,7 @@ mod tests {
             proc(41, 1, 45),  // a daemon from before the launch
             proc(50, 0, 90),  // entered from outside since; no launch came from there
         ]);
-        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
         let launch =
             Launch { pid: 20, start_time: 50, ppid: 10, parent_start_time: 5, lineage: false, setuid: true };
         let mut l = Launchers::default();
@@ -504,7 +505,7 @@ mod tests {
         // 20: `quiesce exec` entered from outside, read while still root and untagged, held as
         // the sandbox's by its record (history); 30: another client entered during the freeze.
         let s = snap(&[proc(1, 0, 1), proc(20, 0, 50), proc(30, 0, 140)]);
-        let tainted: Tainted = [(20, vec![Reason::History])].into_iter().collect();
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
         let mut l = Launchers::default();
         l.add(&Launch {
             pid: 20,

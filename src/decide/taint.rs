@@ -3,7 +3,7 @@
 use crate::procs::{Proc, Snapshot};
 use crate::sys::Pid;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -29,6 +29,93 @@ impl Reason {
     }
 }
 
+/// The reasons that make one process a sandbox process: a set of `Reason`s in one byte, listed
+/// in `Reason`'s order.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reasons(u8);
+
+const ALL: [Reason; 4] = [Reason::Uid, Reason::Ancestry, Reason::Lineage, Reason::History];
+
+impl Reasons {
+    #[cfg(test)]
+    pub fn of(rs: &[Reason]) -> Reasons {
+        let mut out = Reasons::default();
+        rs.iter().for_each(|&r| out.push(r));
+        out
+    }
+
+    pub fn push(&mut self, r: Reason) {
+        self.0 |= 1 << r as u8;
+    }
+
+    pub fn contains(&self, r: &Reason) -> bool {
+        self.0 & (1 << *r as u8) != 0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+
+    /// The reasons in `Reason`'s order.
+    pub fn iter(self) -> impl Iterator<Item = Reason> {
+        ALL.into_iter().filter(move |r| self.contains(r))
+    }
+}
+
+impl std::fmt::Debug for Reasons {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq<Vec<Reason>> for Reasons {
+    fn eq(&self, other: &Vec<Reason>) -> bool {
+        self.iter().eq(other.iter().copied())
+    }
+}
+
+/// The identities (pid, start time) the init once saw as sandbox processes, sorted: 16 bytes
+/// each (a hash set's table cost more than twice that).
+#[derive(Debug, Default, Clone)]
+pub struct History(Vec<(Pid, u64)>);
+
+impl History {
+    pub fn contains(&self, id: &(Pid, u64)) -> bool {
+        self.0.binary_search(id).is_ok()
+    }
+
+    /// Add one identity (a launch record: one at a time).
+    pub fn insert(&mut self, id: (Pid, u64)) {
+        if let Err(i) = self.0.binary_search(&id) {
+            self.0.insert(i, id);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    #[allow(dead_code)] // the pair clippy asks of a public `len`
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&(Pid, u64)) -> bool) {
+        self.0.retain(keep);
+    }
+
+    /// Add many identities in one sort.
+    fn extend(&mut self, ids: Vec<(Pid, u64)>) {
+        if ids.is_empty() {
+            return;
+        }
+        self.0.reserve_exact(ids.len());
+        self.0.extend(ids);
+        self.0.sort_unstable();
+        self.0.dedup();
+    }
+}
+
 /// The policy: sandbox UIDs, whether a loginuid means a sandbox launch, and the identities
 /// (pid, start time) remembered as tainted.
 #[derive(Debug, Default, Clone)]
@@ -37,18 +124,19 @@ pub struct Policy {
     /// A loginuid counts only where quiesce is the one that wrote it: off when the init itself
     /// inherited a loginuid (every process of the container then carries it) or --no-lineage.
     pub lineage: bool,
-    pub history: HashSet<(Pid, u64)>,
+    pub history: History,
 }
 
-pub type Tainted = BTreeMap<Pid, Vec<Reason>>;
+/// The sandbox processes of an observation, by pid, with their reasons.
+pub type Tainted = BTreeMap<Pid, Reasons>;
 
 impl Policy {
     pub fn new(uids: Vec<u32>, lineage: bool) -> Policy {
-        Policy { uids, lineage, history: HashSet::new() }
+        Policy { uids, lineage, history: History::default() }
     }
 
-    fn direct(&self, p: &Proc) -> Vec<Reason> {
-        let mut r = Vec::new();
+    fn direct(&self, p: &Proc) -> Reasons {
+        let mut r = Reasons::default();
         if p.all_uids().any(|u| self.uids.contains(&u)) {
             r.push(Reason::Uid);
         }
@@ -62,75 +150,85 @@ impl Policy {
     }
 
     /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
+    /// The work lists run beside the table, one byte per process, in its order.
     pub fn classify(&self, snap: &Snapshot) -> Tainted {
         let me = crate::sys::getpid();
-        let direct: BTreeMap<Pid, Vec<Reason>> =
-            snap.procs.values().filter(|p| p.pid != me).map(|p| (p.pid, self.direct(p))).collect();
+        let direct: Vec<Reasons> = snap
+            .procs
+            .values()
+            .map(|p| if p.pid == me { Reasons::default() } else { self.direct(p) })
+            .collect();
         let ancestry = tainted_ancestors(snap, &direct, me);
-        let mut out: Tainted = BTreeMap::new();
-        for (pid, mut reasons) in direct {
-            if ancestry.get(&pid).copied().unwrap_or(false) {
-                reasons.push(Reason::Ancestry);
-            }
-            if !reasons.is_empty() {
-                reasons.sort();
-                out.insert(pid, reasons);
-            }
-        }
-        out
+        // In pid order: the map is built in one go, its nodes full.
+        snap.procs
+            .values()
+            .zip(direct)
+            .zip(ancestry)
+            .filter(|((p, _), _)| p.pid != me)
+            .filter_map(|((p, mut reasons), above)| {
+                if above {
+                    reasons.push(Reason::Ancestry);
+                }
+                (!reasons.is_empty()).then_some((p.pid, reasons))
+            })
+            .collect()
     }
 
     /// Remember every tainted process so that it stays tainted after it escapes its lineage.
     pub fn remember(&mut self, snap: &Snapshot, tainted: &Tainted) {
-        for pid in tainted.keys() {
-            if let Some(p) = snap.procs.get(pid) {
-                self.history.insert((p.pid, p.start_time));
-            }
-        }
         // Forget identities that no longer exist, so the table stays as small as the namespace.
         self.history.retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+        let new: Vec<(Pid, u64)> = tainted
+            .keys()
+            .filter_map(|pid| snap.procs.get(pid))
+            .map(|p| (p.pid, p.start_time))
+            .filter(|id| !self.history.contains(id))
+            .collect();
+        self.history.extend(new);
     }
 }
 
-/// For every process: does its parent chain reach a process with a direct reason? Each process
-/// is settled once (a 4,096-deep chain must not cost a walk up the chain per process). The chain
-/// stops at the init, at a parent outside the table, and after as many steps as the table has
-/// (a cycle, from pid reuse between reads).
-fn tainted_ancestors(snap: &Snapshot, direct: &BTreeMap<Pid, Vec<Reason>>, me: Pid) -> HashMap<Pid, bool> {
-    let mut memo: HashMap<Pid, bool> = HashMap::new();
-    let tainted = |pid: &Pid| direct.get(pid).is_some_and(|r| !r.is_empty());
-    for &start in snap.procs.keys() {
-        let mut chain = Vec::new();
+/// For every process of the table, in its order: does its parent chain reach a process with a
+/// direct reason? Each process is settled once (a 4,096-deep chain must not cost a walk up the
+/// chain per process). The chain stops at the init, at a parent outside the table, and after as
+/// many steps as the table has (a cycle, from pid reuse between reads).
+fn tainted_ancestors(snap: &Snapshot, direct: &[Reasons], me: Pid) -> Vec<bool> {
+    let t = &snap.procs;
+    let mut memo: Vec<Option<bool>> = vec![None; t.len()];
+    let tainted = |i: usize| !direct[i].is_empty();
+    let mut chain: Vec<usize> = Vec::new();
+    for start in 0..t.len() {
+        chain.clear();
         let mut cur = start;
         let mut top = false;
-        while chain.len() <= snap.procs.len() {
-            if let Some(&known) = memo.get(&cur) {
-                top = known || tainted(&cur);
+        while chain.len() <= t.len() {
+            if let Some(known) = memo[cur] {
+                top = known || tainted(cur);
                 break;
             }
-            let Some(parent) = snap.procs.get(&cur).map(|p| p.ppid) else { break };
+            let parent = t.at(cur).ppid;
             chain.push(cur);
-            if parent <= 0 || parent == me || !snap.procs.contains_key(&parent) {
+            if parent <= 0 || parent == me {
                 break;
             }
-            if tainted(&parent) {
+            let Some(up) = t.position(parent) else { break };
+            if tainted(up) {
                 top = true;
                 break;
             }
-            cur = parent;
+            cur = up;
         }
         // `top` answers for the last of the chain; each one below gets its parent's answer or,
         // when the parent itself has a direct reason, true.
         let mut answer = top;
-        for (i, pid) in chain.iter().enumerate().rev() {
+        for (i, &idx) in chain.iter().enumerate().rev() {
             if i + 1 < chain.len() {
-                let parent = chain[i + 1];
-                answer = answer || tainted(&parent);
+                answer = answer || tainted(chain[i + 1]);
             }
-            memo.entry(*pid).or_insert(answer);
+            memo[idx].get_or_insert(answer);
         }
     }
-    memo
+    memo.into_iter().map(|m| m.unwrap_or(false)).collect()
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 
 use crate::procs::{Proc, Reader, CMDLINE_READ};
 use crate::sys::{self, Pid};
-use crate::taint::Reason;
+use crate::taint::Reasons;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -95,7 +95,7 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn of(p: &Proc, reasons: &[Reason]) -> Target {
+    pub fn of(p: &Proc, reasons: Reasons) -> Target {
         let mut uids: Vec<u32> = p.all_uids().collect();
         uids.sort();
         uids.dedup();
@@ -108,7 +108,7 @@ impl Target {
                 pid: p.pid,
                 ppid: p.ppid,
                 uids,
-                comm: p.comm.clone(),
+                comm: p.comm.to_string(),
                 cmdline: None,
                 exe: None,
                 start_time: p.start_time,
@@ -524,11 +524,19 @@ impl Walk<'_> {
 }
 
 /// Read the evidence of every target, in order, within the bounds above and before `until`.
-/// `since`: the pid counter read before the observation the targets come from.
-pub fn gather(targets: Vec<Target>, until: Instant, since: Option<Pid>) -> Gathered {
+/// `since`: the pid counter read before the observation the targets come from. The targets are
+/// made as the walk takes them: only those that fit the marker are ever built (the sandbox
+/// chooses how many there are), the rest are counted; `count` is how many `targets` yields.
+pub fn gather(
+    targets: impl Iterator<Item = Target>,
+    count: usize,
+    until: Instant,
+    since: Option<Pid>,
+) -> Gathered {
     let mut walk = Walk { pool: pool(), until, spawn_failed: false, lanes: 1, next: 0 };
-    walk.widen(targets.len());
-    let mut targets = targets.into_iter().peekable();
+    walk.widen(count);
+    let mut targets = targets.peekable();
+    let mut taken = 0;
     let mut out = Gathered::default();
     let mut used = 2; // []
     let mut reserved = 0;
@@ -541,6 +549,7 @@ pub fn gather(targets: Vec<Target>, until: Instant, since: Option<Pid>) -> Gathe
                 break;
             }
             let Some(target) = targets.next() else { break };
+            taken += 1;
             let lane = walk.lane();
             let sent = walk.send(&target, lane);
             reserved += reserve;
@@ -548,7 +557,7 @@ pub fn gather(targets: Vec<Target>, until: Instant, since: Option<Pid>) -> Gathe
         }
         let Some(head) = flight.pop_front() else {
             // Nothing in flight and the next does not fit (or there is none): the rest is counted.
-            out.omitted = targets.count() as u64;
+            out.omitted = count.saturating_sub(taken) as u64;
             break;
         };
         let reply = if head.sent { wait(&mut walk, &head, &mut flight) } else { None };
@@ -665,8 +674,12 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got =
-            gather(vec![Target::of(&me, &[Reason::Uid])], Instant::now() + Duration::from_secs(5), None);
+        let got = gather(
+            [Target::of(&me, Reasons::of(&[crate::taint::Reason::Uid]))].into_iter(),
+            1,
+            Instant::now() + Duration::from_secs(5),
+            None,
+        );
         assert_eq!(got.omitted, 0);
         let e = &got.processes[0];
         assert!(!e.unreadable && e.cmdline.as_ref().is_some_and(|c| !c.is_empty()), "{e:?}");
@@ -676,7 +689,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
-        let got = gather((0..3).map(|_| Target::of(&me, &[])).collect(), Instant::now(), None);
+        let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);
         assert_eq!(got.processes.len(), 3);
         assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));
     }

@@ -4,7 +4,7 @@
 use crate::consistency;
 use crate::evidence::{self, Gathered};
 use crate::newcomers;
-use crate::procs::{self, Detail, Proc, Reader, Snapshot};
+use crate::procs::{self, Proc, Reader, Snapshot};
 use crate::settle;
 use crate::state::{Phases, Survivor};
 use crate::sys::{self, Pid};
@@ -63,43 +63,41 @@ fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'
     tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
 }
 
-/// Observe and classify; the policy remembers what it saw, so an escape later does not help.
-/// `prev`: the observation before, whose loginuids that were set are reused.
-fn observe(
-    reader: &Reader,
-    policy: &mut Policy,
-    detail: Detail,
-    prev: Option<&Snapshot>,
-) -> io::Result<(Snapshot, Tainted)> {
-    let snap = reader.snapshot_deciding(detail, prev, &policy.uids)?;
-    let tainted = policy.classify(&snap);
-    policy.remember(&snap, &tainted);
-    Ok((snap, tainted))
+/// Observe into `table` (the observation before, read again in its own room: its loginuids that
+/// were set are reused) and classify; the policy remembers what it saw, so an escape later does
+/// not help.
+fn observe(reader: &Reader, policy: &mut Policy, table: &mut Snapshot) -> io::Result<Tainted> {
+    reader.refresh(table, &policy.uids, None)?;
+    let tainted = policy.classify(table);
+    policy.remember(table, &tainted);
+    Ok(tainted)
 }
 
-/// Depth of every process in the tree, each computed once: a 4,096-deep chain must not cost
-/// a walk up the chain per comparison.
-fn depths(snap: &Snapshot) -> BTreeMap<Pid, usize> {
-    let mut memo: BTreeMap<Pid, usize> = BTreeMap::new();
-    for &start in snap.procs.keys() {
-        let mut chain = Vec::new();
-        let mut cur = start;
+/// Depth of every process in the tree, in the table's order, each computed once: a 4,096-deep
+/// chain must not cost a walk up the chain per comparison.
+fn depths(snap: &Snapshot) -> Vec<u32> {
+    let t = &snap.procs;
+    let mut memo: Vec<Option<u32>> = vec![None; t.len()];
+    let mut chain: Vec<usize> = Vec::new();
+    for start in 0..t.len() {
+        chain.clear();
+        let mut cur = Some(start);
         let mut base = 0;
         // Bounded by the table: a cycle (pid reuse between reads) ends the walk.
-        while chain.len() <= snap.procs.len() {
-            if let Some(&d) = memo.get(&cur) {
+        while chain.len() <= t.len() {
+            let Some(i) = cur else { break };
+            if let Some(d) = memo[i] {
                 base = d + 1;
                 break;
             }
-            let Some(p) = snap.procs.get(&cur) else { break };
-            chain.push(cur);
-            cur = p.ppid;
+            chain.push(i);
+            cur = t.position(t.at(i).ppid);
         }
-        for (i, pid) in chain.iter().rev().enumerate() {
-            memo.entry(*pid).or_insert(base + i);
+        for (k, &i) in chain.iter().rev().enumerate() {
+            memo[i].get_or_insert(base + k as u32);
         }
     }
-    memo
+    memo.into_iter().map(|d| d.unwrap_or(0)).collect()
 }
 
 /// Could kill(-1) from a thread switched to a sandbox UID miss this process? Its permission
@@ -147,7 +145,7 @@ fn signal_each(
 ) -> io::Result<usize> {
     let mut targets: Vec<&Proc> = live(snap, tainted).filter(|p| reach.needs(p)).collect();
     let depth = depths(snap);
-    targets.sort_by_key(|p| std::cmp::Reverse(depth.get(&p.pid).copied().unwrap_or(0)));
+    targets.sort_by_key(|p| std::cmp::Reverse(snap.procs.position(p.pid).map_or(0, |i| depth[i])));
     let mut n = 0;
     let mut pass = reader.pass()?;
     for p in targets {
@@ -217,7 +215,7 @@ fn kill_groups(
 
 fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
     live(snap, tainted)
-        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
+        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
         .collect()
 }
 
@@ -230,8 +228,9 @@ struct Run<'a> {
     deadline: Instant,
     phases: Phases,
     evidence: Gathered,
-    /// Every (pid, start time) the evidence has seen, kept or only counted.
-    recorded: HashSet<(Pid, u64)>,
+    /// Every (pid, start time) the evidence recorded after the walk, kept or only counted (the
+    /// walk's own are the live sandbox processes of the stop's observation).
+    late: HashSet<(Pid, u64)>,
     unstopped: Vec<Pid>,
     /// The pid counter before the last stop observation (None: unreadable).
     since: Option<Pid>,
@@ -268,10 +267,12 @@ impl Run<'_> {
     /// Add to the evidence every live sandbox process not in it yet: those created after the
     /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
     /// They are recorded from the observation alone (no command line: they are running).
-    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted) {
+    /// `walked`: the identities the walk recorded, sorted.
+    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted, walked: &[(Pid, u64)]) {
+        let in_walk = |p: &Proc| walked.binary_search(&(p.pid, p.start_time)).is_ok();
         for p in live(snap, tainted) {
-            if self.recorded.insert((p.pid, p.start_time)) {
-                evidence::add_late(&mut self.evidence, evidence::Target::of(p, &tainted[&p.pid]));
+            if !in_walk(p) && self.late.insert((p.pid, p.start_time)) {
+                evidence::add_late(&mut self.evidence, evidence::Target::of(p, tainted[&p.pid]));
             }
         }
     }
@@ -280,12 +281,13 @@ impl Run<'_> {
     /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
     /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
     /// one-by-one stop, but not a stop that reaches all of them at once.
-    fn stop(&mut self, stop_wait: Duration, seen: &Snapshot) -> Result<(Snapshot, Tainted), String> {
+    /// The stop starts from `table`, the freeze's copy of the init's last tracking observation,
+    /// and reads each of its own observations into it.
+    fn stop(&mut self, stop_wait: Duration, table: &mut Snapshot) -> Result<Tainted, String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
         let mut first = true;
         let mut waiting: Vec<settle::Target> = Vec::new();
-        let mut prev: Option<Snapshot> = None;
         let last = loop {
             // After the first pass, sweep several times back to back within one switch: a process
             // caught in the middle of its own SIGCONT sweep undoes the part of ours that came
@@ -301,14 +303,21 @@ impl Run<'_> {
                 // What to wait for before the first full observation, listed while the first sweep
                 // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
                 // init's last tracking observation. Anything else is found by the observation.
+                let seen = &*table;
                 let tainted = self.policy.classify(seen);
                 self.ancestry.note(seen, &tainted, sys::getpid());
-                let mut w: BTreeMap<Pid, Option<u64>> =
+                // In pid order; a pid both lists name keeps the observation's start time.
+                let mut w: Vec<settle::Target> =
                     live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+                let from_seen = w.len();
                 for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
-                    w.entry(pid).or_insert(start);
+                    if w[..from_seen].binary_search_by_key(&pid, |t| t.0).is_err() {
+                        w.push((pid, start));
+                    }
                 }
-                waiting = w.into_iter().collect();
+                w.sort_by_key(|t| t.0);
+                w.dedup_by_key(|t| t.0);
+                waiting = w;
                 log::debug!(
                     "stop: {} processes to wait for, listed in {:?}",
                     waiting.len(),
@@ -318,11 +327,11 @@ impl Run<'_> {
             let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
             let pass = Instant::now();
             self.since = consistency::last_pid(self.reader.root()).ok();
-            let (snap, tainted) =
-                observe(self.reader, self.policy, Detail::Light, Some(prev.as_ref().unwrap_or(seen)))
-                    .map_err(|e| format!("/proc unreadable: {e}"))?;
-            self.ancestry.note(&snap, &tainted, sys::getpid());
-            let running: Vec<&Proc> = live(&snap, &tainted).filter(|p| !p.stopped()).collect();
+            let tainted =
+                observe(self.reader, self.policy, table).map_err(|e| format!("/proc unreadable: {e}"))?;
+            let snap = &*table;
+            self.ancestry.note(snap, &tainted, sys::getpid());
+            let running: Vec<&Proc> = live(snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
                 "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
                  in {:?}, {} sandbox, {} not yet stopped",
@@ -336,7 +345,7 @@ impl Run<'_> {
             );
             if running.is_empty() {
                 self.unstopped.clear();
-                break (snap, tainted);
+                break tainted;
             }
             if Instant::now() >= until {
                 self.unstopped = running.iter().map(|p| p.pid).collect();
@@ -345,7 +354,7 @@ impl Run<'_> {
                     running.len(),
                     stop_wait
                 );
-                break (snap, tainted);
+                break tainted;
             }
             // kill(-1) reached the rest already and they are on their way to stopping; on the
             // first pass only what it may have missed needs a pidfd.
@@ -357,7 +366,6 @@ impl Run<'_> {
             }
             waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
-            prev = Some(snap);
         };
         self.phases.stop = ms(t.elapsed());
         Ok(last)
@@ -365,13 +373,12 @@ impl Run<'_> {
 
     /// Record the evidence of every sandbox process after the stop. The reads that can wait on
     /// the target run on a reader thread with a deadline, within a share of the budget.
-    fn walk(&mut self, snap: Snapshot, tainted: &Tainted) -> Snapshot {
+    fn walk(&mut self, snap: &Snapshot, tainted: &Tainted) {
         let t = Instant::now();
-        self.recorded = live(&snap, tainted).map(|p| (p.pid, p.start_time)).collect();
-        let targets = live(&snap, tainted).map(|p| evidence::Target::of(p, &tainted[&p.pid])).collect();
-        self.evidence = evidence::gather(targets, evidence::walk_deadline(t, self.deadline), self.since);
+        let n = live(snap, tainted).count();
+        let targets = live(snap, tainted).map(|p| evidence::Target::of(p, tainted[&p.pid]));
+        self.evidence = evidence::gather(targets, n, evidence::walk_deadline(t, self.deadline), self.since);
         self.phases.walk = ms(t.elapsed());
-        snap
     }
 }
 
@@ -382,8 +389,10 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 /// How long the proof keeps looking while newcomers no parent vouches for are alive.
 const ORPHAN_GRACE: Duration = Duration::from_secs(1);
 
-/// Run one freeze. `seen`: the init's last tracking observation. `reap` reaps a batch of zombie
-/// children of the init (and records the command's status); true when more may be waiting.
+/// Run one freeze. `seen`: the init's last tracking observation, left as it is (the next freeze
+/// within the interval starts from it again, as from any tracking refresh). `reap` reaps a batch
+/// of zombie children of the init (and records the command's status); true when more may be
+/// waiting.
 pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,
@@ -407,16 +416,21 @@ pub fn run(
         deadline: start + cfg.timeout,
         phases: Phases::default(),
         evidence: Gathered::default(),
-        recorded: HashSet::new(),
+        late: HashSet::new(),
         unstopped: Vec::new(),
         since: None,
         ancestry,
     };
-    let (snap, tainted) = match run.stop(cfg.stop_wait, seen) {
+    // One table of the freeze's own from here on, starting as the tracking view: every observation
+    // of the freeze is read into it, and it goes when the freeze ends.
+    let mut own = seen.clone();
+    let table = &mut own;
+    let tainted = match run.stop(cfg.stop_wait, table) {
         Ok(x) => x,
         Err(e) => return run.fail(e, Vec::new()),
     };
-    let snap = run.walk(snap, &tainted);
+    let snap = &*table;
+    run.walk(snap, &tainted);
 
     let t = Instant::now();
     // kill(-1) reaches every stopped process it can reach, and anything one of them forks
@@ -424,11 +438,11 @@ pub fn run(
     // the stop observation and that left kill(-1)'s reach meanwhile is the proof's to find.
     let uids = run.policy.uids.clone();
     let reach = if run.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
-    if let Err(e) = run.kill_channels(&snap, &tainted, reach) {
-        return run.fail(e, survivors(&snap, &tainted));
+    if let Err(e) = run.kill_channels(snap, &tainted, reach) {
+        return run.fail(e, survivors(snap, &tainted));
     }
     let sent = Instant::now();
-    let killed: Vec<settle::Target> = live(&snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+    let killed: Vec<settle::Target> = live(snap, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
     let left = settle::wait(run.reader, &killed, settle::Goal::Dead, (sent + EXIT_WAIT).min(run.deadline));
     let exited = Instant::now();
     // The zombies are left for after the proof: each costs it one stat read (a dead process's
@@ -444,10 +458,13 @@ pub fn run(
     let mut pause = Duration::from_millis(1);
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
+    // What the walk recorded (sorted: `live` goes in pid order), for the evidence of latecomers.
+    let walked: Vec<(Pid, u64)> = live(snap, &tainted).map(|p| (p.pid, p.start_time)).collect();
+    drop(killed);
     loop {
-        // The proof: a consistent observation taken after the last kill.
-        let observed = consistency::observe(run.reader, Some(&snap), run.deadline);
-        let (snap, passes) = match observed {
+        // The proof: a consistent observation taken after the last kill, read into the table.
+        let observed = consistency::observe(run.reader, table, run.deadline);
+        let passes = match observed {
             Ok(Ok(x)) => x,
             Ok(Err(churn)) => {
                 run.phases.probe = ms(t.elapsed());
@@ -456,7 +473,7 @@ pub fn run(
                 return run.fail(
                     format!(
                         "processes kept appearing: {n} pid(s) created during the last of {} passes \
-                         of the final observation, within the {:?} budget",
+                             of the final observation, within the {:?} budget",
                         churn.passes, cfg.timeout
                     ),
                     Vec::new(),
@@ -467,21 +484,22 @@ pub fn run(
                 return run.fail(format!("/proc unreadable: {e}"), Vec::new());
             }
         };
-        let tainted = run.policy.classify(&snap);
-        run.policy.remember(&snap, &tainted);
-        run.ancestry.note(&snap, &tainted, sys::getpid());
+        let snap = &*table;
+        let tainted = run.policy.classify(snap);
+        run.policy.remember(snap, &tainted);
+        run.ancestry.note(snap, &tainted, sys::getpid());
         if passes > 1 {
             log::debug!("proof: consistent after {passes} passes");
         }
-        let left = survivors(&snap, &tainted);
+        let left = survivors(snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
             let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(also_own.iter().copied()).collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
-                newcomers::orphaned(&snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
+                newcomers::orphaned(snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);
             let newcomers_found = !orphans.is_empty();
-            for p in newcomers::unfollowed_children(&snap, &tainted, launchers, sys::getpid(), &own) {
+            for p in newcomers::unfollowed_children(snap, &tainted, launchers, sys::getpid(), &own) {
                 if !orphans.iter().any(|o| o.pid == p.pid) {
                     orphans.push(p);
                 }
@@ -502,7 +520,7 @@ pub fn run(
                     orphans.iter().take(8).map(|p| format!("{} uid {} {}", p.pid, p.uid(), p.comm)).collect();
                 let found = orphans
                     .iter()
-                    .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.clone() })
+                    .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
                     .collect();
                 let reason = if newcomers_found {
                     format!(
@@ -532,7 +550,7 @@ pub fn run(
                 unstopped: run.unstopped,
             };
         }
-        run.late_evidence(&snap, &tainted);
+        run.late_evidence(snap, &tainted, &walked);
         rounds += 1;
         if Instant::now() >= run.deadline {
             run.phases.probe = ms(t.elapsed());
@@ -545,7 +563,7 @@ pub fn run(
                 left,
             );
         }
-        if let Err(e) = run.kill_channels(&snap, &tainted, Reach::All) {
+        if let Err(e) = run.kill_channels(snap, &tainted, Reach::All) {
             return run.fail(e, left);
         }
         (run.reap)();

@@ -238,6 +238,8 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         own,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
+    // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
+    // refresh, which the next freeze within the interval starts from.
     let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
@@ -384,16 +386,17 @@ fn attestation_ended(sb: &mut Sandbox, code: i32) {
 /// Returns whether the refresh completed.
 fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
     let reader = Reader::default();
-    match reader.snapshot_since(&sb.seen, abort) {
-        Ok(Some(snap)) => {
-            let tainted = sb.policy.classify(&snap);
-            sb.policy.remember(&snap, &tainted);
-            sb.launchers.prune(&snap);
-            sb.seen = snap;
+    // Read into the last table's room, which stays the last complete observation until this one
+    // completes: the freeze starts from it, and decides from it who may vouch.
+    match reader.refresh(&mut sb.seen, &[], Some(abort)) {
+        Ok(true) => {
+            let tainted = sb.policy.classify(&sb.seen);
+            sb.policy.remember(&sb.seen, &tainted);
+            sb.launchers.prune(&sb.seen);
             sb.tracked_at = Some(Instant::now());
             return true;
         }
-        Ok(None) => log::debug!("tracking interrupted"),
+        Ok(false) => log::debug!("tracking interrupted"),
         Err(e) => log::warn!("tracking: {e}"),
     }
     sb.tracked_at = None;

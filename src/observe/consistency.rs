@@ -41,7 +41,7 @@
 //! needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes
 //! lack by default).
 
-use crate::procs::{Detail, Pass, Reader, Snapshot};
+use crate::procs::{Detail, Pass, Proc, Reader, Snapshot};
 use crate::sys::{self, Pid};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -237,21 +237,30 @@ pub fn made_after(pid: Pid, start_time: u64, order: u64) -> bool {
 
 /// The table being taken, and whether a window of it saw pids handed out.
 struct Table<'a> {
-    snap: Snapshot,
+    /// The earlier observation, read again in its own room: its entries' loginuids that were
+    /// set are reused.
+    snap: &'a mut Snapshot,
     /// A window ended with pids handed out: entries read before the last window may name other
     /// processes by now, unless the init is their parent (see `volatile`).
     moved: bool,
-    prev: Option<&'a Snapshot>,
     init: Pid,
+    /// Reads not yet in the table: a run of reads goes in at once (`Table::apply`: one pass over
+    /// the table, where one at a time would shift its entries for each).
+    batch: Vec<(Pid, Option<Proc>)>,
 }
 
 impl Table<'_> {
     fn read(&mut self, pass: &mut Pass, pid: Pid) -> io::Result<()> {
-        match pass.read(pid, Detail::Light, self.prev.and_then(|s| s.procs.get(&pid)))? {
-            Some(p) => self.snap.procs.insert(pid, p),
-            None => self.snap.procs.remove(&pid),
-        };
+        let p = pass.read(pid, Detail::Light, self.snap.procs.get(&pid))?;
+        self.batch.push((pid, p));
         Ok(())
+    }
+
+    /// Put the reads so far into the table: before anything looks at it.
+    fn flush(&mut self) {
+        if !self.batch.is_empty() {
+            self.snap.procs.apply(std::mem::take(&mut self.batch));
+        }
     }
 
     /// Entries whose pid may have been freed and handed to another process since they were
@@ -265,18 +274,15 @@ impl Table<'_> {
     }
 }
 
-/// A consistent table of the whole PID namespace, or Churn when processes kept being created
-/// until `deadline`. `prev`: an earlier observation, whose loginuids that were set are reused.
-pub fn observe(
-    reader: &Reader,
-    prev: Option<&Snapshot>,
-    deadline: Instant,
-) -> io::Result<Result<(Snapshot, usize), Churn>> {
+/// A consistent table of the whole PID namespace, read into `snap` (an earlier observation, whose
+/// loginuids that were set are reused: its room is the new table's), with the number of passes it
+/// took; or Churn when processes kept being created until `deadline`.
+pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Result<usize, Churn>> {
     let root = reader.root().to_path_buf();
     let mut pass = reader.pass()?;
     let mut window = Window::open(&root, &mut pass)?;
-    let mut table =
-        Table { snap: reader.snapshot_after(Detail::Light, prev)?, moved: false, prev, init: sys::getpid() };
+    reader.refresh(snap, &[], None)?;
+    let mut table = Table { snap, moved: false, init: sys::getpid(), batch: Vec::new() };
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
@@ -285,6 +291,7 @@ pub fn observe(
             for pid in table.volatile() {
                 table.read(&mut pass, pid)?;
             }
+            table.flush();
             // The counter moves when a pid is handed out, a little before the new process shows
             // in /proc: a fork whose pid was handed out before the window opened may attach its
             // child after the listing passed it. Its parent is alive until then, so either the
@@ -294,13 +301,14 @@ pub fn observe(
                 reader.pids()?.into_iter().filter(|pid| !table.snap.procs.contains_key(pid)).collect();
             if missing.is_empty() {
                 if last_pid(&root)? == window.covered && window.held() {
-                    return Ok(Ok((table.snap, passes)));
+                    return Ok(Ok(passes));
                 }
             } else {
                 passes += 1;
                 for pid in missing {
                     table.read(&mut pass, pid)?;
                 }
+                table.flush();
                 if Instant::now() >= deadline {
                     return Ok(Err(Churn { created: 0, passes }));
                 }
@@ -329,17 +337,19 @@ pub fn observe(
                 pid += 1;
                 table.read(&mut pass, pid)?;
             }
+            table.flush();
         } else {
-            let listed = reader.pids()?;
-            let keep: std::collections::BTreeSet<Pid> = listed.iter().copied().collect();
+            let mut listed = reader.pids()?;
+            listed.sort_unstable();
             // Not listed now: exited (anything created since is in the next window).
-            table.snap.procs.retain(|pid, _| keep.contains(pid));
+            table.snap.procs.retain(|pid, _| listed.binary_search(pid).is_ok());
             for pid in listed {
                 if table.snap.procs.contains_key(&pid) && !allocated_between(from, to, pid) {
                     continue;
                 }
                 table.read(&mut pass, pid)?;
             }
+            table.flush();
         }
         window = next;
     }
@@ -454,8 +464,9 @@ mod tests {
         let snap = (0..3)
             .find_map(|_| {
                 let deadline = Instant::now() + std::time::Duration::from_secs(5);
-                match observe(&r, None, deadline) {
-                    Ok(Ok((snap, _))) => Some(snap),
+                let mut snap = Snapshot::default();
+                match observe(&r, &mut snap, deadline) {
+                    Ok(Ok(_)) => Some(snap),
                     other => {
                         eprintln!("not quiet here: {other:?}");
                         None

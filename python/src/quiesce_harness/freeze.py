@@ -150,6 +150,11 @@ def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0
     Raises FreezeFailed (with the survivors) when the init answers `failed`, and Unreachable
     when the init cannot be reached or found; a result is returned only when it was read.
     """
+    return _freeze(container, nonce, timeout, again=True)
+
+
+def _freeze(container: Container, nonce: str | None, timeout: float, again: bool) -> FreezeResult:
+    """freeze(); `again`: a failed freeze that left nothing alive may be asked once more."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     nonce = nonce if nonce is not None else secrets.token_hex(16)
@@ -189,6 +194,18 @@ def freeze(container: Container, nonce: str | None = None, timeout: float = 30.0
         status=status,
     )
     if not base.quiescent:
-        raise FreezeFailed(replace(base, elapsed_s=time.monotonic() - t0))
+        failed = replace(base, elapsed_s=time.monotonic() - t0)
+        # A freeze that killed everything it found and still could not show a quiet table
+        # (a bomb's last processes held the pids limit until the init reaped them) is asked
+        # once more: the next one starts from an empty sandbox. Anything left alive is final.
+        if again and not base.survivors and _remaining(deadline) > 1.0:
+            try:
+                second = _freeze(container, nonce, _remaining(deadline), again=False)
+            except FreezeFailed:
+                raise FreezeFailed(failed) from None
+            return replace(
+                second, killed=second.killed + failed.killed, elapsed_s=time.monotonic() - t0
+            )
+        raise FreezeFailed(failed)
     marker = _marker(container, status)
     return replace(base, marker=marker, elapsed_s=time.monotonic() - t0)

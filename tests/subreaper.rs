@@ -25,11 +25,15 @@ fn in_namespace(script: &str, d: &Scratch) -> std::process::Output {
 fn not_pid_1_and_no_subreaper_warns_and_runs_the_command() {
     // A shell is PID 1; quiesce is its child and cannot be a subreaper. The command orphans a
     // sleep, which goes to the shell, and exits 5: quiesce passes the 5 on and leaves the sleep
-    // (not its descendant any more) alone, as it said it would.
+    // (not its descendant any more) alone, as it said it would. The sleep may still be running
+    // into its exec when quiesce exits: its state is read until it leaves R (bounded, 5 s).
     let d = scratch("nosub");
     let script = r#""$Q" -- sh -c '(sleep 30 & echo $! > $D/pid); read -r l < /proc/$(cat $D/pid)/stat;
             set -- ${l##*) }; echo $2 > $D/ppid; exit 5'; echo $? > $D/code
-        read -r l < /proc/$(cat $D/pid)/stat && set -- ${l##*) } && echo $1 > $D/after"#;
+        i=0; while [ $i -lt 100 ]; do
+            read -r l < /proc/$(cat $D/pid)/stat && set -- ${l##*) } || break
+            [ "$1" = R ] || break; i=$((i+1)); sleep 0.05
+        done; echo $1 > $D/after"#;
     let out = in_namespace(script, &d);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");

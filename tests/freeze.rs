@@ -812,3 +812,130 @@ fn t23_uninterruptible_sleep_is_a_bounded_failure_naming_the_survivor() {
     let out = c.verify(&["--", "echo", "scored"]);
     assert_eq!(out.status.code(), Some(10));
 }
+
+/// A pids cgroup of the test's own (cgroup v1's pids hierarchy or v2's), removed when dropped,
+/// once the namespace inside it has ended.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn new(tag: &str, max: u32) -> Option<PidsCgroup> {
+        let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
+        let v2 = std::path::Path::new("/sys/fs/cgroup");
+        let base = if v1.join("cgroup.procs").exists() {
+            v1
+        } else if read(&v2.join("cgroup.subtree_control")).split_whitespace().any(|c| c == "pids") {
+            v2
+        } else {
+            return None;
+        };
+        let dir = base.join(format!("quiesce-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let g = PidsCgroup(dir);
+        std::fs::write(g.0.join("pids.max"), max.to_string()).ok()?;
+        Some(g)
+    }
+
+    fn current(&self) -> u32 {
+        read(&self.0.join("pids.current")).trim().parse().unwrap_or(0)
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        // Its last tasks are released a little after the namespace's PID 1 is reaped.
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
+    // The container's pids limit, held by a bomb that reaps its dead (so the pid the counter
+    // names is often free and nothing holds it): the init has no pid to spare for a thread of its
+    // own until it reaps what it killed. One `docker kill -s USR1` must still end in a marker.
+    let _h = heavy();
+    let uid = 4325;
+    let Some(cg) = PidsCgroup::new("bomb", 400) else {
+        skip(
+            "t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough",
+            "no pids cgroup controller to limit a namespace with",
+        );
+        return;
+    };
+    let u = uid.to_string();
+    let procs = cg.0.join("cgroup.procs");
+    let enter = format!("echo $$ > {} && exec \"$@\"", procs.display());
+    let cmd = format!(
+        "setpriv --reuid {uid} --regid {uid} --clear-groups \"$ADV\" bomb 100000 & exec sleep 1000000"
+    );
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u],
+            prefix: vec!["sh", "-c", &enter, "sh"],
+            ready: true,
+            ..Default::default()
+        },
+        &["sh", "-c", &cmd],
+    );
+    wait_for("the bomb to hold the pids limit", Duration::from_secs(60), || cg.current() >= 398);
+    let urgent = Urgent::now();
+    c.signal(libc::SIGUSR1);
+    let done = |c: &Container| matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed"));
+    wait_for("the freeze to end", Duration::from_secs(60), || done(&c));
+    drop(urgent);
+    let st = c.status_file();
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert!(c.marker_exists());
+    let left = live_sandbox(&c, uid);
+    assert!(left.is_empty(), "survivors: {left:?}");
+    assert!(st["killed"].as_u64().unwrap_or(0) >= 300, "{st}");
+    drop(c);
+    drop(cg);
+}
+
+#[test]
+fn t26_no_pid_for_the_counters_holder_is_a_bounded_failure() {
+    // The pid the counter names is free (the last process made in the namespace was reaped by
+    // its parent outside), the init's cgroup is over its pids limit, and nothing the init could
+    // reap would free one: no observation can be shown consistent, so the freeze fails within
+    // its budget, saying why, and signs nothing. Once a pid is free again, a freeze succeeds.
+    let uid = 4326;
+    let Some(cg) = PidsCgroup::new("noholder", 100) else {
+        skip(
+            "t26_no_pid_for_the_counters_holder_is_a_bounded_failure",
+            "no pids cgroup controller to limit a namespace with",
+        );
+        return;
+    };
+    let u = uid.to_string();
+    let enter = format!("echo $$ > {} && exec \"$@\"", cg.0.join("cgroup.procs").display());
+    let mut c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--freeze-timeout", "2"],
+            prefix: vec!["sh", "-c", &enter, "sh"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("the init to publish its sandbox", Duration::from_secs(10), || {
+        assert!(c.alive(), "the init ended before it published its sandbox");
+        c.state.join("sandbox.json").exists()
+    });
+    // Launched from outside the cgroup, reaped there once killed: they free no pid of its.
+    let _w = c.launch(uid, &["sleepers", "3"]);
+    assert!(c.exec(&["true"]).status.success());
+    std::fs::write(cg.0.join("pids.max"), "1").expect("lower the pids limit");
+    c.signal(libc::SIGUSR1);
+    let done = |c: &Container| matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed"));
+    wait_for("the freeze to end", Duration::from_secs(30), || done(&c));
+    let st = c.status_file();
+    assert_eq!(st["state"], "failed", "{st}");
+    assert!(st["reason"].as_str().unwrap_or("").contains("no pid was free to hold the pid counter"), "{st}");
+    assert!(!c.marker_exists());
+    std::fs::write(cg.0.join("pids.max"), "max").expect("raise the pids limit");
+    freeze_clean(&c, uid);
+    drop(c);
+    drop(cg);
+}

@@ -466,6 +466,33 @@ pub fn run(
         let observed = consistency::observe(run.reader, table, run.deadline);
         let passes = match observed {
             Ok(Ok(x)) => x,
+            Ok(Err(churn)) if churn.unheld && Instant::now() < run.deadline => {
+                // No pid free for a thread to hold the counter with: the sandbox held a pids
+                // limit, and what the kill left holds those pids as zombies until the init reaps
+                // them. Reaping frees them; the next observation starts over from a full listing.
+                let mut more = true;
+                for _ in 0..64 {
+                    if !more || Instant::now() >= run.deadline {
+                        break;
+                    }
+                    more = (run.reap)();
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+                continue;
+            }
+            Ok(Err(churn)) if churn.unheld => {
+                run.phases.probe = ms(t.elapsed());
+                return run.fail(
+                    format!(
+                        "no pid was free to hold the pid counter with (a pids limit reached, and reaping \
+                         freed none) within the {:?} budget: the final observation cannot be shown \
+                         consistent",
+                        cfg.timeout
+                    ),
+                    Vec::new(),
+                );
+            }
             Ok(Err(churn)) => {
                 run.phases.probe = ms(t.elapsed());
                 let n =

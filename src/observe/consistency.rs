@@ -13,7 +13,9 @@
 //! and makes sure something holds L from then on: the task that had L before the reading (a
 //! pidfd of it, taken after the reading, and a start tick earlier than the clock read before the
 //! reading), or else a thread the init starts for the window, which gets the next pid and so is
-//! the one the counter names. If later the counter still reads L and the holder still holds L
+//! the one the counter names (when no thread can start, a pids limit reached, the observation
+//! says so at once: the freeze reaps what it killed, which frees pids, and observes again). If
+//! later the counter still reads L and the holder still holds L
 //! (alive, or a zombie nobody reaped), no pid was handed out in between: the last one handed out
 //! would have been L. So every process alive then existed when the window opened. The first
 //! window opens before the first listing: if it ends quiet, every process alive at its end was
@@ -58,6 +60,9 @@ pub struct Churn {
     /// Pids handed out during the last pass.
     pub created: u64,
     pub passes: usize,
+    /// Nothing could hold the counter's value: its pid was free and no thread could be started
+    /// to take one (a pids limit reached). The caller may free pids (reap) and observe again.
+    pub unheld: bool,
 }
 
 /// The last pid allocated in the reader's own PID namespace.
@@ -281,6 +286,9 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
     let root = reader.root().to_path_buf();
     let mut pass = reader.pass()?;
     let mut window = Window::open(&root, &mut pass)?;
+    if window.holder.is_none() {
+        return Ok(Err(Churn { created: 0, passes: 1, unheld: true }));
+    }
     reader.refresh(snap, &[], None)?;
     let mut table = Table { snap, moved: false, init: sys::getpid(), batch: Vec::new() };
     let mut passes = 1;
@@ -310,7 +318,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
                 }
                 table.flush();
                 if Instant::now() >= deadline {
-                    return Ok(Err(Churn { created: 0, passes }));
+                    return Ok(Err(Churn { created: 0, passes, unheld: false }));
                 }
                 continue;
             }
@@ -318,13 +326,14 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
             // out again.
         }
         if Instant::now() >= deadline {
-            return Ok(Err(Churn { created: distance(window.covered, now), passes }));
+            return Ok(Err(Churn { created: distance(window.covered, now), passes, unheld: false }));
         }
         passes += 1;
         let next = Window::open(&root, &mut pass)?;
         if next.holder.is_none() {
-            // Nothing can hold the counter's value (no free pid for a thread, say): try again soon.
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            // Nothing can hold the counter's value (no free pid for a thread): the caller may
+            // free some and start over.
+            return Ok(Err(Churn { created: distance(window.covered, now), passes, unheld: true }));
         }
         table.moved = true;
         // Every pid in (covered, next.covered] was handed out before `next` opened, if the

@@ -85,11 +85,18 @@ fn one_workload(uid: u32, args: &[&str]) {
     freeze_clean(&c, uid);
 }
 
-/// Fork-bomb and other heavy tests take the whole machine: one at a time.
-static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Fork-bomb and other heavy tests take the whole machine: each runs alone. Beside 2,000
+/// forkers a light test's init gets a few thousandths of a CPU, and its freeze outlived the
+/// client's 30 s wait; under load from outside the suite it still gets its share.
+static LOAD: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+fn heavy() -> std::sync::RwLockWriteGuard<'static, ()> {
+    LOAD.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Any other test: with the others like it, never beside a heavy one.
+fn light() -> std::sync::RwLockReadGuard<'static, ()> {
+    LOAD.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// This thread raised above the sandbox while it watches: at nice 0 among thousands of runnable
@@ -202,6 +209,7 @@ fn t02_five_thousand_sleepers() {
 
 #[test]
 fn t03_double_fork_setsid_setpgid() {
+    let _l = light();
     let uid = 4303;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["daemon"]);
@@ -221,6 +229,7 @@ fn t03_double_fork_setsid_setpgid() {
 
 #[test]
 fn t04_ignores_and_blocks_every_signal() {
+    let _l = light();
     let uid = 4304;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["ignore"]);
@@ -233,6 +242,7 @@ fn t04_ignores_and_blocks_every_signal() {
 
 #[test]
 fn t05_fifty_threads_that_keep_cloning() {
+    let _l = light();
     let uid = 4305;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["threads", "50"]);
@@ -243,6 +253,7 @@ fn t05_fifty_threads_that_keep_cloning() {
 
 #[test]
 fn t06_one_thread_with_other_credentials() {
+    let _l = light();
     let uid = 4306;
     let c = sandbox(uid, &[]);
     let w = c.launch_root(&["thread-uid", &uid.to_string()]);
@@ -262,6 +273,7 @@ fn t06_one_thread_with_other_credentials() {
 
 #[test]
 fn t07_setuid_root_helper() {
+    let _l = light();
     let uid = 4307;
     let c = sandbox(uid, &[]);
     let suid = setuid_copy(&c);
@@ -277,6 +289,7 @@ fn t07_setuid_root_helper() {
 
 #[test]
 fn t08_full_escapee_by_lineage() {
+    let _l = light();
     let uid = 4308;
     let c = sandbox(uid, &[]);
     let suid = setuid_copy(&c);
@@ -290,6 +303,7 @@ fn t08_full_escapee_by_lineage() {
 
 #[test]
 fn t08b_full_escapee_by_history_without_lineage() {
+    let _l = light();
     let uid = 4318;
     let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.1"]);
     let suid = setuid_copy(&c);
@@ -355,6 +369,7 @@ fn root_orphans(c: &Container) -> Vec<serde_json::Value> {
 /// checked and the scenario run again in a fresh namespace, three times at most.
 #[test]
 fn t09_injected_from_outside_mid_freeze() {
+    let _l = light();
     for attempt in 0..3 {
         if injected_from_outside_mid_freeze(attempt) {
             return;
@@ -463,11 +478,13 @@ fn injected_from_outside_mid_freeze(attempt: u32) -> bool {
 
 #[test]
 fn t10_processes_that_restart_each_other() {
+    let _l = light();
     one_workload(4310, &["restart"]);
 }
 
 #[test]
 fn t11_stopped_process_and_a_sigcont_looper() {
+    let _l = light();
     let uid = 4311;
     let c = sandbox(uid, &[]);
     let a = c.launch(uid, &["stopped"]);
@@ -493,6 +510,7 @@ fn t11_stopped_process_and_a_sigcont_looper() {
 
 #[test]
 fn t12_ptrace_attached_pair() {
+    let _l = light();
     let uid = 4312;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["ptrace"]);
@@ -507,6 +525,7 @@ fn t12_ptrace_attached_pair() {
 
 #[test]
 fn t13_vfork_parent_and_child() {
+    let _l = light();
     let uid = 4313;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["vfork"]);
@@ -527,6 +546,7 @@ fn t13_vfork_parent_and_child() {
 
 #[test]
 fn t14_writer_stops_for_good_once_the_marker_exists() {
+    let _l = light();
     let uid = 4314;
     let c = sandbox(uid, &[]);
     let file = c.path("work.log");
@@ -545,6 +565,7 @@ fn t14_writer_stops_for_good_once_the_marker_exists() {
 
 #[test]
 fn t15_spoofed_names_are_not_matched_by_name() {
+    let _l = light();
     let uid = 4315;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["spoof"]);
@@ -557,6 +578,7 @@ fn t15_spoofed_names_are_not_matched_by_name() {
 
 #[test]
 fn t16_sandbox_attacks_pid_1_during_the_freeze() {
+    let _l = light();
     let uid = 4316;
     let mut c = sandbox(uid, &[]);
     let b = c.launch(uid, &["sleepers", "100"]);
@@ -580,6 +602,7 @@ fn t16_sandbox_attacks_pid_1_during_the_freeze() {
 
 #[test]
 fn t17_unreaped_zombie_does_not_block_success() {
+    let _l = light();
     let uid = 4317;
     let c = sandbox(uid, &[]);
     let r = c.launch_root(&["zombie-root", &uid.to_string()]);
@@ -597,6 +620,7 @@ fn t17_unreaped_zombie_does_not_block_success() {
 
 #[test]
 fn t18_unreadable_proc_is_a_bounded_failure_without_marker() {
+    let _l = light();
     let uid = 4320;
     let c = sandbox(uid, &["--freeze-timeout", "3"]);
     let _w = c.launch(uid, &["sleepers", "10"]);
@@ -619,6 +643,7 @@ fn t18_unreadable_proc_is_a_bounded_failure_without_marker() {
 
 #[test]
 fn t19_without_sandbox_user_usr1_reaches_the_command() {
+    let _l = light();
     let uid = 4319;
     let a = adv();
     let mut c = Container::start_with(
@@ -636,6 +661,7 @@ fn t19_without_sandbox_user_usr1_reaches_the_command() {
 
 #[test]
 fn t20_nested_user_and_pid_namespace() {
+    let _l = light();
     let uid = 4321;
     let c = sandbox(uid, &[]);
     let probe =
@@ -658,6 +684,7 @@ fn t20_nested_user_and_pid_namespace() {
 
 #[test]
 fn t21_root_service_survives_untouched() {
+    let _l = light();
     let uid = 4322;
     let mut c = sandbox(uid, &[]);
     let _svc = c.launch_root(&["sleepers", "3"]);
@@ -674,6 +701,7 @@ fn t21_root_service_survives_untouched() {
 
 #[test]
 fn t22_leader_thread_exited() {
+    let _l = light();
     let uid = 4323;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["leader-exit"]);
@@ -695,6 +723,7 @@ fn t22_leader_thread_exited() {
 /// the marker names every process with the UID its leader holds.
 #[test]
 fn t24_threads_of_sandbox_leaders_are_seen_stopped() {
+    let _l = light();
     let uid = 4325;
     let c = sandbox(uid, &[]);
     let _w = c.launch(uid, &["thread-procs", "6", "5"]);
@@ -710,6 +739,7 @@ fn t24_threads_of_sandbox_leaders_are_seen_stopped() {
 
 #[test]
 fn second_freeze_works_like_the_first() {
+    let _l = light();
     let uid = 4324;
     let c = sandbox(uid, &[]);
     let _w = c.launch(uid, &["sleepers", "5"]);
@@ -721,7 +751,8 @@ fn second_freeze_works_like_the_first() {
 
 #[test]
 fn init_stays_up_after_its_sandboxed_command_dies_until_term() {
-    let uid = 4325;
+    let _l = light();
+    let uid = 4343;
     let u = uid.to_string();
     let a = adv();
     let mut c = Container::start_with(
@@ -743,6 +774,7 @@ fn init_stays_up_after_its_sandboxed_command_dies_until_term() {
 
 #[test]
 fn after_freeze_exit_opts_out() {
+    let _l = light();
     let uid = 4326;
     let u = uid.to_string();
     let a = adv();
@@ -762,6 +794,7 @@ fn after_freeze_exit_opts_out() {
 
 #[test]
 fn docker_kill_style_signal_freezes_without_a_request() {
+    let _l = light();
     let uid = 4327;
     let c = sandbox(uid, &[]);
     let w = c.launch(uid, &["sleepers", "20"]);
@@ -778,6 +811,7 @@ fn docker_kill_style_signal_freezes_without_a_request() {
 
 #[test]
 fn t23_uninterruptible_sleep_is_a_bounded_failure_naming_the_survivor() {
+    let _l = light();
     let uid = 4328;
     if !std::path::Path::new("/dev/fuse").exists() {
         skip(
@@ -856,7 +890,7 @@ fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
     // names is often free and nothing holds it): the init has no pid to spare for a thread of its
     // own until it reaps what it killed. One `docker kill -s USR1` must still end in a marker.
     let _h = heavy();
-    let uid = 4325;
+    let uid = 4341;
     let Some(cg) = PidsCgroup::new("bomb", 400) else {
         skip(
             "t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough",
@@ -897,11 +931,12 @@ fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
 
 #[test]
 fn t26_no_pid_for_the_counters_holder_is_a_bounded_failure() {
+    let _l = light();
     // The pid the counter names is free (the last process made in the namespace was reaped by
     // its parent outside), the init's cgroup is over its pids limit, and nothing the init could
     // reap would free one: no observation can be shown consistent, so the freeze fails within
     // its budget, saying why, and signs nothing. Once a pid is free again, a freeze succeeds.
-    let uid = 4326;
+    let uid = 4342;
     let Some(cg) = PidsCgroup::new("noholder", 100) else {
         skip(
             "t26_no_pid_for_the_counters_holder_is_a_bounded_failure",

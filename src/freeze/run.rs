@@ -19,8 +19,11 @@ pub struct Context<'a> {
     pub since: newcomers::Since,
     pub launchers: &'a newcomers::Launchers,
     /// Processes that are the init's own whenever they were born: the client that asked for this
-    /// freeze (root, entered from outside, alive throughout) and the init's command.
-    pub own: Vec<Pid>,
+    /// freeze (root, entered from outside, alive throughout), the init's command, an attestation
+    /// worker not yet reaped. By pid and start time: any of them may end during the freeze (a
+    /// root escapee can kill the client; the init reaps its command), and a later process with
+    /// its pid is not the init's.
+    pub own: Vec<newcomers::Own>,
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
@@ -485,9 +488,9 @@ pub fn run(
                 run.phases.probe = ms(t.elapsed());
                 return run.fail(
                     format!(
-                        "no pid was free to hold the pid counter with (a pids limit reached, and reaping \
-                         freed none) within the {:?} budget: the final observation cannot be shown \
-                         consistent",
+                        "no pid was free to hold the pid counter with (a pids limit reached; the init \
+                         reaped its exited children meanwhile) within the {:?} budget: the final \
+                         observation cannot be shown consistent, and what is alive is unknown",
                         cfg.timeout
                     ),
                     Vec::new(),
@@ -521,7 +524,8 @@ pub fn run(
         let left = survivors(snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
-            let own: Vec<Pid> = run.cred.helper_pid().into_iter().chain(also_own.iter().copied()).collect();
+            let own: Vec<newcomers::Own> =
+                run.cred.helper(run.reader).into_iter().chain(also_own.iter().copied()).collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
                 newcomers::orphaned(snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);

@@ -182,13 +182,13 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         .main_start
         .filter(|_| !sb.command_is_sandbox)
         .filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
-    let own: Vec<Pid> = pending_request
-        .as_ref()
-        .and_then(|r| r.pid)
-        .into_iter()
-        .chain(command.map(|_| reaper.main))
-        .chain(lingering)
-        .collect();
+    // The client by the start time it wrote itself: read here, its pid might already name a
+    // process that a root escapee put there after killing it. The worker is an unreaped child:
+    // its pid is its own until the init reaps it.
+    let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time));
+    let lingering = lingering.and_then(|pid| Some((pid, Reader::default().start_time(pid).ok().flatten()?)));
+    let own: Vec<(Pid, u64)> =
+        client.into_iter().chain(command.map(|t| (reaper.main, t))).chain(lingering).collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
         id: id.clone(),

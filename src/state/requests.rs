@@ -38,6 +38,10 @@ pub struct Request {
     /// count as a bare signal.
     #[serde(default)]
     pub pid: Option<Pid>,
+    /// The client's start time (clock ticks since boot), as it read it itself: with the pid, its
+    /// identity (a later process with that pid is another one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<u64>,
     /// Not a freeze: `quiesce exec` recording its launch (see `launches`), answered once taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch: Option<Launch>,
@@ -80,31 +84,39 @@ pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
     Ok(r)
 }
 
-/// The client side: write a freeze request of our own and return its id.
-pub fn submit(state: &StateDir, nonce: Option<String>, attest: Vec<String>) -> Result<String, String> {
+/// The client side: write a freeze request of our own and return its id. `start_time`: this
+/// process's own, which makes it the init's own during the freeze (not another process that
+/// takes its pid).
+pub fn submit(
+    state: &StateDir,
+    nonce: Option<String>,
+    start_time: Option<u64>,
+    attest: Vec<String>,
+) -> Result<String, String> {
     if nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
         return Err(format!("--nonce is longer than {MAX_NONCE} bytes: use a shorter one"));
     }
     if attest.len() > MAX_ATTEST || attest.iter().any(|p| p.len() > 4096) {
         return Err(format!("at most {MAX_ATTEST} --attest paths of at most 4096 bytes each"));
     }
-    submit_request(state, nonce, None, attest)
+    submit_request(state, nonce, start_time, None, attest)
 }
 
 /// The client side: write a launch record as a request and return its id.
 pub fn submit_launch(state: &StateDir, launch: Launch) -> Result<String, String> {
-    submit_request(state, None, Some(launch), Vec::new())
+    submit_request(state, None, None, Some(launch), Vec::new())
 }
 
 fn submit_request(
     state: &StateDir,
     nonce: Option<String>,
+    start_time: Option<u64>,
     launch: Option<Launch>,
     attest: Vec<String>,
 ) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
     let id = new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
-    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), launch, attest };
+    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), start_time, launch, attest };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     // The temp file's name starts with a dot, so the init never takes a half-written request.
     dir.write_atomic(&id, &body, 0o644)
@@ -353,7 +365,8 @@ mod tests {
     fn every_request_is_taken_once_and_answered_on_its_own() {
         let (d, sd) = state_dir("many");
         let mut intake = Intake::new(&sd).unwrap();
-        let ids: Vec<String> = (0..40).map(|i| submit(&sd, Some(format!("n{i}")), vec![]).unwrap()).collect();
+        let ids: Vec<String> =
+            (0..40).map(|i| submit(&sd, Some(format!("n{i}")), None, vec![]).unwrap()).collect();
         let me = sys::getpid();
         let mut got = Vec::new();
         let mut senders = vec![me];
@@ -421,6 +434,7 @@ mod tests {
             nonce: Some(long),
             request_id: id.into(),
             pid: None,
+            start_time: None,
             launch: None,
             attest: vec![],
         })

@@ -213,7 +213,7 @@ proptest! {
 
     #[test]
     fn request_files_round_trip(id in request_id(), nonce in proptest::option::of(any::<String>()), pid in proptest::option::of(any::<i32>())) {
-        let req = Request { nonce, request_id: id.clone(), pid, launch: None, attest: vec![] };
+        let req = Request { nonce, request_id: id.clone(), pid, start_time: None, launch: None, attest: vec![] };
         let body = serde_json::to_vec(&req).unwrap();
         let back = requests::parse_request(&body, &id);
         if req.nonce.as_ref().is_some_and(|n| n.len() > requests::MAX_NONCE) {

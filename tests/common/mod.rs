@@ -920,3 +920,45 @@ pub fn chmod(p: &Path, m: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
 }
+
+/// A pids cgroup of the test's own (cgroup v1's pids hierarchy or v2's), removed when dropped,
+/// once the namespace inside it has ended.
+pub struct PidsCgroup(pub PathBuf);
+
+impl PidsCgroup {
+    pub fn new(tag: &str, max: u32) -> Option<PidsCgroup> {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let base = if v1.join("cgroup.procs").exists() {
+            v1
+        } else if read(&v2.join("cgroup.subtree_control")).split_whitespace().any(|c| c == "pids") {
+            v2
+        } else {
+            return None;
+        };
+        let dir = base.join(format!("quiesce-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let g = PidsCgroup(dir);
+        std::fs::write(g.0.join("pids.max"), max.to_string()).ok()?;
+        Some(g)
+    }
+
+    pub fn current(&self) -> u32 {
+        read(&self.0.join("pids.current")).trim().parse().unwrap_or(0)
+    }
+
+    /// A shell prefix (`sh -c THIS sh CMD...`) that moves itself into the cgroup, then execs CMD.
+    pub fn enter(&self) -> String {
+        format!("echo $$ > {} && exec \"$@\"", self.0.join("cgroup.procs").display())
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        // Its last tasks are released a little after the namespace's PID 1 is reaped.
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.0).is_err() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

@@ -877,11 +877,8 @@ fn t25_bomb_at_the_cgroup_pids_limit_one_signal_is_enough() {
     );
     wait_for("the bomb to hold the pids limit", Duration::from_secs(60), || cg.current() >= 398);
     let urgent = Urgent::now();
-    c.signal(libc::SIGUSR1);
-    let done = |c: &Container| matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed"));
-    wait_for("the freeze to end", Duration::from_secs(60), || done(&c));
+    let (st, _) = c.freeze_by_signal(Duration::from_secs(60));
     drop(urgent);
-    let st = c.status_file();
     assert_eq!(st["state"], "quiescent", "{st}");
     assert!(c.marker_exists());
     let left = live_sandbox(&c, uid);
@@ -906,28 +903,12 @@ fn t26_no_pid_for_the_counters_holder_is_a_bounded_failure() {
         );
         return;
     };
-    let u = uid.to_string();
-    let enter = cg.enter();
-    let mut c = Container::start_with(
-        Opts {
-            init_args: vec!["--sandbox-user", &u, "--freeze-timeout", "2"],
-            prefix: vec!["sh", "-c", &enter, "sh"],
-            ..Default::default()
-        },
-        &["sleep", "1000000"],
-    );
-    wait_for("the init to publish its sandbox", Duration::from_secs(10), || {
-        assert!(c.alive(), "the init ended before it published its sandbox");
-        c.state.join("sandbox.json").exists()
-    });
+    let c = sandbox_in(&cg, uid, &["--freeze-timeout", "2"]);
     // Launched from outside the cgroup, reaped there once killed: they free no pid of its.
     let _w = c.launch(uid, &["sleepers", "3"]);
     assert!(c.exec(&["true"]).status.success());
     std::fs::write(cg.0.join("pids.max"), "1").expect("lower the pids limit");
-    c.signal(libc::SIGUSR1);
-    let done = |c: &Container| matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed"));
-    wait_for("the freeze to end", Duration::from_secs(30), || done(&c));
-    let st = c.status_file();
+    let (st, _) = c.freeze_by_signal(Duration::from_secs(30));
     assert_eq!(st["state"], "failed", "{st}");
     assert!(st["reason"].as_str().unwrap_or("").contains("no pid was free to hold the pid counter"), "{st}");
     assert!(!c.marker_exists());

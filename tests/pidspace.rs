@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The namespace's pid_max: small, so that a few hundred processes fill it.
 const PID_MAX: u32 = 600;
@@ -166,14 +166,7 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
         wait_for("the hopper to hop in the full pid space", Duration::from_secs(10), || {
             std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) > a0 + 40
         });
-        let started = Instant::now();
-        c.signal(libc::SIGUSR1);
-        let mut st = serde_json::Value::Null;
-        wait_for("the freeze to end", Duration::from_secs(60), || {
-            st = c.status_file();
-            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
-        });
-        let took = started.elapsed();
+        let (st, took) = c.freeze_by_signal(Duration::from_secs(60));
         let alive = hopper_alive(&c, &file);
         eprintln!(
             "round {round}: {free} free, state {} in {took:?}, hopper alive {alive}: {}",
@@ -237,14 +230,7 @@ fn s03_a_root_child_read_under_a_parent_that_died_meanwhile_never_gets_a_marker(
             delay,
         ]);
         let _l = c.start_ready(launcher, "stale-parent under a reaping root launcher");
-        let started = Instant::now();
-        c.signal(libc::SIGUSR1);
-        let mut st = serde_json::Value::Null;
-        wait_for("the freeze to end", Duration::from_secs(60), || {
-            st = c.status_file();
-            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
-        });
-        let took = started.elapsed();
+        let (st, took) = c.freeze_by_signal(Duration::from_secs(60));
         let roots: Vec<i32> = c
             .pids()
             .into_iter()

@@ -95,20 +95,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
             let q = quiesce();
             let a = adv();
             let b = c.start_ready(
-                c.exec_cmd(&[
-                    "sh",
-                    "-c",
-                    &enter,
-                    "sh",
-                    q.to_str().unwrap(),
-                    "exec",
-                    "--user",
-                    &u,
-                    "--",
-                    &a,
-                    "bomb",
-                    "100000",
-                ]),
+                c.exec_in(g, &[q.to_str().unwrap(), "exec", "--user", &u, "--", &a, "bomb", "100000"]),
                 "a bomb in the cgroup",
             );
             let max: u32 = read(&g.0.join("pids.max")).trim().parse().unwrap();
@@ -181,49 +168,32 @@ fn x02_root_hopper_whose_hops_are_the_inits_zombies_at_a_pids_limit() {
             return;
         };
         let u = uid.to_string();
-        let enter = cg.enter();
-        let c = Container::start_with(
-            Opts {
-                init_args: vec!["--sandbox-user", &u, "--no-lineage", "--freeze-timeout", "5"],
-                prefix: vec!["sh", "-c", &enter, "sh"],
-                ..Default::default()
-            },
-            &["sleep", "1000000"],
-        );
-        wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+        let c = sandbox_in(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
         let suid = setuid_copy(&c);
         let file = c.path("hops");
         let q = quiesce();
-        let hopper = c.exec_cmd(&[
-            "sh",
-            "-c",
-            &enter,
-            "sh",
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--allow-setuid",
-            "--no-lineage",
-            "--",
-            &suid,
-            "hopper",
-            file.to_str().unwrap(),
-            &nap,
-        ]);
+        let hopper = c.exec_in(
+            &cg,
+            &[
+                q.to_str().unwrap(),
+                "exec",
+                "--user",
+                &u,
+                "--allow-setuid",
+                "--no-lineage",
+                "--",
+                &suid,
+                "hopper",
+                file.to_str().unwrap(),
+                &nap,
+            ],
+        );
         let _h = c.start_ready(hopper, "a root hopper in the cgroup");
         let a0 = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         wait_for("the hopper to hop", Duration::from_secs(10), || {
             std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) > a0 + 40
         });
-        let started = Instant::now();
-        c.signal(libc::SIGUSR1);
-        let mut st = serde_json::Value::Null;
-        wait_for("the freeze to end", Duration::from_secs(60), || {
-            st = c.status_file();
-            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
-        });
-        let took = started.elapsed();
+        let (st, took) = c.freeze_by_signal(Duration::from_secs(60));
         let b0 = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         std::thread::sleep(Duration::from_millis(300));
         let alive = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) > b0
@@ -262,45 +232,16 @@ fn x03_zombie_storm_at_a_pids_limit() {
             return;
         };
         let u = uid.to_string();
-        let enter = cg.enter();
-        let c = Container::start_with(
-            Opts {
-                init_args: vec!["--sandbox-user", &u, "--no-lineage", "--freeze-timeout", "5"],
-                prefix: vec!["sh", "-c", &enter, "sh"],
-                ..Default::default()
-            },
-            &["sleep", "1000000"],
-        );
-        wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+        let c = sandbox_in(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
         let q = quiesce();
         let a = adv();
-        let storm = c.exec_cmd(&[
-            "sh",
-            "-c",
-            &enter,
-            "sh",
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--",
-            &a,
-            "zombie-storm",
-            "16",
-            "200",
-            "30",
-            "20",
-        ]);
+        let storm = c.exec_in(
+            &cg,
+            &[q.to_str().unwrap(), "exec", "--user", &u, "--", &a, "zombie-storm", "16", "200", "30", "20"],
+        );
         let _s = c.start_ready(storm, "a zombie storm in the cgroup");
         wait_for("the storm to reach the limit", Duration::from_secs(20), || cg.current() >= 110);
-        let started = Instant::now();
-        c.signal(libc::SIGUSR1);
-        let mut st = serde_json::Value::Null;
-        wait_for("the freeze to end", Duration::from_secs(60), || {
-            st = c.status_file();
-            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
-        });
-        let took = started.elapsed();
+        let (st, took) = c.freeze_by_signal(Duration::from_secs(60));
         let left = c.live_of_uid(uid);
         eprintln!(
             "round {round}: state {} in {took:?}, killed {}, live sandbox {left:?}, marker {}: {}",

@@ -38,14 +38,21 @@ pub fn sandbox(uid: u32, extra: &[&str]) -> Container {
     let mut args = vec!["--sandbox-user", &u];
     args.extend_from_slice(extra);
     let mut c = Container::start(&args, &["sleep", "1000000"]);
-    // A freeze asked for before the init has published its sandbox fails ("is the init
-    // running?"): wait for the file it writes last, as an orchestrator's readiness check would.
-    let until = Instant::now() + Duration::from_secs(10);
-    while !c.state.join("sandbox.json").exists() {
-        assert!(c.alive(), "the init ended before it published its sandbox");
-        assert!(Instant::now() < until, "the init did not publish its sandbox within 10 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    c.wait_published();
+    c
+}
+
+/// The same inside the pids cgroup `cg` (the init and everything it starts count against it).
+pub fn sandbox_in(cg: &PidsCgroup, uid: u32, extra: &[&str]) -> Container {
+    let u = uid.to_string();
+    let mut args = vec!["--sandbox-user", &u];
+    args.extend_from_slice(extra);
+    let enter = cg.enter();
+    let mut c = Container::start_with(
+        Opts { init_args: args, prefix: vec!["sh", "-c", &enter, "sh"], ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
     c
 }
 
@@ -653,6 +660,40 @@ impl Container {
         if let Err(e) = pidfd_signal(fd, sig) {
             panic!("cannot signal the init (signal {sig}): {e}");
         }
+    }
+
+    /// `exec_cmd(args)`, moved into the pids cgroup `cg` before it runs `args`.
+    pub fn exec_in(&self, cg: &PidsCgroup, args: &[&str]) -> Command {
+        let enter = cg.enter();
+        let mut full = vec!["sh", "-c", enter.as_str(), "sh"];
+        full.extend_from_slice(args);
+        self.exec_cmd(&full)
+    }
+
+    /// A freeze fails ("is the init running?") when asked for before the init has published its
+    /// sandbox: wait for the file it writes last, as an orchestrator's readiness check would.
+    pub fn wait_published(&mut self) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !self.state.join("sandbox.json").exists() {
+            assert!(self.alive(), "the init ended before it published its sandbox");
+            assert!(Instant::now() < until, "the init did not publish its sandbox within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A freeze asked for as `docker kill -s USR1` asks (a signal from outside: no process in
+    /// the namespace), then its final status once written (within `within`), and how long that
+    /// took.
+    pub fn freeze_by_signal(&self, within: Duration) -> (serde_json::Value, Duration) {
+        let before = self.status_file()["id"].clone();
+        let started = Instant::now();
+        self.signal(libc::SIGUSR1);
+        let mut st = serde_json::Value::Null;
+        wait_for("the freeze to end", within, || {
+            st = self.status_file();
+            st["id"] != before && matches!(st["state"].as_str(), Some("quiescent" | "failed"))
+        });
+        (st, started.elapsed())
     }
 
     /// `quiesce freeze --wait --json --nonce NONCE [--timeout SECS]` inside the namespace.

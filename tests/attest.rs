@@ -268,6 +268,12 @@ fn every_bound_fails_the_attestation_and_never_the_freeze() {
         assert!(t.elapsed() < Duration::from_secs(60), "{tree}: {:?}", t.elapsed());
         assert!(!envelope_path(&c).exists(), "{tree}: a partial statement was written");
         assert!(c.marker_exists(), "{tree}: the freeze's marker stays");
+        // The marker names the path, so a plain verify refuses, with the init's reason.
+        assert_eq!(c.marker_claims()["attest"], serde_json::json!([format!("{b}/{tree}")]));
+        let bad = c.verify(&["--", "echo", "scored"]);
+        assert_eq!(code(&bad), 19, "{tree}: {}", stderr(&bad));
+        assert!(stderr(&bad).contains(why), "{tree}: {}", stderr(&bad));
+        assert!(bad.stdout.is_empty(), "{tree}: the verifier ran");
     }
     // Only within what the init allows.
     let (rc, st) = freeze_attesting(&c, "outside", &["/etc"]);
@@ -275,6 +281,12 @@ fn every_bound_fails_the_attestation_and_never_the_freeze() {
     let (state, reason) = attested_state(&st);
     assert_eq!(state, "failed", "{st}");
     assert!(reason.contains("--attest-allow"), "{reason}");
+    // The refused path is claimed all the same: no envelope covers it, and a plain verify
+    // refuses rather than pass.
+    assert_eq!(c.marker_claims()["attest"], serde_json::json!(["/etc"]));
+    let bad = c.verify(&[]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--attest-allow"), "{}", stderr(&bad));
     // verify asked for an attestation that failed: refused, with the init's reason.
     let bad = c.verify(&["--attest", &b]);
     assert_eq!(code(&bad), 19, "{}", stderr(&bad));
@@ -494,4 +506,103 @@ fn a_link_above_a_named_path_fails_the_attestation() {
     assert_eq!(state, "failed", "{st}");
     assert!(reason.contains("is a symlink"), "{reason}");
     assert!(!envelope_path(&c).exists());
+}
+
+/// Write status.json as the init does (whole, by a rename), changed by `edit`.
+fn edit_status(c: &Container, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut st = c.status_file();
+    edit(&mut st);
+    let tmp = c.state.join(".status.json.test");
+    std::fs::write(&tmp, st.to_string()).unwrap();
+    std::fs::rename(&tmp, c.state.join("status.json")).unwrap();
+}
+
+/// The marker names what its freeze attests, signed before the attestation runs: a plain
+/// verify (no --attest) refuses when the envelope is gone, as it would with --attest.
+#[test]
+fn the_marker_names_the_attested_paths_and_a_missing_envelope_is_refused() {
+    let ws = scratch("claim");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("echo a > {w}/a"));
+    let (rc, st) = freeze_attesting(&c, "claim", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let claims = c.marker_claims();
+    assert_eq!(claims["attest"], serde_json::json!([w]), "{claims}");
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+
+    // A root process removes the envelope: the marker still says one was made.
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+    let e = stderr(&bad);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("no attestation at"), "{e}");
+    assert!(e.contains("(the init's attestation: attested"), "{e}");
+}
+
+#[test]
+fn without_attest_paths_the_marker_claims_none_and_verify_passes_as_before() {
+    let c = sandbox(UID, &[]);
+    let (rc, st) = c.freeze("plain");
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    assert!(st.get("attestation").is_none_or(|a| a.is_null()), "{st}");
+    let claims = c.marker_claims();
+    assert!(claims.get("attest").is_none(), "{claims}");
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+}
+
+/// A freeze asked without --wait: verify finds the attestation still running and waits for it,
+/// then checks it.
+#[test]
+fn verify_waits_for_an_attestation_still_running() {
+    let ws = scratch("waitrun");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("truncate -s 3G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    assert!(!envelope_path(&c).exists());
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_eq!(c.status_file()["attestation"]["state"], "attested");
+}
+
+/// Waiting is bounded: by the attestation's own end (its time bound, which the init enforces),
+/// and, should status.json never say it ended, by the marker's --max-age.
+#[test]
+fn verify_waits_for_a_running_attestation_only_within_its_bound() {
+    let ws = scratch("waitbound");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w, "--attest-timeout", "1"]);
+    as_sandbox(&c, &format!("truncate -s 15G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    let t = Instant::now();
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("(the init's attestation: failed: the time bound"), "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+    // An init that never says (status.json left at running): refused once the marker is
+    // --max-age old.
+    assert!(c.exec(&["sh", "-c", &format!("rm {w}/big && echo x > {w}/x")]).status.success());
+    let (rc, st) = freeze_attesting(&c, "small", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    edit_status(&c, |st| st["attestation"] = serde_json::json!({"state": "running", "reason": null}));
+    let t = Instant::now();
+    let bad = c.verify(&["--max-age", "4", "--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    let e = stderr(&bad);
+    assert!(e.contains("(the init's attestation: running); wait for it"), "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
 }

@@ -606,3 +606,145 @@ fn verify_waits_for_a_running_attestation_only_within_its_bound() {
         t.elapsed()
     );
 }
+
+/// Root without the capabilities that let it read what it does not own, as an engine that drops
+/// them (Kubernetes' `drop: [ALL]` plus what the init needs) would run it.
+const NO_DAC: [&str; 5] = [
+    "setpriv",
+    "--inh-caps",
+    "-dac_override,-dac_read_search",
+    "--bounding-set",
+    "-dac_override,-dac_read_search",
+];
+
+/// A directory the sandbox locked (mode 000) where the worker has no capability to read past
+/// modes: recorded as skipped, with the error, and a re-check with the same rights agrees. A
+/// file the worker cannot open is not skipped: it fails the attestation, and verify refuses.
+#[test]
+fn an_entry_the_worker_may_not_read_is_skipped_and_verify_agrees() {
+    let ws = scratch("eacces");
+    let w = s(&ws).to_string();
+    let u = UID.to_string();
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--attest", &w],
+            prefix: NO_DAC.to_vec(),
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(
+        &c,
+        &format!("cd {w} && echo a > a && mkdir locked && echo in > locked/f && chmod 000 locked"),
+    );
+    let (rc, st) = freeze_attesting(&c, "eacces", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let stm = statement(&c);
+    let names: Vec<&str> =
+        stm["subject"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec![format!("{w}/a")]);
+    let skipped = &stm["predicate"]["paths"][0]["skipped"];
+    let why = skipped[format!("{w}/locked")].as_str().unwrap_or("");
+    assert!(why.starts_with("unreadable: Permission denied"), "{skipped}");
+
+    let q = quiesce();
+    let st_dir = s(&c.state).to_string();
+    let verify_no_dac = |extra: &[&str]| {
+        let mut a = NO_DAC.to_vec();
+        a.extend_from_slice(&[q.to_str().unwrap(), "verify", "--state-dir", &st_dir]);
+        a.extend_from_slice(extra);
+        c.exec(&a)
+    };
+    let ok = verify_no_dac(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    // A verify that may read it sees what the worker could not: not the tree attested.
+    let bad = c.verify(&[]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains(&format!("added {w}/locked/f")), "{}", stderr(&bad));
+
+    // A file it cannot open: the attestation fails, naming it; the freeze does not.
+    assert!(c.exec(&["chmod", "000", &format!("{w}/a")]).status.success());
+    let (rc, st) = freeze_attesting(&c, "eacces-file", &[]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains(&format!("cannot read {w}/a: Permission denied")), "{reason}");
+    let bad = verify_no_dac(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("Permission denied"), "{}", stderr(&bad));
+}
+
+/// The old envelope cannot be removed at the start of a freeze (a directory with something in
+/// it where the envelope was): the freeze fails before any signal, and leaves no marker that
+/// the stale name could be taken with.
+#[test]
+fn an_old_envelope_that_cannot_be_removed_fails_the_freeze_and_leaves_no_marker() {
+    let ws = scratch("stale");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("echo x > {w}/x"));
+    let (rc, st) = freeze_attesting(&c, "first", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    std::fs::create_dir(envelope_path(&c)).unwrap();
+    std::fs::write(envelope_path(&c).join("kept"), b"x").unwrap();
+    let (rc, st) = freeze_attesting(&c, "second", &[]);
+    assert_ne!(rc, 0, "{st}");
+    assert_eq!(st["state"], "failed", "{st}");
+    let reason = st["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("cannot remove the old attestation"), "{st}");
+    assert!(st.get("attestation").is_none_or(|a| a.is_null()), "{st}");
+    assert!(!c.marker_exists(), "a marker beside an envelope that was not removed");
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 10, "{}", stderr(&bad));
+    // Cleared, the next freeze attests again.
+    std::fs::remove_dir_all(envelope_path(&c)).unwrap();
+    let (rc, st) = freeze_attesting(&c, "third", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+}
+
+/// The worker cannot be started: the init's binary sits on a mount remounted noexec after it
+/// started, so executing /proc/self/exe is refused. The attestation fails with the reason, the
+/// freeze stays quiescent with its marker, and a plain verify refuses (the marker claims the
+/// path).
+#[test]
+fn a_worker_that_cannot_start_fails_the_attestation_and_not_the_freeze() {
+    let ws = scratch("noexec");
+    let w = s(&ws).to_string();
+    let bin = scratch("noexec-bin");
+    let b = s(&bin).to_string();
+    let init = bin.join("quiesce");
+    std::fs::copy(quiesce(), &init).unwrap();
+    let u = UID.to_string();
+    let mount = format!("mount --bind {b} {b} && exec \"$@\"");
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--attest", &w],
+            wrap: vec!["sh", "-c", &mount, "sh"],
+            init_bin: Some(init.clone()),
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(&c, &format!("echo x > {w}/x"));
+    let out = c.exec(&["mount", "-o", "remount,bind,noexec", &b]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "noexec", &[]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains("cannot start the attestation worker"), "{reason}");
+    assert_eq!(c.status_file()["attestation"]["state"], "failed");
+    assert!(c.marker_exists(), "the freeze's marker stays");
+    assert!(!envelope_path(&c).exists());
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("cannot start the attestation worker"), "{}", stderr(&bad));
+    // Executable again, the next freeze attests.
+    let out = c.exec(&["mount", "-o", "remount,bind,exec", &b]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "exec", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+}

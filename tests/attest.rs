@@ -748,3 +748,27 @@ fn a_worker_that_cannot_start_fails_the_attestation_and_not_the_freeze() {
     let (rc, st) = freeze_attesting(&c, "exec", &[]);
     assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
 }
+
+/// The live probe is the last look before the verifier starts: a sandbox process started while
+/// verify waited for the attestation is found, and the verifier does not run.
+#[test]
+fn a_sandbox_process_started_while_verify_waits_is_found_after_the_wait() {
+    let ws = scratch("waitlive");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("truncate -s 4G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    let q = quiesce();
+    let mut v =
+        c.exec_cmd(&[q.to_str().unwrap(), "verify", "--state-dir", s(&c.state), "--", "echo", "scored"]);
+    let waiting =
+        v.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    as_sandbox(&c, "sleep 1000 > /dev/null 2>&1 &");
+    assert_eq!(c.status_file()["attestation"]["state"], "running", "the attestation ended before the launch");
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(code(&out), 16, "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "the verifier ran");
+    assert_eq!(c.status_file()["attestation"]["state"], "attested");
+}

@@ -72,7 +72,8 @@ fn check_attestation(
         )),
     };
     // An attestation still running is waited for, until the marker is --max-age old.
-    let until = Instant::now() + Duration::from_secs((claims.iat + args.max_age).saturating_sub(now_unix()));
+    let until = Instant::now()
+        + Duration::from_secs(claims.iat.saturating_add(args.max_age).saturating_sub(now_unix()));
     let text = loop {
         match read {
             Ok(t) => break t,
@@ -360,6 +361,9 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             "marker was made by an earlier init of this container".into(),
         ));
     }
+    // Before the live probe: the wait for a running attestation and the re-walk take time, and
+    // the probe is the last look before the verifier starts.
+    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
     if !args.no_live_probe {
         let mut uids = claims.sandbox_uids.clone();
         uids.extend_from_slice(expected_uids);
@@ -387,7 +391,6 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             ));
         }
     }
-    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
     Ok((claims, attested))
 }
 

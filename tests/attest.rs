@@ -268,6 +268,12 @@ fn every_bound_fails_the_attestation_and_never_the_freeze() {
         assert!(t.elapsed() < Duration::from_secs(60), "{tree}: {:?}", t.elapsed());
         assert!(!envelope_path(&c).exists(), "{tree}: a partial statement was written");
         assert!(c.marker_exists(), "{tree}: the freeze's marker stays");
+        // The marker names the path, so a plain verify refuses, with the init's reason.
+        assert_eq!(c.marker_claims()["attest"], serde_json::json!([format!("{b}/{tree}")]));
+        let bad = c.verify(&["--", "echo", "scored"]);
+        assert_eq!(code(&bad), 19, "{tree}: {}", stderr(&bad));
+        assert!(stderr(&bad).contains(why), "{tree}: {}", stderr(&bad));
+        assert!(bad.stdout.is_empty(), "{tree}: the verifier ran");
     }
     // Only within what the init allows.
     let (rc, st) = freeze_attesting(&c, "outside", &["/etc"]);
@@ -275,6 +281,12 @@ fn every_bound_fails_the_attestation_and_never_the_freeze() {
     let (state, reason) = attested_state(&st);
     assert_eq!(state, "failed", "{st}");
     assert!(reason.contains("--attest-allow"), "{reason}");
+    // The refused path is claimed all the same: no envelope covers it, and a plain verify
+    // refuses rather than pass.
+    assert_eq!(c.marker_claims()["attest"], serde_json::json!(["/etc"]));
+    let bad = c.verify(&[]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--attest-allow"), "{}", stderr(&bad));
     // verify asked for an attestation that failed: refused, with the init's reason.
     let bad = c.verify(&["--attest", &b]);
     assert_eq!(code(&bad), 19, "{}", stderr(&bad));
@@ -494,4 +506,269 @@ fn a_link_above_a_named_path_fails_the_attestation() {
     assert_eq!(state, "failed", "{st}");
     assert!(reason.contains("is a symlink"), "{reason}");
     assert!(!envelope_path(&c).exists());
+}
+
+/// Write status.json as the init does (whole, by a rename), changed by `edit`.
+fn edit_status(c: &Container, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut st = c.status_file();
+    edit(&mut st);
+    let tmp = c.state.join(".status.json.test");
+    std::fs::write(&tmp, st.to_string()).unwrap();
+    std::fs::rename(&tmp, c.state.join("status.json")).unwrap();
+}
+
+/// The marker names what its freeze attests, signed before the attestation runs: a plain
+/// verify (no --attest) refuses when the envelope is gone, as it would with --attest.
+#[test]
+fn the_marker_names_the_attested_paths_and_a_missing_envelope_is_refused() {
+    let ws = scratch("claim");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("echo a > {w}/a"));
+    let (rc, st) = freeze_attesting(&c, "claim", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let claims = c.marker_claims();
+    assert_eq!(claims["attest"], serde_json::json!([w]), "{claims}");
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+
+    // A root process removes the envelope: the marker still says one was made.
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+    let e = stderr(&bad);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("no attestation at"), "{e}");
+    assert!(e.contains("(the init's attestation: attested"), "{e}");
+}
+
+#[test]
+fn without_attest_paths_the_marker_claims_none_and_verify_passes_as_before() {
+    let c = sandbox(UID, &[]);
+    let (rc, st) = c.freeze("plain");
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    assert!(st.get("attestation").is_none_or(|a| a.is_null()), "{st}");
+    let claims = c.marker_claims();
+    assert!(claims.get("attest").is_none(), "{claims}");
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+}
+
+/// A freeze asked without --wait: verify finds the attestation still running and waits for it,
+/// then checks it.
+#[test]
+fn verify_waits_for_an_attestation_still_running() {
+    let ws = scratch("waitrun");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("truncate -s 3G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    assert!(!envelope_path(&c).exists());
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_eq!(c.status_file()["attestation"]["state"], "attested");
+}
+
+/// Waiting is bounded: by the attestation's own end (its time bound, which the init enforces),
+/// and, should status.json never say it ended, by the marker's --max-age.
+#[test]
+fn verify_waits_for_a_running_attestation_only_within_its_bound() {
+    let ws = scratch("waitbound");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w, "--attest-timeout", "1"]);
+    as_sandbox(&c, &format!("truncate -s 15G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    let t = Instant::now();
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("(the init's attestation: failed: the time bound"), "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+
+    // An init that never says (status.json left at running): refused once the marker is
+    // --max-age old.
+    assert!(c.exec(&["sh", "-c", &format!("rm {w}/big && echo x > {w}/x")]).status.success());
+    let (rc, st) = freeze_attesting(&c, "small", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    edit_status(&c, |st| st["attestation"] = serde_json::json!({"state": "running", "reason": null}));
+    let t = Instant::now();
+    let bad = c.verify(&["--max-age", "4", "--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    let e = stderr(&bad);
+    assert!(e.contains("(the init's attestation: running); wait for it"), "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+/// Root without the capabilities that let it read what it does not own, as an engine that drops
+/// them (Kubernetes' `drop: [ALL]` plus what the init needs) would run it.
+const NO_DAC: [&str; 5] = [
+    "setpriv",
+    "--inh-caps",
+    "-dac_override,-dac_read_search",
+    "--bounding-set",
+    "-dac_override,-dac_read_search",
+];
+
+/// A directory the sandbox locked (mode 000) where the worker has no capability to read past
+/// modes: recorded as skipped, with the error, and a re-check with the same rights agrees. A
+/// file the worker cannot open is not skipped: it fails the attestation, and verify refuses.
+#[test]
+fn an_entry_the_worker_may_not_read_is_skipped_and_verify_agrees() {
+    let ws = scratch("eacces");
+    let w = s(&ws).to_string();
+    let u = UID.to_string();
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--attest", &w],
+            prefix: NO_DAC.to_vec(),
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(
+        &c,
+        &format!("cd {w} && echo a > a && mkdir locked && echo in > locked/f && chmod 000 locked"),
+    );
+    let (rc, st) = freeze_attesting(&c, "eacces", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let stm = statement(&c);
+    let names: Vec<&str> =
+        stm["subject"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec![format!("{w}/a")]);
+    let skipped = &stm["predicate"]["paths"][0]["skipped"];
+    let why = skipped[format!("{w}/locked")].as_str().unwrap_or("");
+    assert!(why.starts_with("unreadable: Permission denied"), "{skipped}");
+
+    let q = quiesce();
+    let st_dir = s(&c.state).to_string();
+    let verify_no_dac = |extra: &[&str]| {
+        let mut a = NO_DAC.to_vec();
+        a.extend_from_slice(&[q.to_str().unwrap(), "verify", "--state-dir", &st_dir]);
+        a.extend_from_slice(extra);
+        c.exec(&a)
+    };
+    let ok = verify_no_dac(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    // A verify that may read it sees what the worker could not: not the tree attested.
+    let bad = c.verify(&[]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains(&format!("added {w}/locked/f")), "{}", stderr(&bad));
+
+    // A file it cannot open: the attestation fails, naming it; the freeze does not.
+    assert!(c.exec(&["chmod", "000", &format!("{w}/a")]).status.success());
+    let (rc, st) = freeze_attesting(&c, "eacces-file", &[]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains(&format!("cannot read {w}/a: Permission denied")), "{reason}");
+    let bad = verify_no_dac(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("Permission denied"), "{}", stderr(&bad));
+}
+
+/// The old envelope cannot be removed at the start of a freeze (a directory with something in
+/// it where the envelope was): the freeze fails before any signal, and leaves no marker that
+/// the stale name could be taken with.
+#[test]
+fn an_old_envelope_that_cannot_be_removed_fails_the_freeze_and_leaves_no_marker() {
+    let ws = scratch("stale");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("echo x > {w}/x"));
+    let (rc, st) = freeze_attesting(&c, "first", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    std::fs::remove_file(envelope_path(&c)).unwrap();
+    std::fs::create_dir(envelope_path(&c)).unwrap();
+    std::fs::write(envelope_path(&c).join("kept"), b"x").unwrap();
+    let (rc, st) = freeze_attesting(&c, "second", &[]);
+    assert_ne!(rc, 0, "{st}");
+    assert_eq!(st["state"], "failed", "{st}");
+    let reason = st["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("cannot remove the old attestation"), "{st}");
+    assert!(st.get("attestation").is_none_or(|a| a.is_null()), "{st}");
+    assert!(!c.marker_exists(), "a marker beside an envelope that was not removed");
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 10, "{}", stderr(&bad));
+    // Cleared, the next freeze attests again.
+    std::fs::remove_dir_all(envelope_path(&c)).unwrap();
+    let (rc, st) = freeze_attesting(&c, "third", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+}
+
+/// The worker cannot be started: the init's binary sits on a mount remounted noexec after it
+/// started, so executing /proc/self/exe is refused. The attestation fails with the reason, the
+/// freeze stays quiescent with its marker, and a plain verify refuses (the marker claims the
+/// path).
+#[test]
+fn a_worker_that_cannot_start_fails_the_attestation_and_not_the_freeze() {
+    let ws = scratch("noexec");
+    let w = s(&ws).to_string();
+    let bin = scratch("noexec-bin");
+    let b = s(&bin).to_string();
+    let init = bin.join("quiesce");
+    std::fs::copy(quiesce(), &init).unwrap();
+    let u = UID.to_string();
+    let mount = format!("mount --bind {b} {b} && exec \"$@\"");
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--attest", &w],
+            wrap: vec!["sh", "-c", &mount, "sh"],
+            init_bin: Some(init.clone()),
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    as_sandbox(&c, &format!("echo x > {w}/x"));
+    let out = c.exec(&["mount", "-o", "remount,bind,noexec", &b]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "noexec", &[]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains("cannot start the attestation worker"), "{reason}");
+    assert_eq!(c.status_file()["attestation"]["state"], "failed");
+    assert!(c.marker_exists(), "the freeze's marker stays");
+    assert!(!envelope_path(&c).exists());
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("cannot start the attestation worker"), "{}", stderr(&bad));
+    // Executable again, the next freeze attests.
+    let out = c.exec(&["mount", "-o", "remount,bind,exec", &b]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "exec", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+}
+
+/// The live probe is the last look before the verifier starts: a sandbox process started while
+/// verify waited for the attestation is found, and the verifier does not run.
+#[test]
+fn a_sandbox_process_started_while_verify_waits_is_found_after_the_wait() {
+    let ws = scratch("waitlive");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("truncate -s 4G {w}/big"));
+    freeze_no_wait(&c);
+    wait_running(&c);
+    let q = quiesce();
+    let mut v =
+        c.exec_cmd(&[q.to_str().unwrap(), "verify", "--state-dir", s(&c.state), "--", "echo", "scored"]);
+    let waiting =
+        v.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    as_sandbox(&c, "sleep 1000 > /dev/null 2>&1 &");
+    assert_eq!(c.status_file()["attestation"]["state"], "running", "the attestation ended before the launch");
+    let out = waiting.wait_with_output().unwrap();
+    assert_eq!(code(&out), 16, "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "the verifier ran");
+    assert_eq!(c.status_file()["attestation"]["state"], "attested");
 }

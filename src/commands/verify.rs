@@ -47,8 +47,9 @@ const RECHECK_SLACK_S: u64 = 5;
 /// A file named with --attestation: its signature is what counts, not its owner.
 const NAMED_ATTESTATION: files::Rule = files::Rule { root_owned: false, ..files::ATTESTATION };
 
-/// The attestation, when there is one or `--attest` asks for one: signed with the marker's key,
-/// of the marker's freeze, covering what `--attest` names, and the trees unchanged since.
+/// The attestation, when there is one, `--attest` asks for one or the marker says its freeze
+/// attests trees: signed with the marker's key, of the marker's freeze, covering what
+/// `--attest` and the marker name, and the trees unchanged since.
 /// Ok(None): none there and none asked for; Ok(Some(n)): n files re-checked.
 fn check_attestation(
     args: &VerifyArgs,
@@ -58,40 +59,59 @@ fn check_attestation(
 ) -> Result<Option<usize>, Fail> {
     use crate::attest::{name, recheck, statement};
     let fail = |m: String| Fail(code::ATTESTATION, "attestation", m);
-    let (read, shown) = match (&args.attestation, dir) {
+    // The marker's claim counts as --attest for its paths: it was signed before the attestation
+    // ran, so a missing envelope (removed, or never written) is a refusal, not a pass.
+    let none_wanted = args.attest.is_empty() && claims.attest.is_empty();
+    let (mut read, shown) = match (&args.attestation, dir) {
         (Some(p), _) => (files::read_path(p, NAMED_ATTESTATION), p.clone()),
         (None, Some(d)) => (d.read_with(state::ATTESTATION, files::ATTESTATION), d.file(state::ATTESTATION)),
-        (None, None) if args.attest.is_empty() => return Ok(None),
-        (None, None) => {
-            return Err(fail("--attest asks for an attestation: name it with --attestation FILE".into()))
-        }
+        (None, None) if none_wanted => return Ok(None),
+        (None, None) => return Err(fail(
+            "an attestation is asked for (--attest, or the marker's attest): name it with --attestation FILE"
+                .into(),
+        )),
     };
-    let text = match read {
-        Ok(t) => t,
-        Err(FileError::Missing(_)) if args.attest.is_empty() && args.attestation.is_none() => {
-            return Ok(None)
+    // An attestation still running is waited for, until the marker is --max-age old.
+    let until = Instant::now()
+        + Duration::from_secs(claims.iat.saturating_add(args.max_age).saturating_sub(now_unix()));
+    let text = loop {
+        match read {
+            Ok(t) => break t,
+            Err(FileError::Missing(_)) if none_wanted && args.attestation.is_none() => return Ok(None),
+            Err(FileError::Missing(_)) => {
+                // What the init said of it, when it said anything.
+                let st =
+                    dir.and_then(|d| d.read(state::STATUS).ok()).and_then(|b| state::parse_status(&b).ok());
+                let running = st.as_ref().is_some_and(|s| {
+                    s.id == claims.jti
+                        && (s.state == "freezing"
+                            || s.attestation.as_ref().is_some_and(|a| a.state == "running"))
+                });
+                if let (true, Some(d), None) = (running && Instant::now() < until, dir, &args.attestation) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    read = d.read_with(state::ATTESTATION, files::ATTESTATION);
+                    continue;
+                }
+                let said = st
+                    .and_then(|s| s.attestation)
+                    .map(|a| {
+                        format!(
+                            " (the init's attestation: {}{})",
+                            a.state,
+                            a.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                        )
+                    })
+                    .unwrap_or_default();
+                let fix = if running {
+                    "wait for it (quiesce freeze --wait), or verify with a larger --max-age"
+                } else {
+                    "freeze again with the paths attested (--attest)"
+                };
+                return Err(fail(format!("no attestation at {}{said}; {fix}", shown.display())));
+            }
+            Err(FileError::Unsafe(m)) => return Err(Fail(code::UNSAFE, "state-dir", m)),
+            Err(e) => return Err(fail(e.to_string())),
         }
-        Err(FileError::Missing(_)) => {
-            // What the init said of it, when it said anything.
-            let said = dir
-                .and_then(|d| d.read(state::STATUS).ok())
-                .and_then(|b| state::parse_status(&b).ok())
-                .and_then(|s| s.attestation)
-                .map(|a| {
-                    format!(
-                        " (the init's attestation: {}{})",
-                        a.state,
-                        a.reason.map(|r| format!(": {r}")).unwrap_or_default()
-                    )
-                })
-                .unwrap_or_default();
-            return Err(fail(format!(
-                "no attestation at {}{said}; freeze again with the paths attested (--attest)",
-                shown.display()
-            )));
-        }
-        Err(FileError::Unsafe(m)) => return Err(Fail(code::UNSAFE, "state-dir", m)),
-        Err(e) => return Err(fail(e.to_string())),
     };
     let body = crate::attest::dsse::open(&text, key)
         .map_err(|e| fail(format!("attestation {} {e}", shown.display())))?;
@@ -121,7 +141,7 @@ fn check_attestation(
             t.to_string()
         }
     };
-    for want in &args.attest {
+    for want in args.attest.iter().chain(&claims.attest) {
         let w = name::encode(plain(want).as_bytes());
         let covered = st.predicate.paths.iter().any(|p| {
             p.path == "/"
@@ -130,7 +150,7 @@ fn check_attestation(
         });
         if !covered {
             return Err(fail(format!(
-                "the attestation does not cover {want}: name it with the init's --attest"
+                "the attestation does not cover {want}, which --attest or the marker names: name it with the init's --attest"
             )));
         }
     }
@@ -341,6 +361,9 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             "marker was made by an earlier init of this container".into(),
         ));
     }
+    // Before the live probe: the wait for a running attestation and the re-walk take time, and
+    // the probe is the last look before the verifier starts.
+    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
     if !args.no_live_probe {
         let mut uids = claims.sandbox_uids.clone();
         uids.extend_from_slice(expected_uids);
@@ -368,7 +391,6 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             ));
         }
     }
-    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
     Ok((claims, attested))
 }
 

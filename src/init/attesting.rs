@@ -61,18 +61,26 @@ pub fn check_setup(s: &Setup) -> Result<(), String> {
 }
 
 /// The paths to attest after this freeze: the init's own and the request's, which must lie
-/// within one of the init's trees; none nested in another (it would be listed twice).
-pub fn paths_for(s: &Setup, asked: &[String]) -> Result<Vec<String>, String> {
-    let own: Vec<String> = s.paths.iter().map(|p| plain_path(p)).collect::<Result<_, _>>()?;
-    let allowed: Vec<String> =
-        s.paths.iter().chain(&s.allow).map(|p| plain_path(p)).collect::<Result<_, _>>()?;
-    let mut all = own;
+/// within one of the init's trees; none nested in another (it would be listed twice). Known
+/// before the marker is signed, which claims them. A refused request path is in the list all
+/// the same, as given, with the refusal beside it: the marker then says an attestation was asked
+/// for, and verify refuses without one rather than pass without it.
+pub fn paths_for(s: &Setup, asked: &[String]) -> (Vec<String>, Option<String>) {
+    let mut refused = None;
+    let plain = |p: &Path, refused: &mut Option<String>| {
+        plain_path(p).unwrap_or_else(|e| {
+            refused.get_or_insert(e);
+            p.to_string_lossy().into_owned()
+        })
+    };
+    let allowed: Vec<String> = s.paths.iter().chain(&s.allow).map(|p| plain(p, &mut refused)).collect();
+    let mut all: Vec<String> = s.paths.iter().map(|p| plain(p, &mut refused)).collect();
     for a in asked {
-        let p = plain_path(Path::new(a))?;
+        let p = plain(Path::new(a), &mut refused);
         if !allowed.iter().any(|t| within(&p, t)) {
-            return Err(format!(
-                "{p} is not within the trees this init attests or allows: add it with --attest-allow"
-            ));
+            refused.get_or_insert_with(|| {
+                format!("{p} is not within the trees this init attests or allows: add it with --attest-allow")
+            });
         }
         all.push(p);
     }
@@ -80,7 +88,7 @@ pub fn paths_for(s: &Setup, asked: &[String]) -> Result<Vec<String>, String> {
     all.dedup();
     let outer: Vec<String> = all.clone();
     all.retain(|p| !outer.iter().any(|o| o != p && within(p, o)));
-    Ok(all)
+    (all, refused)
 }
 
 /// Start the worker with its job; the key's seed goes only through the pipe.
@@ -192,12 +200,18 @@ mod tests {
     #[test]
     fn request_paths_stay_within_the_inits_trees() {
         let s = Setup { paths: vec!["/w".into()], allow: vec!["/srv/out".into()], bounds: Bounds::default() };
-        assert_eq!(paths_for(&s, &[]).unwrap(), vec!["/w"]);
-        assert_eq!(paths_for(&s, &["/w/sub".into()]).unwrap(), vec!["/w"]);
-        assert_eq!(paths_for(&s, &["/srv/out/r".into()]).unwrap(), vec!["/srv/out/r", "/w"]);
-        assert!(paths_for(&s, &["/srv/outside".into()]).unwrap_err().contains("--attest-allow"));
-        assert!(paths_for(&s, &["/w/../etc".into()]).unwrap_err().contains("'..'"));
-        assert!(paths_for(&s, &["w".into()]).unwrap_err().contains("absolute"));
+        let ok = |v: &[&str]| (v.iter().map(|p| p.to_string()).collect::<Vec<_>>(), None);
+        assert_eq!(paths_for(&s, &[]), ok(&["/w"]));
+        assert_eq!(paths_for(&s, &["/w/sub".into()]), ok(&["/w"]));
+        assert_eq!(paths_for(&s, &["/srv/out/r".into()]), ok(&["/srv/out/r", "/w"]));
+        assert!(paths_for(&s, &["/w/../etc".into()]).1.unwrap_or_default().contains("'..'"));
+        assert!(paths_for(&s, &["w".into()]).1.unwrap_or_default().contains("absolute"));
+        // A refused path is listed all the same, for the marker to claim.
+        let (claim, refused) = paths_for(&s, &["/srv/outside".into()]);
+        assert_eq!(claim, vec!["/srv/outside", "/w"]);
+        assert!(refused.unwrap_or_default().contains("--attest-allow"));
+        assert_eq!(paths_for(&Setup::default(), &["/etc".into()]).0, vec!["/etc"]);
+        assert_eq!(paths_for(&Setup::default(), &[]), ok(&[]));
     }
 
     #[test]

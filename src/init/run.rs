@@ -250,6 +250,12 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     }
     let mut facts = None;
     if out.ok {
+        // Known before the marker is signed: the marker names what this freeze attests.
+        let (attest_claim, refused) = attesting::paths_for(&sb.attest, &asked);
+        let attest_paths = match refused {
+            None => Ok(attest_claim.clone()),
+            Some(e) => Err(e),
+        };
         let signed = crate::container::this_container().and_then(|container| {
             facts = Some(Freeze {
                 id: id.clone(),
@@ -276,6 +282,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 version: env!("QUIESCE_VERSION").into(),
                 lineage: Some(sb.policy.lineage),
                 setuid: Some(!sb.no_new_privs),
+                attest: attest_claim,
             };
             marker::sign(&sb.key, &claims)
         });
@@ -295,7 +302,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
             }
         }
         if status.state == "quiescent" {
-            status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, &asked));
+            status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, attest_paths));
         }
     } else {
         status.state = "failed".into();
@@ -326,17 +333,15 @@ fn start_attestation(
     sb: &mut Sandbox,
     reaper: &mut Reaper,
     freeze: Freeze,
-    asked: &[String],
+    paths: Result<Vec<String>, String>,
 ) -> Option<state::Attestation> {
-    if sb.attest.paths.is_empty() && asked.is_empty() {
-        return None;
-    }
     let id = freeze.id.clone();
     let failed = |why: String| {
         log::error!("freeze {id}: attestation failed: {why}");
         Some(state::Attestation { state: "failed".into(), reason: Some(why) })
     };
-    let paths = match attesting::paths_for(&sb.attest, asked) {
+    let paths = match paths {
+        Ok(p) if p.is_empty() => return None,
         Ok(p) => p,
         Err(e) => return failed(e),
     };

@@ -35,6 +35,11 @@ pub struct Claims {
     /// no_new_privs, so processes entered into the container did too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setuid: Option<bool>,
+    /// The trees this freeze attests (the init's and the request's), known before signing:
+    /// verify requires an envelope that covers them, so a missing one is never a pass. Absent
+    /// when nothing is attested, and in markers of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attest: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -168,6 +173,7 @@ mod tests {
             version: "0".into(),
             lineage: Some(true),
             setuid: Some(false),
+            attest: vec!["/w".into()],
         }
     }
 

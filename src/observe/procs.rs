@@ -817,6 +817,20 @@ impl Reader {
     pub fn start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
         self.pass()?.start_time(pid)
     }
+
+    /// Does `pid` run the file this process runs (its exe, by device and inode)? Ok(None): it
+    /// exited.
+    pub fn runs_own_binary(&self, pid: Pid) -> io::Result<Option<bool>> {
+        use std::os::unix::fs::MetadataExt;
+        let own = self.root.join("self/exe");
+        let me = std::fs::metadata(&own).map_err(|e| unknown(&own, e))?;
+        let exe = self.root.join(pid.to_string()).join("exe");
+        match std::fs::metadata(&exe) {
+            Ok(m) => Ok(Some(m.dev() == me.dev() && m.ino() == me.ino())),
+            Err(e) if is_gone(&e) => Ok(None),
+            Err(e) => Err(unknown(&exe, e)),
+        }
+    }
 }
 
 /// The pid of an entry a refresh found gone, until the table is put back in order (/proc never
@@ -942,6 +956,20 @@ impl Pass<'_> {
     /// Start time of `pid` now; Ok(None) if it exited.
     pub fn start_time(&mut self, pid: Pid) -> io::Result<Option<u64>> {
         Ok(self.stat(pid)?.map(|s| s.start_time))
+    }
+
+    /// `pid`'s tracer (its status's TracerPid, 0 for none); Ok(None) if it exited.
+    pub fn tracer(&mut self, pid: Pid) -> io::Result<Option<Pid>> {
+        match self.file(pid, "status")? {
+            Read::Gone => Ok(None),
+            Read::Ok(()) => {
+                let line = self.buf.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"TracerPid:"));
+                match line.and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.trim().parse().ok()) {
+                    Some(t) => Ok(Some(t)),
+                    None => Err(self.unknown(pid, "status", io::Error::other("no TracerPid line"))),
+                }
+            }
+        }
     }
 
     /// `pid`'s stat line; Ok(None) if it exited.

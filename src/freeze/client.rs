@@ -1,0 +1,67 @@
+//! The client that asked for a freeze is the init's own while the freeze lasts: a root process
+//! entered from outside the PID namespace, which the proof must not take for an escapee's.
+//! Which process that is, the kernel says, not the request: where a sandbox process can become
+//! root (setuid binaries work), it can rewrite a request in `requests/` to name a child of its
+//! own, or kill the client and put a child on its pid within the client's start tick.
+
+use crate::newcomers::Own;
+use crate::procs::Reader;
+use crate::sys::{self, Pid};
+use std::os::fd::OwnedFd;
+
+/// A client shown to be one: its pidfd is held, so its pid names it and nothing else for as long
+/// as the pidfd says it is attached.
+pub struct Client {
+    pid: Pid,
+    start_time: u64,
+    fd: OwnedFd,
+}
+
+impl Client {
+    /// The process the request names, if it is a client: the start time the request says,
+    /// entered from outside (no parent in this namespace), running this binary, not traced.
+    /// Why not, otherwise.
+    pub fn check(reader: &Reader, pid: Pid, start_time: u64) -> Result<Client, String> {
+        let fd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
+        let c = Client { pid, start_time, fd };
+        c.genuine(reader)?;
+        if !reader.runs_own_binary(pid).map_err(|e| e.to_string())?.unwrap_or(false) {
+            return Err(format!("process {pid} does not run this binary"));
+        }
+        c.genuine(reader)?;
+        Ok(c)
+    }
+
+    /// Its identity for the proof, while it is still that process, from outside and untraced.
+    pub fn own(&self, reader: &Reader) -> Option<Own> {
+        match self.genuine(reader) {
+            Ok(()) => Some((self.pid, self.start_time)),
+            Err(e) => {
+                log::debug!("freeze client {}: not the init's own now: {e}", self.pid);
+                None
+            }
+        }
+    }
+
+    fn genuine(&self, reader: &Reader) -> Result<(), String> {
+        let pid = self.pid;
+        let mut pass = reader.pass().map_err(|e| e.to_string())?;
+        let st = pass.stat(pid).map_err(|e| e.to_string())?.ok_or(format!("process {pid} exited"))?;
+        if st.start_time != self.start_time {
+            return Err(format!("process {pid} started at tick {}, not {}", st.start_time, self.start_time));
+        }
+        if st.ppid != 0 {
+            return Err(format!("process {pid} has a parent in this namespace ({})", st.ppid));
+        }
+        match pass.tracer(pid).map_err(|e| e.to_string())? {
+            Some(0) => {}
+            Some(t) => return Err(format!("process {pid} is traced by {t}")),
+            None => return Err(format!("process {pid} exited")),
+        }
+        // What was read is the pidfd's process only if it still holds the pid after the reads.
+        if !sys::pidfd_attached(&self.fd) {
+            return Err(format!("process {pid} exited"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,156 @@
+//! The freeze client's identity against a root escapee (`--no-lineage`, a setuid launch), which
+//! owns `requests/` as much as the client does: it rewrites the real client's request in place
+//! to name a child of its own (y01, y02: 3 of 3 markers each beside that child when the request
+//! was believed), or kills the client and puts a child on its pid within the client's start tick
+//! (y03: 3 of 10 with the state dir on tmpfs, `TMPDIR=/dev/shm`, when the client was known by pid
+//! and start time alone). The client is the init's own only as the kernel shows it now
+//! (`src/freeze/client.rs`): entered from outside, this binary, untraced, its pidfd held.
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+/// The sandbox launched through a shell the orchestrator entered (`docker exec ctr sh -c
+/// 'quiesce exec ...; ...'`): the real client, entered from outside, is not refused by itself,
+/// so it stays alive and gets "quiescent" with its nonce.
+#[test]
+fn y01_escapee_rewrites_the_clients_request() {
+    // ATK_CONTROL=1: the same run, the request left untouched (S must then be refused).
+    let control = std::env::var("ATK_CONTROL").is_ok_and(|v| v == "1");
+    forge(4395, true, if control { "control" } else { "-" });
+}
+
+/// Launched straight from outside (as x01): the real client would be refused, so the escapee
+/// kills it once the init took the forged request (x01's threat).
+#[test]
+fn y02_escapee_rewrites_the_request_and_kills_the_client() {
+    forge(4396, false, "kill");
+}
+
+fn forge(uid: u32, via_shell: bool, mode: &str) {
+    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let mut forged = 0;
+    for round in 0..rounds {
+        let u = uid.to_string();
+        let c = sandbox(uid, &["--no-lineage"]);
+        let suid = setuid_copy(&c);
+        let file = c.path("forge");
+        let st_dir = c.state.to_str().unwrap().to_string();
+        let q = quiesce();
+        let f = file.to_str().unwrap();
+        let mut args: Vec<&str> = vec![];
+        if via_shell {
+            args.extend_from_slice(&["sh", "-c", "\"$@\"; echo launcher done", "sh"]);
+        }
+        args.extend_from_slice(&[
+            q.to_str().unwrap(),
+            "exec",
+            "--user",
+            &u,
+            "--allow-setuid",
+            "--no-lineage",
+            "--",
+            &suid,
+            "forge-request",
+            &st_dir,
+            f,
+            mode,
+        ]);
+        let _w = c.start_ready(c.exec_cmd(&args), "forge-request");
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        let out = c.freeze_cmd("n-y01", None).output().expect("run the client");
+        let took = started.elapsed();
+        let mut st = serde_json::Value::Null;
+        wait_for("the freeze to end", Duration::from_secs(60), || {
+            st = c.status_file();
+            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
+        });
+        let info = read(&file);
+        let x: i32 = info.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let alive = x > 0 && c.stat(x).is_some_and(|s| s.live());
+        eprintln!(
+            "round {round}: client exit {:?} in {took:?}; state {} reason {}; adversary '{}'; S alive {alive} uid {:?} ppid {:?}; marker {}",
+            out.status.code(),
+            st["state"],
+            st["reason"],
+            info.trim(),
+            c.status_line(x, "Uid"),
+            c.stat(x).map(|s| s.ppid),
+            c.marker_exists()
+        );
+        eprintln!("round {round}: client stdout {}", String::from_utf8_lossy(&out.stdout).trim());
+        if alive && st["state"] == "quiescent" {
+            forged += 1;
+            let claims = c.marker_claims();
+            let v = c.verify(&["--", "echo", "scored"]);
+            eprintln!(
+                "round {round}: FORGED: nonce {} survivors {}; verify exit {:?} stdout '{}' stderr '{}'",
+                claims["nonce"],
+                claims["survivors"],
+                v.status.code(),
+                String::from_utf8_lossy(&v.stdout).trim(),
+                String::from_utf8_lossy(&v.stderr).trim()
+            );
+        }
+    }
+    assert_eq!(forged, 0, "{forged} of {rounds} freezes signed a marker while the escapee's child lived");
+}
+
+/// Same-tick squat (attack on the fix itself, no request tampering): the escapee shrinks the
+/// namespace's pid_max (root's sysctl file; writable here), kills the client the moment its
+/// request is in place and takes its pid within the client's start tick.
+#[test]
+fn y03_escapee_squats_the_client_within_its_start_tick() {
+    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let uid = 4397;
+    let pid_max = std::env::var("ATK_PID_MAX").unwrap_or_else(|_| "310".into());
+    let (mut forged, mut same_tick) = (0, 0);
+    for round in 0..rounds {
+        let c = sandbox(uid, &["--no-lineage"]);
+        let suid = setuid_copy(&c);
+        let file = c.path("tick");
+        let st_dir = c.state.to_str().unwrap().to_string();
+        let _w = c.launch_bin(
+            uid,
+            &["--allow-setuid", "--no-lineage"],
+            &suid,
+            &["tick-squat", &st_dir, file.to_str().unwrap(), &pid_max],
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let _client = guard(c.freeze_cmd("n-y03", None));
+        let mut st = serde_json::Value::Null;
+        wait_for("the freeze to end", Duration::from_secs(60), || {
+            st = c.status_file();
+            matches!(st["state"].as_str(), Some("quiescent" | "failed"))
+        });
+        // A bare signal's second freeze may follow: let it end too.
+        std::thread::sleep(Duration::from_millis(1500));
+        let st = c.status_file();
+        let info = read(&file);
+        let f: Vec<&str> = info.split_whitespace().collect();
+        let x: i32 = f.first().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let tick = f.len() > 2 && f[1] == f[2] && x > 0;
+        same_tick += tick as usize;
+        let alive = x > 0
+            && c.stat(x).is_some_and(|s| s.live())
+            && c.status_line(x, "Uid").is_some_and(|u| u[0] == "0");
+        eprintln!(
+            "round {round}: state {} reason {}; squat '{}' same tick {tick}; alive {alive}; marker {}",
+            st["state"],
+            st["reason"],
+            info.trim(),
+            c.marker_exists()
+        );
+        if alive && st["state"] == "quiescent" && c.marker_exists() {
+            forged += 1;
+            let v = c.verify(&["--", "echo", "scored"]);
+            eprintln!(
+                "round {round}: FORGED: verify exit {:?} stdout '{}'",
+                v.status.code(),
+                String::from_utf8_lossy(&v.stdout).trim()
+            );
+        }
+    }
+    eprintln!("same tick {same_tick} of {rounds}");
+    assert_eq!(forged, 0, "{forged} of {rounds} freezes signed a marker while the squatter lived");
+}

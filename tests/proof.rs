@@ -149,10 +149,12 @@ fn p04_root_service_spawning_all_the_time_is_never_touched_and_never_fails_the_f
         guard(cmd)
     };
     wait_for("the churner", Duration::from_secs(10), || !read(&c.path("churn")).trim().is_empty());
-    // Prove it churns: the namespace hands out pids all the time.
-    let last = || read(Path::new("/proc/sys/kernel/ns_last_pid")).trim().parse::<i64>().unwrap();
+    // Prove it churns: the namespace hands out pids all the time. (Bounded generously: at nice 0
+    // on a machine loaded from outside, one shell's forks come slowly.)
+    let counter = c.proc_dir().join("sys/kernel/ns_last_pid");
+    let last = || read(&counter).trim().parse::<i64>().unwrap();
     let a = last();
-    wait_for("pids to be handed out", Duration::from_secs(5), || last() > a + 50);
+    wait_for("pids to be handed out", Duration::from_secs(30), || last() > a + 20);
     for round in 0..3 {
         let (code, st) = c.freeze(&format!("n-{round}"));
         assert_eq!(code, 0, "round {round}: {st}");
@@ -169,7 +171,7 @@ fn p04_root_service_spawning_all_the_time_is_never_touched_and_never_fails_the_f
     assert_eq!(me.1, 0);
     assert!(!matches!(me.2, 'T' | 't' | 'Z' | 'X'), "{me:?}");
     let a = last();
-    wait_for("the churner to go on", Duration::from_secs(5), || last() > a + 50);
+    wait_for("the churner to go on", Duration::from_secs(30), || last() > a + 20);
     drop(churn);
 }
 

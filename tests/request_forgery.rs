@@ -154,3 +154,47 @@ fn y03_escapee_squats_the_client_within_its_start_tick() {
     eprintln!("same tick {same_tick} of {rounds}");
     assert_eq!(forged, 0, "{forged} of {rounds} freezes signed a marker while the squatter lived");
 }
+
+/// The same configuration with nothing forged: the client, entered from outside after an
+/// unfollowed launch, is the init's own and the freeze signs, with the init's capabilities and
+/// without CAP_SYS_PTRACE (as under Docker's defaults, where the init may not read the
+/// undumpable client's executable).
+#[test]
+fn y04_an_honest_client_is_the_inits_own_with_or_without_ptrace() {
+    let uid = 4397;
+    let u = uid.to_string();
+    let no_ptrace = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"];
+    for prefix in [vec![], no_ptrace.to_vec()] {
+        let mut c = Container::start_with(
+            Opts {
+                init_args: vec!["--sandbox-user", &u, "--no-lineage"],
+                prefix: prefix.clone(),
+                ..Default::default()
+            },
+            &["sleep", "1000000"],
+        );
+        c.wait_published();
+        let q = quiesce();
+        let a = adv();
+        let launch = [
+            q.to_str().unwrap(),
+            "exec",
+            "--user",
+            &u,
+            "--allow-setuid",
+            "--no-lineage",
+            "--",
+            &a,
+            "sleepers",
+            "2",
+        ];
+        let _w = c.start_ready(c.exec_cmd(&launch), "sleepers by an unfollowed launch");
+        let st = c.state.to_str().unwrap().to_string();
+        let client =
+            [&prefix[..], &[q.to_str().unwrap(), "freeze", "--state-dir", &st, "--wait", "--json"]].concat();
+        let out = c.exec(&client);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        assert_eq!(v["state"], "quiescent", "{prefix:?}: {v} {}", String::from_utf8_lossy(&out.stderr));
+        assert!(c.live_of_uid(uid).is_empty());
+    }
+}

@@ -25,8 +25,15 @@ impl Client {
         let fd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
         let c = Client { pid, start_time, fd };
         c.genuine(reader)?;
-        if !reader.runs_own_binary(pid).map_err(|e| e.to_string())?.unwrap_or(false) {
-            return Err(format!("process {pid} does not run this binary"));
+        match reader.runs_own_binary(pid) {
+            Ok(Some(true)) => {}
+            Ok(Some(false)) => return Err(format!("process {pid} does not run this binary")),
+            Ok(None) => return Err(format!("process {pid} exited")),
+            // A client makes itself undumpable: root without CAP_SYS_PTRACE (this init, and so
+            // anything of the container) may not read its executable, and may not trace it to
+            // run code of its own in it either. A dumpable root process reads as its binary.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => return Err(e.to_string()),
         }
         c.genuine(reader)?;
         Ok(c)

@@ -714,6 +714,9 @@ fn p14_the_freeze_client_cannot_be_traced() {
         })
     };
     wait_for("the freeze client", Duration::from_secs(10), || find("quiesce", "freeze").is_some());
+    // The init publishes its sandbox before its command has surely exec'd: under load the
+    // command can still be the init's fork here.
+    wait_for("the init's command", Duration::from_secs(10), || find("sleep", "1000000").is_some());
     let client_pid = find("quiesce", "freeze").unwrap().0;
     let command_pid = find("sleep", "1000000").expect("the init's command").0;
     let a = adv();

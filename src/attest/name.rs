@@ -26,14 +26,17 @@ pub fn encode(mut bytes: &[u8]) -> String {
                 (std::str::from_utf8(ok).unwrap_or_default(), bad)
             }
         };
-        for c in valid.chars() {
-            if plain(c) {
-                out.push(c);
-            } else {
+        // Runs of plain characters are copied whole: a name is mostly one such run.
+        let mut run = 0;
+        for (i, c) in valid.char_indices() {
+            if !plain(c) {
+                out.push_str(&valid[run..i]);
                 let mut b = [0u8; 4];
                 escape(&mut out, c.encode_utf8(&mut b).as_bytes());
+                run = i + c.len_utf8();
             }
         }
+        out.push_str(&valid[run..]);
         bytes = rest;
         if !bytes.is_empty() {
             // The invalid sequence's length, or one byte when the input ends inside one.

@@ -10,13 +10,21 @@ use std::io::{Read, Write};
 /// The hidden argument that makes the binary a re-check process.
 pub const RECHECK_FLAG: &str = "--attest-recheck";
 
-/// What the re-check is given on its stdin.
+/// What the re-check is given on its stdin: this as one line of JSON, then the statement's
+/// bytes as verify found them signed (not parsed and written again: a million subjects).
 #[derive(Serialize, Deserialize)]
 pub struct Recheck {
-    pub statement: statement::Statement,
     /// Encoded paths not to compare (`--attest-ignore`).
     pub ignore: Vec<String>,
     pub threads: usize,
+}
+
+/// The re-check's stdin.
+pub fn job(r: &Recheck, statement: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = serde_json::to_vec(r).map_err(|e| format!("cannot write the re-check's job: {e}"))?;
+    out.push(b'\n');
+    out.extend_from_slice(statement);
+    Ok(out)
 }
 
 /// Its answer on stdout, one JSON line.
@@ -29,21 +37,21 @@ pub enum Verdict {
 }
 
 /// Walk the statement's paths again and compare.
-pub fn run(r: &Recheck) -> Verdict {
+pub fn run(r: &Recheck, st: &statement::Statement) -> Verdict {
     let paths: Result<Vec<Vec<u8>>, String> =
-        r.statement.predicate.paths.iter().map(|p| name::decode(&p.path)).collect();
+        st.predicate.paths.iter().map(|p| name::decode(&p.path)).collect();
     let paths = match paths {
         Ok(p) => p,
         Err(e) => return Verdict::Differs(format!("the statement names a path it cannot hold: {e}")),
     };
-    let now = match tree::collect(&paths, &r.statement.predicate.bounds, r.threads) {
+    let now = match tree::collect(&paths, &st.predicate.bounds, r.threads) {
         Ok(n) => n,
         Err(e) => return Verdict::Differs(e),
     };
     let subjects = statement::subjects(now.subjects);
     let facts: Vec<statement::PathFacts> =
         now.paths.into_iter().map(|(p, e)| statement::facts(&p, e)).collect();
-    let d = compare::compare(&r.statement, &subjects, &facts, &r.ignore);
+    let d = compare::compare(st, &subjects, &facts, &r.ignore);
     if d.is_empty() {
         Verdict::Same(subjects.len())
     } else {
@@ -58,14 +66,19 @@ pub fn main() -> i32 {
         eprintln!("quiesce: re-check: cannot read its job: {e}");
         return 2;
     }
-    let job: Recheck = match serde_json::from_slice(&input) {
-        Ok(j) => j,
+    // JSON as serde writes it has no raw newline: the first one ends the job's line.
+    let (line, st) = input.split_at(input.iter().position(|&b| b == b'\n').unwrap_or(input.len()));
+    let parsed = serde_json::from_slice::<Recheck>(line).and_then(|j| {
+        serde_json::from_slice::<statement::Statement>(st.get(1..).unwrap_or_default()).map(|s| (j, s))
+    });
+    let (job, st) = match parsed {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("quiesce: re-check: its job is not what verify writes: {e}");
             return 2;
         }
     };
-    let out = serde_json::to_vec(&run(&job)).unwrap_or_default();
+    let out = serde_json::to_vec(&run(&job, &st)).unwrap_or_default();
     match std::io::stdout().write_all(&out) {
         Ok(()) => 0,
         Err(e) => {

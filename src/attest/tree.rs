@@ -2,14 +2,15 @@
 //! hands each regular file to a bounded queue that the hashing threads empty, so the walk and
 //! the reads overlap and memory holds at most the queue, not the tree's contents.
 
+use super::statement::{self, Subject};
 use super::walk::{self, Bounds, Entries, File, Used};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
 pub struct Collected {
-    /// (absolute path, sha256) of every regular file, in no order.
-    pub subjects: Vec<(Vec<u8>, [u8; 32])>,
+    /// Every regular file, its name encoded, in no order.
+    pub subjects: Vec<Subject>,
     /// Each named path with what it holds besides file contents.
     pub paths: Vec<(Vec<u8>, Entries)>,
 }
@@ -51,7 +52,8 @@ pub fn collect(paths: &[Vec<u8>], bounds: &Bounds, threads: usize) -> Result<Col
                                 break;
                             }
                             match super::digest::sha256(&f, &mut buf, deadline) {
-                                Ok(d) => out.push((f.name, d)),
+                                // Named here, on the hashing threads: encoding a million names is work too.
+                                Ok(d) => out.push(statement::subject(&f.name, &d)),
                                 Err(e) => {
                                     stop.store(true, Ordering::Relaxed);
                                     failed = Some(e);

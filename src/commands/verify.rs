@@ -115,7 +115,7 @@ fn check_attestation(
     };
     let body = crate::attest::dsse::open(&text, key)
         .map_err(|e| fail(format!("attestation {} {e}", shown.display())))?;
-    let st: statement::Statement = serde_json::from_slice(&body)
+    let st: statement::Head = serde_json::from_slice(&body)
         .map_err(|e| fail(format!("attestation {} is not a quiesce statement: {e}", shown.display())))?;
     if st.kind != statement::STATEMENT_TYPE || st.predicate_type != statement::PREDICATE_TYPE {
         return Err(fail(format!(
@@ -159,8 +159,10 @@ fn check_attestation(
     // good (a FUSE mount that never answers), past every signal. The re-check runs in a process
     // of its own, and verify gives up on it at the bound and leaves it there.
     let limit = Duration::from_secs(st.predicate.bounds.seconds.saturating_add(RECHECK_SLACK_S));
-    let job = recheck::Recheck { statement: st, ignore, threads: crate::sys::cpus().clamp(1, 2) };
-    match run_recheck(&job, limit) {
+    let job = recheck::Recheck { ignore, threads: crate::sys::cpus().clamp(1, 2) };
+    let job = recheck::job(&job, &body).map_err(fail)?;
+    drop(body);
+    match run_recheck(job, limit) {
         Ok(recheck::Verdict::Same(n)) => Ok(Some(n)),
         Ok(recheck::Verdict::Differs(d)) => Err(fail(format!("the tree is not the one attested: {d}"))),
         Err(e) => Err(fail(e)),
@@ -168,13 +170,9 @@ fn check_attestation(
 }
 
 /// Start the re-check process, hand it its job and wait for its verdict within `limit`.
-fn run_recheck(
-    job: &crate::attest::recheck::Recheck,
-    limit: Duration,
-) -> Result<crate::attest::recheck::Verdict, String> {
+fn run_recheck(body: Vec<u8>, limit: Duration) -> Result<crate::attest::recheck::Verdict, String> {
     use std::io::{Read, Write};
     use std::process::{Command, Stdio};
-    let body = serde_json::to_vec(job).map_err(|e| format!("cannot write the re-check's job: {e}"))?;
     let mut child = Command::new("/proc/self/exe")
         .arg(crate::attest::recheck::RECHECK_FLAG)
         .env_clear()

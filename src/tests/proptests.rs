@@ -395,4 +395,18 @@ proptest! {
         let hidden = crate::proctrust::parse_opts(&sup).hidepid != crate::proctrust::HidePid::Off;
         prop_assert_eq!(hidden, !matches!(hide.as_str(), "0" | "off"));
     }
+
+    #[test]
+    fn attested_names_round_trip_and_stay_printable(bytes in prop::collection::vec(any::<u8>(), 0..256), text in any::<String>()) {
+        for b in [bytes.as_slice(), text.as_bytes()] {
+            let n = crate::attest::name::encode(b);
+            prop_assert_eq!(crate::attest::name::decode(&n).unwrap(), b.to_vec());
+            let unprintable = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+            prop_assert!(!n.chars().any(unprintable), "{:?}", n);
+            // The encoding is a function of the bytes alone: printable UTF-8 stays as it is.
+            if !text.contains(|c: char| c == '%' || unprintable(c)) {
+                prop_assert_eq!(crate::attest::name::encode(text.as_bytes()), text.clone());
+            }
+        }
+    }
 }

@@ -227,6 +227,40 @@ fn the_statement_names_every_file_and_verify_refuses_a_changed_tree() {
     assert!(stderr(&bad).contains("is of freeze"), "{}", stderr(&bad));
 }
 
+#[test]
+fn an_empty_directory_renamed_or_moved_is_a_change() {
+    let ws = scratch("ws-dirs");
+    let w = s(&ws).to_string();
+    let c = sandbox(UID, &["--attest", &w]);
+    as_sandbox(&c, &format!("cd {w} && mkdir empty sub && echo f > sub/f"));
+    let (rc, st) = freeze_attesting(&c, "n-dirs", &[]);
+    assert_eq!((rc, attested_state(&st).0.as_str()), (0, "attested"), "{st}");
+    let path = &statement(&c)["predicate"]["paths"][0];
+    assert_eq!(path["directories"], 2);
+    assert_eq!(path["directory_names"], serde_json::json!([format!("{w}/empty"), format!("{w}/sub")]));
+    let ok = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+
+    // Renamed: as many directories and files as attested, every file unchanged.
+    assert!(c.exec(&["mv", &format!("{w}/empty"), &format!("{w}/moved")]).status.success());
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+    let e = stderr(&bad);
+    assert!(e.contains(&format!("added {w}/moved")) && e.contains(&format!("removed {w}/empty")), "{e}");
+
+    // Moved below another directory.
+    assert!(c.exec(&["mv", &format!("{w}/moved"), &format!("{w}/sub/")]).status.success());
+    let bad = c.verify(&[]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains(&format!("added {w}/sub/moved")), "{}", stderr(&bad));
+
+    // Named as written on purpose: scored.
+    let (e1, e2) = (format!("{w}/empty"), format!("{w}/sub/moved"));
+    let ok = c.verify(&["--attest-ignore", &e1, "--attest-ignore", &e2, "--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+}
+
 /// Remove a tree too deep for a recursive removal: down by relative steps, then up.
 fn remove_deep(top: &Path, levels: usize) {
     let script = "import os, sys\nos.chdir(sys.argv[1])\nn = 0\nwhile os.path.isdir('d'):\n    os.chdir('d'); n += 1\nfor _ in range(n):\n    os.chdir('..'); os.rmdir('d')\n";

@@ -119,6 +119,16 @@ pub fn compare(
                 .collect()
         };
         maps(&group(&p.hardlinks), &group(&now.hardlinks), &keep, &mut d);
+        for n in &p.directory_names {
+            if now.directory_names.binary_search(n).is_err() && keep(n) {
+                d.removed.push(n.clone());
+            }
+        }
+        for n in &now.directory_names {
+            if p.directory_names.binary_search(n).is_err() && keep(n) {
+                d.added.push(n.clone());
+            }
+        }
         if p.directories != now.directories && ignore.is_empty() {
             d.changed.push(format!(
                 "{} ({} directories attested, {} now)",

@@ -75,6 +75,9 @@ pub const NAME_ENCODING: &str = "quiesce-percent-v1";
 pub struct PathFacts {
     pub path: String,
     pub directories: u64,
+    /// The directories' names below the path, sorted: a directory added, removed or renamed is
+    /// a change even when it holds no file.
+    pub directory_names: Vec<String>,
     pub files: u64,
     pub bytes: u64,
     /// name -> link text (never followed)
@@ -117,6 +120,11 @@ pub fn facts(path: &[u8], e: Entries) -> PathFacts {
     PathFacts {
         path: enc(path),
         directories: e.directories,
+        directory_names: {
+            let mut d: Vec<String> = e.dirs.iter().map(|n| enc(n)).collect();
+            d.sort_unstable();
+            d
+        },
         files: e.files,
         bytes: e.bytes,
         symlinks: e.symlinks.iter().map(|(n, t)| (enc(n), enc(t))).collect(),

@@ -44,6 +44,8 @@ pub struct File {
 #[derive(Debug, Default)]
 pub struct Entries {
     pub directories: u64,
+    /// The directories' names (the named path's own not among them).
+    pub dirs: Vec<Vec<u8>>,
     pub files: u64,
     pub bytes: u64,
     /// (name, target text)
@@ -205,6 +207,7 @@ impl Walk<'_> {
                         ));
                     }
                     self.out.directories += 1;
+                    self.out.dirs.push(full);
                     subdirs.push((c, meta));
                 }
                 libc::S_IFREG => self.file(&fd, c, full, meta)?,

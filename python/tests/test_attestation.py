@@ -15,9 +15,15 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf import json_format
+from in_toto.exceptions import SignatureVerificationError
+from in_toto.models.metadata import Envelope, Metadata
+from in_toto_attestation.v1 import statement, statement_pb2
+from securesystemslib.signer import SSlibKey  # type: ignore[attr-defined]  # exported, not in __all__
 
 from quiesce_harness import AttestationInvalid, verify_attestation, verify_marker
 from quiesce_harness.attestation import pae, subject_path
+from quiesce_harness.marker import key_id, load_public_key
 
 import support
 
@@ -97,6 +103,36 @@ def test_the_real_attestation_verifies_and_names_every_file(attested: Attested) 
     names = [s["name"] for s in st["subject"]]
     assert names == [f"{attested.tree}/a", f"{attested.tree}/new%0Aline"]
     assert subject_path(names[1]) == f"{attested.tree}/new\nline".encode()
+
+
+def test_the_in_toto_projects_own_code_accepts_the_real_attestation(attested: Attested) -> None:
+    """in-toto's DSSE envelope and securesystemslib's key verify the signature; the Statement v1
+    schema of in-toto-attestation (protobuf, unknown fields refused) accepts the statement."""
+    env = Metadata.from_dict(json.loads(attested.envelope))
+    assert isinstance(env, Envelope)
+    pub = load_public_key(attested.public_pem)
+    kid = json.loads(attested.envelope)["signatures"][0]["keyid"]
+    assert kid == key_id(pub)
+    key = SSlibKey.from_crypto(pub, keyid=kid)
+    env.verify_signature({**key.to_dict(), "keyid": kid})
+    pb = json_format.Parse(env.payload, statement_pb2.Statement())
+    statement.Statement.copy_from_pb(pb).validate()
+    assert [s.name for s in pb.subject] == [f"{attested.tree}/a", f"{attested.tree}/new%0Aline"]
+    assert pb.predicate_type == "https://quiesce.dev/attestation/frozen-tree/v1"
+    # The same code refuses an edited statement and another key.
+    body = json.loads(env.payload)
+    body["subject"][0]["digest"]["sha256"] = "00" * 32
+    edited = Metadata.from_dict(
+        {
+            **json.loads(attested.envelope),
+            "payload": base64.b64encode(json.dumps(body).encode()).decode(),
+        }
+    )
+    with pytest.raises(SignatureVerificationError):
+        edited.verify_signature({**key.to_dict(), "keyid": kid})
+    other = SSlibKey.from_crypto(Ed25519PrivateKey.generate().public_key(), keyid=kid)
+    with pytest.raises(SignatureVerificationError):
+        env.verify_signature({**other.to_dict(), "keyid": kid})
 
 
 def refused(check: str, env: bytes, pem: bytes, jti: str = "any", **kw: object) -> None:

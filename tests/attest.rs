@@ -261,6 +261,43 @@ fn an_empty_directory_renamed_or_moved_is_a_change() {
     assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
 }
 
+#[test]
+fn names_longer_than_their_bound_fail_the_attestation() {
+    let base = scratch("names");
+    let b = s(&base).to_string();
+    let c = sandbox(UID, &["--attest-allow", &b]);
+    // Few entries, long names: 26 chains of 250 directories named by 255 bytes, 209 MB of paths.
+    let names = format!("{b}/names");
+    let mk = r#"
+import os, sys
+os.mkdir(sys.argv[1])
+top = os.open(sys.argv[1], os.O_RDONLY)
+for c in range(26):
+    fd = top
+    for _ in range(250):
+        n = str(c).rjust(255, "n")
+        os.mkdir(n, dir_fd=fd)
+        sub = os.open(n, os.O_RDONLY, dir_fd=fd)
+        if fd != top:
+            os.close(fd)
+        fd = sub
+    os.close(fd)
+"#;
+    let out = c.exec_as(UID, &[PY, "-c", mk, &names]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let (rc, st) = freeze_attesting(&c, "names", &[&names]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    assert!(reason.contains("more than 201326592 bytes of names and link targets"), "{reason}");
+    assert!(reason.len() < 600, "the reason names a path cut short: {} bytes", reason.len());
+    assert!(!envelope_path(&c).exists(), "a partial statement was written");
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+}
+
 /// Remove a tree too deep for a recursive removal: down by relative steps, then up.
 fn remove_deep(top: &Path, levels: usize) {
     let script = "import os, sys\nos.chdir(sys.argv[1])\nn = 0\nwhile os.path.isdir('d'):\n    os.chdir('d'); n += 1\nfor _ in range(n):\n    os.chdir('..'); os.rmdir('d')\n";
@@ -286,7 +323,6 @@ fn every_bound_fails_the_attestation_and_never_the_freeze() {
         "import os, sys\nos.chdir(sys.argv[1])\nfor _ in range(10000):\n    os.mkdir('d'); os.chdir('d')\n";
     let out = c.exec_as(UID, &[PY, "-c", mk, &deep]);
     assert!(out.status.success(), "{}", stderr(&out));
-
     for (tree, why) in [
         ("sparse", "more than 17179869184 bytes"),
         ("deep", "is deeper than 256 levels"),

@@ -61,16 +61,28 @@ pub struct Entries {
 /// A file's link count and the names it has in the walked tree.
 pub type Links = (u32, Vec<Vec<u8>>);
 
+/// Bytes of text the statement repeats from the tree, over all named paths: every entry's
+/// absolute path, a hard-linked file's once more (its group), a symlink's target. Escaped, each
+/// byte is at most three in the statement: with a million entries' fixed part, the envelope
+/// stays below the 1 GiB verify reads. A million paths of 200 bytes fit.
+pub const NAME_BYTES: u64 = 192 << 20;
+
 /// What the walks of one attestation used so far, against its bounds.
 pub struct Used {
     pub entries: u64,
+    pub names: u64,
     pub bytes: u64,
     pub deadline: Instant,
 }
 
 impl Used {
     pub fn new(bounds: &Bounds, start: Instant) -> Used {
-        Used { entries: 0, bytes: 0, deadline: start + std::time::Duration::from_secs(bounds.seconds) }
+        Used {
+            entries: 0,
+            names: 0,
+            bytes: 0,
+            deadline: start + std::time::Duration::from_secs(bounds.seconds),
+        }
     }
 }
 
@@ -120,6 +132,7 @@ struct Walk<'a> {
 impl Walk<'_> {
     fn tick(&mut self, at: &[u8]) -> Result<(), String> {
         self.used.entries += 1;
+        self.text(at.len(), at)?;
         if self.used.entries > self.bounds.files {
             return Err(format!(
                 "more than {} entries (at {}): raise --attest-max-files or attest a smaller tree",
@@ -132,6 +145,18 @@ impl Walk<'_> {
                 "the time bound of {} s ran out (at {}): raise --attest-timeout or attest a smaller tree",
                 self.bounds.seconds,
                 name::encode(at)
+            ));
+        }
+        Ok(())
+    }
+
+    /// `n` more bytes of text from the tree in the statement, at `at`.
+    fn text(&mut self, n: usize, at: &[u8]) -> Result<(), String> {
+        self.used.names = self.used.names.saturating_add(n as u64);
+        if self.used.names > NAME_BYTES {
+            return Err(format!(
+                "more than {NAME_BYTES} bytes of names and link targets (at {}): attest a tree with fewer or shorter names",
+                name::encode(&at[..at.len().min(256)])
             ));
         }
         Ok(())
@@ -156,6 +181,7 @@ impl Walk<'_> {
         self.out.files += 1;
         self.out.bytes += meta.size;
         if meta.nlink > 1 {
+            self.text(full.len(), &full)?;
             self.out
                 .links
                 .entry((meta.dev, meta.ino))
@@ -212,7 +238,10 @@ impl Walk<'_> {
                 }
                 libc::S_IFREG => self.file(&fd, c, full, meta)?,
                 libc::S_IFLNK => match sys::read_link_at(&fd, &c) {
-                    Ok(t) => self.out.symlinks.push((full, t)),
+                    Ok(t) => {
+                        self.text(t.len(), &full)?;
+                        self.out.symlinks.push((full, t))
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                         return Err(changed(&full, "removed"))
                     }

@@ -117,12 +117,10 @@ PIDS_LIMIT = 128
 
 # A root daemon that double-forks all the time, each child living 3 s: processes that appear
 # during a freeze with no parent that can vouch for them, so the freeze fails. perl, so that a
-# fork refused at the pids limit does not end it. One every 50 ms keeps about 60 alive, below
-# PIDS_LIMIT: at one every 5 ms it held the limit, and a harness's own steps after the failed
-# freeze could not fork (BenchFlow's "find: cannot fork"), failing for a reason not the freeze's.
+# fork refused at the pids limit does not end it.
 WORKLOADS_ROOT_DAEMON = (
     "perl -e 'while(1){ my $p=fork(); if(defined $p && $p==0){ fork() or sleep 3; exit 0 } "
-    "waitpid($p,0) if $p; select(undef,undef,undef,0.05) }'"
+    "waitpid($p,0) if $p; select(undef,undef,undef,0.005) }'"
 )
 
 

@@ -115,11 +115,14 @@ WORKLOADS: dict[str, str] = {
 }
 PIDS_LIMIT = 128
 
-# A root daemon that double-forks all the time, each child living 3 s: processes that appear
-# during a freeze with no parent that can vouch for them, so the freeze fails. perl, so that a
-# fork refused at the pids limit does not end it.
+# A root daemon that double-forks all the time: processes that appear during a freeze with no
+# parent that can vouch for them, so the freeze fails. One every 5 ms, so that one appears in
+# every freeze's window; each lives 0.3 s, so that about 60 are alive, below PIDS_LIMIT (living
+# 3 s they held the limit, and a harness's own steps after the failed freeze could not fork).
+# perl, so that a fork refused at the pids limit does not end it.
 WORKLOADS_ROOT_DAEMON = (
-    "perl -e 'while(1){ my $p=fork(); if(defined $p && $p==0){ fork() or sleep 3; exit 0 } "
+    "perl -e 'while(1){ my $p=fork(); if(defined $p && $p==0){ "
+    "fork() or select(undef,undef,undef,0.3); exit 0 } "
     "waitpid($p,0) if $p; select(undef,undef,undef,0.005) }'"
 )
 

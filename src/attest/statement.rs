@@ -119,7 +119,7 @@ pub fn facts(path: &[u8], e: Entries) -> PathFacts {
     hardlinks.sort();
     PathFacts {
         path: enc(path),
-        directories: e.directories,
+        directories: e.dirs.len() as u64,
         directory_names: {
             let mut d: Vec<String> = e.dirs.iter().map(|n| enc(n)).collect();
             d.sort_unstable();

@@ -43,8 +43,7 @@ pub struct File {
 /// What a named path holds besides the regular files' contents.
 #[derive(Debug, Default)]
 pub struct Entries {
-    pub directories: u64,
-    /// The directories' names (the named path's own not among them).
+    /// The directories' names (the named path's own not among them); their count is its length.
     pub dirs: Vec<Vec<u8>>,
     pub files: u64,
     pub bytes: u64,
@@ -232,7 +231,6 @@ impl Walk<'_> {
                             self.bounds.depth
                         ));
                     }
-                    self.out.directories += 1;
                     self.out.dirs.push(full);
                     subdirs.push((c, meta));
                 }

@@ -144,56 +144,72 @@ fn signalled_freeze_clean(c: &Container, uid: u32) -> serde_json::Value {
     st
 }
 
+/// One freeze requested by signal under a bomb of 2,000 forkers of `uid`, the only bomb running:
+/// how long the init took to start it (from the signal to its end, less its own total), and
+/// its status.
+fn freeze_under_a_bomb(uid: u32, extra: &[&str]) -> (u64, serde_json::Value) {
+    let c = sandbox(uid, extra);
+    let _w = c.launch(uid, &["bomb", "2000"]);
+    wait_count(&c, uid, 1000);
+    // This thread watches the clock: its own turn on the CPU must not depend on the bomb.
+    let urgent = Urgent::now();
+    let t = std::time::Instant::now();
+    c.signal(libc::SIGUSR1);
+    let mut end = None;
+    wait_for("the freeze to end", Duration::from_secs(120), || {
+        if matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed")) {
+            end = Some(t.elapsed());
+        }
+        end.is_some()
+    });
+    drop(urgent);
+    let st = signalled_freeze_clean(&c, uid);
+    let total = st["phases_ms"]["total"].as_u64().unwrap_or_else(|| panic!("total: {st}"));
+    let waited = end.map_or(0, |e| e.as_millis() as u64).saturating_sub(total);
+    (waited, st)
+}
+
 #[test]
 fn t01b_fork_bomb_while_the_init_tracks_constantly() {
     // With the CPU shared among 2,000 forkers, a history refresh takes seconds; a freeze request
-    // must interrupt it rather than wait behind it. The baseline is a second container with
-    // periodic tracking off, its own bomb running at the same time, its freeze requested at the
-    // same moment (by signal, from the host, as `docker kill -s USR1` does): both see the same
-    // load. The bounds are generous factors of the baseline.
+    // must interrupt it rather than wait behind it. The baseline is the same freeze with periodic
+    // tracking off. Each freeze runs with its own bomb alone: two bombs at once load whichever
+    // init freezes first with the other's forkers, and under 4,000 forkers the two inits noticed
+    // their signals 9 s apart, so one stop ran beside a live bomb and the other did not (11.8 s
+    // against 2.5 s). Rounds alternate, and each side keeps its fastest: load from outside only
+    // ever slows a freeze, and a regression slows every tracked one.
     let _h = heavy();
-    let (bu, tu) = (4331, 4332);
-    // Each init competes for the CPU with 4,000 forkers: its stop alone can take 15 s here. The
+    // Each init competes for the CPU with 2,000 forkers: its stop alone can take seconds. The
     // budget is not what this test is about.
-    let base = sandbox(bu, &["--track-interval", "0", "--freeze-timeout", "60"]);
-    let track = sandbox(tu, &["--track-interval", "0.05", "--freeze-timeout", "60"]);
-    let _wb = base.launch(bu, &["bomb", "2000"]);
-    let _wt = track.launch(tu, &["bomb", "2000"]);
-    wait_count(&base, bu, 1000);
-    wait_count(&track, tu, 1000);
-    // This thread watches the clock: its own turn on the CPU must not depend on the bombs.
-    let urgent = Urgent::now();
-    let t = std::time::Instant::now();
-    track.signal(libc::SIGUSR1);
-    base.signal(libc::SIGUSR1);
-    let (mut base_end, mut track_end) = (None, None);
-    let done = |c: &Container| matches!(c.status_file()["state"].as_str(), Some("quiescent" | "failed"));
-    wait_for("both freezes to end", Duration::from_secs(120), || {
-        if base_end.is_none() && done(&base) {
-            base_end = Some(t.elapsed());
-        }
-        if track_end.is_none() && done(&track) {
-            track_end = Some(t.elapsed());
-        }
-        base_end.is_some() && track_end.is_some()
-    });
-    drop(urgent);
-    let b = signalled_freeze_clean(&base, bu);
-    let st = signalled_freeze_clean(&track, tu);
+    let (base, track) = (
+        ["--track-interval", "0", "--freeze-timeout", "60"],
+        ["--track-interval", "0.05", "--freeze-timeout", "60"],
+    );
     let ms =
         |v: &serde_json::Value, k: &str| v["phases_ms"][k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
-    // How long each freeze waited to start: from the signal to its end, less its own total. With
-    // tracking on, refreshes run back to back under the bomb, so the request lands inside one.
-    let waited = |end: Option<Duration>, v: &serde_json::Value| {
-        (end.unwrap().as_millis() as u64).saturating_sub(ms(v, "total"))
+    let (mut b, mut t) = (Vec::new(), Vec::new());
+    for (bu, tu) in [(4331, 4332), (4333, 4334)] {
+        b.push(freeze_under_a_bomb(bu, &base));
+        t.push(freeze_under_a_bomb(tu, &track));
+    }
+    let report = format!("tracking: {t:?}; baseline: {b:?}");
+    let brief = |runs: &[(u64, serde_json::Value)]| {
+        let one =
+            |r: &(u64, serde_json::Value)| format!("{}/{}/{}", r.0, ms(&r.1, "stop"), ms(&r.1, "total"));
+        runs.iter().map(one).collect::<Vec<_>>().join(", ")
     };
-    let (bw, tw) = (waited(base_end, &b), waited(track_end, &st));
+    eprintln!("t01b, waited/stop/total ms: tracking {}; baseline {}", brief(&t), brief(&b));
+    let fastest = |runs: &[(u64, serde_json::Value)], f: &dyn Fn(&(u64, serde_json::Value)) -> u64| {
+        runs.iter().map(f).min().unwrap_or(u64::MAX)
+    };
     let bound = |x: u64| 4 * x.max(100);
-    let report = format!("tracking: waited {tw} ms, {st}; baseline: waited {bw} ms, {b}");
-    assert!(ms(&st, "stop") <= bound(ms(&b, "stop")), "stop phase: {report}");
-    assert!(ms(&st, "total") <= bound(ms(&b, "total")), "total: {report}");
+    for k in ["stop", "total"] {
+        let (tk, bk) = (fastest(&t, &|r| ms(&r.1, k)), fastest(&b, &|r| ms(&r.1, k)));
+        assert!(tk <= bound(bk), "{k} phase, fastest {tk} ms against {bk} ms: {report}");
+    }
     // A refresh the request did not interrupt holds the freeze back before it starts.
-    assert!(tw <= bound(bw), "wait before the freeze: {report}");
+    let (tw, bw) = (fastest(&t, &|r| r.0), fastest(&b, &|r| r.0));
+    assert!(tw <= bound(bw), "wait before the freeze, fastest {tw} ms against {bw} ms: {report}");
 }
 
 #[test]

@@ -298,6 +298,39 @@ for c in range(26):
     assert!(bad.stdout.is_empty(), "the verifier ran");
 }
 
+#[test]
+fn a_reason_shows_a_long_path_by_its_ends_and_keeps_its_fix() {
+    let base = scratch("longpath");
+    let b = s(&base).to_string();
+    let c = sandbox(UID, &["--attest-allow", &b]);
+    // 300 levels of 255-byte names: the deepest path is 77 KB, more than the init keeps of a
+    // reason (4 KB); shown whole, it pushed out the bound and its fix.
+    let long = format!("{b}/long");
+    let mk = r#"
+import os, sys
+os.mkdir(sys.argv[1])
+fd = os.open(sys.argv[1], os.O_RDONLY)
+for _ in range(300):
+    os.mkdir("l" * 255, dir_fd=fd)
+    sub = os.open("l" * 255, os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = sub
+"#;
+    let out = c.exec_as(UID, &[PY, "-c", mk, &long]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (rc, st) = freeze_attesting(&c, "long", &[&long]);
+    assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    let (state, reason) = attested_state(&st);
+    assert_eq!(state, "failed", "{st}");
+    let fix = "is deeper than 256 levels: raise --attest-max-depth";
+    assert!(reason.contains(fix), "{reason}");
+    assert!(reason.starts_with(&format!("{long}/lll")) && reason.len() < 1000, "{reason}");
+    let bad = c.verify(&["--", "echo", "scored"]);
+    assert_eq!(code(&bad), 19, "{}", stderr(&bad));
+    assert!(stderr(&bad).contains(fix) && stderr(&bad).len() < 2000, "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty(), "the verifier ran");
+}
+
 /// Remove a tree too deep for a recursive removal: down by relative steps, then up.
 fn remove_deep(top: &Path, levels: usize) {
     let script = "import os, sys\nos.chdir(sys.argv[1])\nn = 0\nwhile os.path.isdir('d'):\n    os.chdir('d'); n += 1\nfor _ in range(n):\n    os.chdir('..'); os.rmdir('d')\n";

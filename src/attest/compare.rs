@@ -20,7 +20,7 @@ impl Differences {
     pub fn line(&self) -> String {
         let part = |what: &str, v: &Vec<String>| {
             (!v.is_empty()).then(|| {
-                let first: Vec<&str> = v.iter().take(3).map(String::as_str).collect();
+                let first: Vec<String> = v.iter().take(3).map(|n| super::name::cut(n)).collect();
                 let more = if v.len() > 3 { format!(" (+{} more)", v.len() - 3) } else { String::new() };
                 format!("{what} {}{more}", first.join(", "))
             })

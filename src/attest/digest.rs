@@ -25,10 +25,10 @@ fn differs(a: &Meta, b: &Meta) -> Option<&'static str> {
 pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], String> {
     let fd = sys::open_file_at(&f.dir, &f.leaf).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT | libc::ELOOP | libc::ENXIO) => changed(&f.name, "removed or replaced"),
-        _ => format!("cannot read {}: {e}", super::name::encode(&f.name)),
+        _ => format!("cannot read {}: {e}", super::name::shown(&f.name)),
     })?;
     let look =
-        |fd| sys::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::encode(&f.name)));
+        |fd| sys::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::shown(&f.name)));
     let before = look(&fd)?;
     if let Some(what) = differs(&f.meta, &before) {
         return Err(changed(&f.name, what));
@@ -38,7 +38,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
     let mut reads: u32 = 0;
     loop {
         let n = sys::read_some(&fd, buf)
-            .map_err(|e| format!("cannot read {}: {e}", super::name::encode(&f.name)))?;
+            .map_err(|e| format!("cannot read {}: {e}", super::name::shown(&f.name)))?;
         if n == 0 {
             break;
         }
@@ -56,7 +56,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
         if reads.is_multiple_of(64) && Instant::now() >= deadline {
             return Err(format!(
                 "the time bound ran out while {} was hashed: raise --attest-timeout",
-                super::name::encode(&f.name)
+                super::name::shown(&f.name)
             ));
         }
     }

@@ -12,6 +12,9 @@ pub const WORKER_FLAG: &str = "--attest-worker";
 /// A job larger than this is refused: it must fit in a pipe's buffer, so that the init's write
 /// never waits for the worker.
 pub const MAX_JOB: usize = 60 << 10;
+/// The most the worker says back (its one line, before the newline): the init reads it only
+/// after reaping the worker, so it must fit in a pipe's buffer, and the init keeps this much.
+pub const SAID_MAX: usize = 4000;
 
 #[derive(Serialize, Deserialize)]
 pub struct Job {

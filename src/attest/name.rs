@@ -49,6 +49,29 @@ pub fn encode(mut bytes: &[u8]) -> String {
     out
 }
 
+/// Characters of a name a message shows at most: a path 256 levels deep of 255-byte names is
+/// 65 KB, and the init keeps 4 KB of the worker's reason, so a whole path would push out the
+/// reason's end, the part that says what to do.
+pub const SHOWN: usize = 240;
+
+/// A name's bytes encoded for a message, its middle left out past `SHOWN` characters.
+pub fn shown(bytes: &[u8]) -> String {
+    cut(&encode(bytes))
+}
+
+/// An encoded name for a message: whole up to `SHOWN` characters, else its head and its tail
+/// (which tree, which entry) around the count of what was left out.
+pub fn cut(s: &str) -> String {
+    let n = s.chars().count();
+    if n <= SHOWN {
+        return s.to_string();
+    }
+    let keep = SHOWN / 2;
+    let head: String = s.chars().take(keep).collect();
+    let tail: String = s.chars().skip(n - keep).collect();
+    format!("{head}…[{} characters]…{tail}", n - 2 * keep)
+}
+
 pub fn decode(s: &str) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(s.len());
     let b = s.as_bytes();
@@ -74,6 +97,21 @@ pub fn decode(s: &str) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_name_is_shown_by_its_ends() {
+        assert_eq!(shown(b"/w/a\nb"), "/w/a%0Ab");
+        let long = format!("/w/{}leaf", "d/".repeat(1000));
+        let s = shown(long.as_bytes());
+        assert!(s.chars().count() < SHOWN + 40, "{s}");
+        assert!(s.starts_with("/w/d/d/") && s.ends_with("d/leaf"), "{s}");
+        assert!(s.contains(&format!("…[{} characters]…", long.len() - SHOWN)), "{s}");
+        let exact = "x".repeat(SHOWN);
+        assert_eq!(cut(&exact), exact);
+        // Never cut inside a character.
+        let wide = "é".repeat(2 * SHOWN);
+        assert!(cut(&wide).starts_with(&"é".repeat(SHOWN / 2)));
+    }
 
     #[test]
     fn round_trips_and_escapes_what_is_not_printable() {

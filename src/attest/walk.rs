@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -98,7 +99,7 @@ fn join(dir: &[u8], leaf: &[u8]) -> Vec<u8> {
 pub fn changed(name: &[u8], what: &str) -> String {
     format!(
         "{} changed while it was attested ({what}): attest trees nothing writes to after the freeze",
-        name::encode(name)
+        name::shown(name)
     )
 }
 
@@ -136,14 +137,14 @@ impl Walk<'_> {
             return Err(format!(
                 "more than {} entries (at {}): raise --attest-max-files or attest a smaller tree",
                 self.bounds.files,
-                name::encode(at)
+                name::shown(at)
             ));
         }
         if Instant::now() >= self.used.deadline {
             return Err(format!(
                 "the time bound of {} s ran out (at {}): raise --attest-timeout or attest a smaller tree",
                 self.bounds.seconds,
-                name::encode(at)
+                name::shown(at)
             ));
         }
         Ok(())
@@ -155,7 +156,7 @@ impl Walk<'_> {
         if self.used.names > NAME_BYTES {
             return Err(format!(
                 "more than {NAME_BYTES} bytes of names and link targets (at {}): attest a tree with fewer or shorter names",
-                name::encode(&at[..at.len().min(256)])
+                name::shown(at)
             ));
         }
         Ok(())
@@ -173,7 +174,7 @@ impl Walk<'_> {
             return Err(format!(
                 "more than {} bytes of files (at {}, {} bytes): raise --attest-max-bytes or attest a smaller tree",
                 self.bounds.bytes,
-                name::encode(&full),
+                name::shown(&full),
                 meta.size
             ));
         }
@@ -196,12 +197,12 @@ impl Walk<'_> {
         let mut names: Vec<Vec<u8>> = Vec::new();
         let room = self.bounds.files.saturating_sub(self.used.entries).min(usize::MAX as u64 - 1) as usize;
         let more = sys::each_entry(&fd, room + 1, |n| names.push(n.to_vec()))
-            .map_err(|e| format!("cannot list {}: {e}", name::encode(&path)))?;
+            .map_err(|e| format!("cannot list {}: {e}", name::shown(&path)))?;
         if more {
             return Err(format!(
                 "more than {} entries (in {}): raise --attest-max-files or attest a smaller tree",
                 self.bounds.files,
-                name::encode(&path)
+                name::shown(&path)
             ));
         }
         let mut subdirs = Vec::new();
@@ -227,7 +228,7 @@ impl Walk<'_> {
                     if depth + 1 > self.bounds.depth {
                         return Err(format!(
                             "{} is deeper than {} levels: raise --attest-max-depth or attest a shallower tree",
-                            name::encode(&full),
+                            name::shown(&full),
                             self.bounds.depth
                         ));
                     }
@@ -263,8 +264,7 @@ pub fn walk(
     used: &mut Used,
     sink: &mut dyn FnMut(File) -> Result<(), String>,
 ) -> Result<Entries, String> {
-    use std::os::unix::ffi::OsStrExt;
-    let shown = name::encode(root);
+    let shown = name::shown(root);
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(root));
     no_link_above(path, &shown)?;
     let meta = sys::statx_path(path).map_err(|e| match e.raw_os_error() {
@@ -282,7 +282,8 @@ pub fn walk(
             w.tick(root)?;
             let parent = path.parent().unwrap_or(std::path::Path::new("/"));
             let leaf = path.file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
-            let dir = sys::open_dir(parent).map_err(|e| format!("cannot open {}: {e}", parent.display()))?;
+            let dir = sys::open_dir(parent)
+                .map_err(|e| format!("cannot open {}: {e}", name::shown(parent.as_os_str().as_bytes())))?;
             let leaf = CString::new(leaf).map_err(|_| format!("{shown}: a name with NUL"))?;
             w.file(&Arc::new(dir), leaf, root.to_vec(), meta)?;
             return Ok(w.out);
@@ -320,7 +321,7 @@ pub fn walk(
                 continue;
             }
         };
-        let now = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::encode(&full)))?;
+        let now = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::shown(&full)))?;
         if (now.dev, now.ino) != (seen.dev, seen.ino) {
             return Err(changed(&full, "replaced"));
         }
@@ -335,7 +336,7 @@ pub fn walk(
 fn unreadable(full: &[u8], e: std::io::Error) -> Result<String, String> {
     match e.raw_os_error() {
         Some(libc::EACCES | libc::EPERM) => Ok(format!("unreadable: {e}")),
-        _ => Err(format!("cannot read {}: {e}: nothing is attested on a partial walk", name::encode(full))),
+        _ => Err(format!("cannot read {}: {e}: nothing is attested on a partial walk", name::shown(full))),
     }
 }
 
@@ -349,12 +350,12 @@ fn no_link_above(path: &std::path::Path, shown: &str) -> Result<(), String> {
             Ok(m) if m.file_type().is_symlink() => {
                 return Err(format!(
                     "{shown}: {} is a symlink: name the path without links in it",
-                    dir.display()
+                    name::shown(dir.as_os_str().as_bytes())
                 ))
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("cannot look at {}: {e}", dir.display())),
+            Err(e) => return Err(format!("cannot look at {}: {e}", name::shown(dir.as_os_str().as_bytes()))),
         }
         above = dir.parent();
     }

@@ -57,7 +57,28 @@ pub fn main() -> i32 {
         Ok(l) => (0, l),
         Err(e) => (1, e),
     };
-    // The init reads this after it reaps the worker; nothing more is said.
-    let _ = writeln!(std::io::stdout(), "{line}");
+    // The init reads this after it reaps the worker: more than a pipe's buffer would block the
+    // write, and the worker with it, until its time bound. Nothing more is said.
+    let _ = writeln!(std::io::stdout(), "{}", said_bounded(&line));
     code
+}
+
+/// A reason's first `job::SAID_MAX` bytes, cut at a character: what the init keeps of it.
+fn said_bounded(line: &str) -> &str {
+    let mut end = line.len().min(job::SAID_MAX);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    &line[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn what_the_worker_says_fits_what_the_init_reads() {
+        let long = format!("{}é{}", "a".repeat(super::job::SAID_MAX - 1), "b".repeat(70_000));
+        let said = super::said_bounded(&long);
+        assert_eq!(said.len(), super::job::SAID_MAX - 1, "cut at a character");
+        assert_eq!(super::said_bounded("short"), "short");
+    }
 }

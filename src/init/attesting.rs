@@ -179,7 +179,7 @@ impl Worker {
 
     /// The attestation's state and reason once the worker was reaped with `code`.
     pub fn finish(self, code: i32) -> (String, Option<String>) {
-        let mut buf = [0u8; 4096];
+        let mut buf = [0u8; job::SAID_MAX + 1];
         let n = sys::read_some(&self.out, &mut buf).unwrap_or(0);
         let said = String::from_utf8_lossy(&buf[..n]).trim().to_string();
         if code == 0 && self.killed_for.is_none() {

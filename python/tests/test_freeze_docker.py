@@ -20,6 +20,7 @@ from quiesce_harness import (
     Container,
     ExecResult,
     FreezeFailed,
+    FreezeResult,
     Unreachable,
     freeze,
     run_verifier,
@@ -133,10 +134,20 @@ def test_a_failed_freeze_raises_with_its_survivors(client: docker.DockerClient) 
         assert rc == 0, f"the root daemon did not start within 10 s: {out!r}"
         b.start("setsid-writer")
         c = Container.docker(b.name, client=client)
-        with pytest.raises(FreezeFailed) as e:
-            freeze(c)
-        assert e.value.result.state == "failed" and e.value.result.marker is None
-        assert e.value.survivors and "vouch" in (e.value.result.reason or "")
+        # A freeze whose whole window passed without one of the daemon's forks (the daemon not
+        # scheduled for those milliseconds, seen in CI) is rightly quiescent: up to three asks,
+        # one of which must fail.
+        passed: list[FreezeResult] = []
+        failed: FreezeFailed | None = None
+        for _ in range(3):
+            try:
+                passed.append(freeze(c))
+            except FreezeFailed as e:
+                failed = e
+                break
+        assert failed is not None, f"three freezes beside the root daemon succeeded: {passed}"
+        assert failed.result.state == "failed" and failed.result.marker is None
+        assert failed.survivors and "vouch" in (failed.result.reason or "")
 
 
 def test_unreachable_inits(client: docker.DockerClient) -> None:

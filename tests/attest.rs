@@ -261,6 +261,29 @@ fn an_empty_directory_renamed_or_moved_is_a_change() {
     assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
 }
 
+/// `top`, made by the sandbox user, holding `chains` chains of `levels` directories, each named
+/// by 255 bytes (the chain's number, padded with `n`).
+fn chains_of_long_names(c: &Container, top: &str, chains: usize, levels: usize) {
+    let mk = r#"
+import os, sys
+os.mkdir(sys.argv[1])
+top = os.open(sys.argv[1], os.O_RDONLY)
+for c in range(int(sys.argv[2])):
+    fd = top
+    for _ in range(int(sys.argv[3])):
+        n = str(c).rjust(255, "n")
+        os.mkdir(n, dir_fd=fd)
+        sub = os.open(n, os.O_RDONLY, dir_fd=fd)
+        if fd != top:
+            os.close(fd)
+        fd = sub
+    if fd != top:
+        os.close(fd)
+"#;
+    let out = c.exec_as(UID, &[PY, "-c", mk, top, &chains.to_string(), &levels.to_string()]);
+    assert!(out.status.success(), "{top}: {}", stderr(&out));
+}
+
 #[test]
 fn names_longer_than_their_bound_fail_the_attestation() {
     let base = scratch("names");
@@ -268,23 +291,7 @@ fn names_longer_than_their_bound_fail_the_attestation() {
     let c = sandbox(UID, &["--attest-allow", &b]);
     // Few entries, long names: 26 chains of 250 directories named by 255 bytes, 209 MB of paths.
     let names = format!("{b}/names");
-    let mk = r#"
-import os, sys
-os.mkdir(sys.argv[1])
-top = os.open(sys.argv[1], os.O_RDONLY)
-for c in range(26):
-    fd = top
-    for _ in range(250):
-        n = str(c).rjust(255, "n")
-        os.mkdir(n, dir_fd=fd)
-        sub = os.open(n, os.O_RDONLY, dir_fd=fd)
-        if fd != top:
-            os.close(fd)
-        fd = sub
-    os.close(fd)
-"#;
-    let out = c.exec_as(UID, &[PY, "-c", mk, &names]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    chains_of_long_names(&c, &names, 26, 250);
 
     let (rc, st) = freeze_attesting(&c, "names", &[&names]);
     assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
@@ -306,25 +313,14 @@ fn a_reason_shows_a_long_path_by_its_ends_and_keeps_its_fix() {
     // 300 levels of 255-byte names: the deepest path is 77 KB, more than the init keeps of a
     // reason (4 KB); shown whole, it pushed out the bound and its fix.
     let long = format!("{b}/long");
-    let mk = r#"
-import os, sys
-os.mkdir(sys.argv[1])
-fd = os.open(sys.argv[1], os.O_RDONLY)
-for _ in range(300):
-    os.mkdir("l" * 255, dir_fd=fd)
-    sub = os.open("l" * 255, os.O_RDONLY, dir_fd=fd)
-    os.close(fd)
-    fd = sub
-"#;
-    let out = c.exec_as(UID, &[PY, "-c", mk, &long]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    chains_of_long_names(&c, &long, 1, 300);
     let (rc, st) = freeze_attesting(&c, "long", &[&long]);
     assert_eq!((rc, st["state"].as_str()), (0, Some("quiescent")), "{st}");
     let (state, reason) = attested_state(&st);
     assert_eq!(state, "failed", "{st}");
     let fix = "is deeper than 256 levels: raise --attest-max-depth";
     assert!(reason.contains(fix), "{reason}");
-    assert!(reason.starts_with(&format!("{long}/lll")) && reason.len() < 1000, "{reason}");
+    assert!(reason.starts_with(&format!("{long}/nnn")) && reason.len() < 1000, "{reason}");
     let bad = c.verify(&["--", "echo", "scored"]);
     assert_eq!(code(&bad), 19, "{}", stderr(&bad));
     assert!(stderr(&bad).contains(fix) && stderr(&bad).len() < 2000, "{}", stderr(&bad));

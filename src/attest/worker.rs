@@ -59,7 +59,11 @@ pub fn main() -> i32 {
     };
     // The init reads this after it reaps the worker: more than a pipe's buffer would block the
     // write, and the worker with it, until its time bound. Nothing more is said.
-    let _ = writeln!(std::io::stdout(), "{}", said_bounded(&line));
+    if let Err(e) = writeln!(std::io::stdout(), "{}", said_bounded(&line)) {
+        // The init then knows only the exit status; the log keeps what could not be said.
+        let _ =
+            writeln!(std::io::stderr(), "quiesce: attestation worker: cannot tell the init ({e}): {line}");
+    }
     code
 }
 

@@ -67,9 +67,18 @@ pub fn cut(s: &str) -> String {
         return s.to_string();
     }
     let keep = SHOWN / 2;
-    let head: String = s.chars().take(keep).collect();
-    let tail: String = s.chars().skip(n - keep).collect();
-    format!("{head}…[{} characters]…{tail}", n - 2 * keep)
+    let c: Vec<char> = s.chars().collect();
+    // Never inside a `%XX`: each end stays decodable.
+    let mut head = keep;
+    if let Some(back) = c[head.saturating_sub(2)..head].iter().position(|&x| x == '%') {
+        head = head - 2 + back;
+    }
+    let mut tail = n - keep;
+    if let Some(back) = c[tail.saturating_sub(2)..tail].iter().position(|&x| x == '%') {
+        tail = tail - 2 + back + 3;
+    }
+    let (h, t): (String, String) = (c[..head].iter().collect(), c[tail..].iter().collect());
+    format!("{h}…[{} characters]…{t}", tail - head)
 }
 
 pub fn decode(s: &str) -> Result<Vec<u8>, String> {
@@ -108,6 +117,15 @@ mod tests {
         assert!(s.contains(&format!("…[{} characters]…", long.len() - SHOWN)), "{s}");
         let exact = "x".repeat(SHOWN);
         assert_eq!(cut(&exact), exact);
+        // Never inside an escape, at either end.
+        for at in 115..125 {
+            let e = format!("/w/{}%0A{}", "a".repeat(at), "b".repeat(500));
+            let shown = cut(&e);
+            let (h, t) = shown.split_once('…').unwrap_or_default();
+            let t = t.rsplit_once('…').map(|x| x.1).unwrap_or_default();
+            assert!(decode(h).is_ok() && decode(t).is_ok(), "{at}: {shown}");
+            assert!(!t.starts_with('0') && !t.starts_with('A'), "{at}: {shown}");
+        }
         // Never cut inside a character.
         let wide = "é".repeat(2 * SHOWN);
         assert!(cut(&wide).starts_with(&"é".repeat(SHOWN / 2)));

@@ -126,7 +126,7 @@ def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
 def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, project: str) -> None:
     # A root daemon forking all the time makes the freeze fail: BenchFlow records the raise
     # as a verifier error and keeps no reward.
-    daemon = "nohup " + support.WORKLOADS_ROOT_DAEMON + " >/dev/null 2>&1 &"
+    daemon = support.ROOT_DAEMON_BACKGROUND
 
     async def run() -> tuple[dict[str, float] | None, str | None]:
         class Planes(QuiescePlanes):

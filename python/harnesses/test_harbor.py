@@ -113,7 +113,7 @@ def test_the_task_alone_freezes_in_its_test_sh(tmp_path: Path, task_image: str) 
 
 
 def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str) -> None:
-    daemon = "nohup " + support.WORKLOADS_ROOT_DAEMON + " >/dev/null 2>&1 &"
+    daemon = support.ROOT_DAEMON_BACKGROUND
     r = trial(tmp_path, task_image, hooks=True, before_verify=daemon)
     assert rewards(r) is None
     assert r.exception_info is not None and "FreezeFailed" in r.exception_info.exception_type

@@ -125,6 +125,18 @@ WORKLOADS_ROOT_DAEMON = (
     "fork() or select(undef,undef,undef,0.3); exit 0 } "
     "waitpid($p,0) if $p; select(undef,undef,undef,0.005) }'"
 )
+# Waits (10 s at most, exit 1 then) until the daemon runs: its perls (itself, a child, orphans)
+# are in /proc. A process started in the background, or by a detached exec, may not have run
+# yet when the call returns, and a freeze then finds nothing of it and rightly succeeds.
+ROOT_DAEMON_STARTED = (
+    "for i in $(seq 100); do "
+    "[ $(cat /proc/[0-9]*/comm 2>/dev/null | grep -cx perl) -ge 3 ] && exit 0; "
+    "sleep 0.1; done; exit 1"
+)
+# The daemon in the background, returning once it runs.
+ROOT_DAEMON_BACKGROUND = (
+    "nohup " + WORKLOADS_ROOT_DAEMON + " >/dev/null 2>&1 & " + ROOT_DAEMON_STARTED
+)
 
 
 @dataclass

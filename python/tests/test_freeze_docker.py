@@ -123,14 +123,7 @@ def test_a_failed_freeze_raises_with_its_survivors(client: docker.DockerClient) 
         # living 3 s); perl, so that a fork refused at the pids limit does not end it.
         daemon = ["sh", "-c", support.WORKLOADS_ROOT_DAEMON]
         client.api.exec_start(client.api.exec_create(b.id, daemon)["Id"], detach=True)
-        # A detached exec returns before its process runs: a freeze then could find nothing of
-        # the daemon's yet, and succeed rightly. Wait for its perls (itself, a child, orphans).
-        wait = (
-            "for i in $(seq 100); do "
-            "[ $(cat /proc/[0-9]*/comm 2>/dev/null | grep -cx perl) -ge 3 ] && exit 0; "
-            "sleep 0.1; done; exit 1"
-        )
-        rc, out = b.ctr.exec_run(["sh", "-c", wait])
+        rc, out = b.ctr.exec_run(["sh", "-c", support.ROOT_DAEMON_STARTED])
         assert rc == 0, f"the root daemon did not start within 10 s: {out!r}"
         b.start("setsid-writer")
         c = Container.docker(b.name, client=client)

@@ -116,14 +116,17 @@ WORKLOADS: dict[str, str] = {
 PIDS_LIMIT = 128
 
 # A root daemon that double-forks all the time: processes that appear during a freeze with no
-# parent that can vouch for them, so the freeze fails. One every 5 ms, so that one appears in
-# every freeze's window; each lives 0.3 s, so that about 60 are alive, below PIDS_LIMIT (living
-# 3 s they held the limit, and a harness's own steps after the failed freeze could not fork).
-# perl, so that a fork refused at the pids limit does not end it.
+# parent that can vouch for them, so the freeze fails. One about every 1 ms, so that a freeze of
+# a small sandbox (a few ms) finds one at its first look; most live 60 ms, and every 50th lives
+# 3 s, so that the last look of the proof's grace still finds one born since the freeze began
+# (with all of them short-lived, a look within the grace could find only vouched ones, and the
+# freeze rightly succeeded). About 100 are alive, below PIDS_LIMIT (all living 3 s they held it,
+# and a harness's own steps after the failed freeze could not fork). perl, so that a fork
+# refused at the pids limit does not end it.
 WORKLOADS_ROOT_DAEMON = (
-    "perl -e 'while(1){ my $p=fork(); if(defined $p && $p==0){ "
-    "fork() or select(undef,undef,undef,0.3); exit 0 } "
-    "waitpid($p,0) if $p; select(undef,undef,undef,0.005) }'"
+    "perl -e 'my $n=0; while(1){ $n++; my $p=fork(); if(defined $p && $p==0){ "
+    "fork() or select(undef,undef,undef,$n % 50 ? 0.06 : 3); exit 0 } "
+    "waitpid($p,0) if $p; select(undef,undef,undef,0.001) }'"
 )
 # Waits (10 s at most, exit 1 then) until the daemon runs: its perls (itself, a child, orphans)
 # are in /proc. A process started in the background, or by a detached exec, may not have run

@@ -119,8 +119,8 @@ def test_the_bomb_at_the_pids_limit_through_the_engines_signal(
 
 def test_a_failed_freeze_raises_with_its_survivors(client: docker.DockerClient) -> None:
     with box(client) as b:
-        # A root daemon that double-forks all the time (children no parent vouches for, each
-        # living 3 s); perl, so that a fork refused at the pids limit does not end it.
+        # A root daemon that double-forks all the time: children no parent vouches for
+        # (support.WORKLOADS_ROOT_DAEMON says how many, and how long each lives).
         daemon = ["sh", "-c", support.WORKLOADS_ROOT_DAEMON]
         client.api.exec_start(client.api.exec_create(b.id, daemon)["Id"], detach=True)
         rc, out = b.ctr.exec_run(["sh", "-c", support.ROOT_DAEMON_STARTED])

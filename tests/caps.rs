@@ -87,6 +87,7 @@ fn the_needed_set_alone_starts_and_freezes_with_full_evidence() {
         Opts {
             init_args: vec!["--sandbox-user", &u],
             wrap: vec!["setpriv", "--inh-caps=-all", "--bounding-set=-all,+kill,+setuid,+setgid", "--"],
+            setuid: true,
             ..Default::default()
         },
         &["sleep", "1000000"],

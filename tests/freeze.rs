@@ -291,7 +291,7 @@ fn t06_one_thread_with_other_credentials() {
 fn t07_setuid_root_helper() {
     let _l = light();
     let uid = 4307;
-    let c = sandbox(uid, &[]);
+    let c = sandbox_setuid(uid, &[]);
     let suid = setuid_copy(&c);
     let w = c.launch_bin(uid, &["--allow-setuid"], &suid, &["pause"]);
     // The helper really is root: real UID the sandbox user, effective UID 0.
@@ -307,7 +307,7 @@ fn t07_setuid_root_helper() {
 fn t08_full_escapee_by_lineage() {
     let _l = light();
     let uid = 4308;
-    let c = sandbox(uid, &[]);
+    let c = sandbox_setuid(uid, &[]);
     let suid = setuid_copy(&c);
     let _w = c.launch_bin(uid, &["--allow-setuid"], &suid, &["escape", "0"]);
     // Root for good, reparented to PID 1: only the lineage tag still says where it came from.
@@ -321,7 +321,7 @@ fn t08_full_escapee_by_lineage() {
 fn t08b_full_escapee_by_history_without_lineage() {
     let _l = light();
     let uid = 4318;
-    let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.1"]);
+    let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "0.1"]);
     let suid = setuid_copy(&c);
     // The escape happens 600 ms in, after the init has seen the process as a sandbox descendant.
     let w = c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &["escape", "600"]);

@@ -130,7 +130,7 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
         // Free pids left beside the hopper's own; the counter comes back after that many hops
         // plus one.
         let free = frees[round % frees.len()];
-        let c = sandbox(uid, &["--no-lineage", "--freeze-timeout", "3"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--freeze-timeout", "3"]);
         own_pid_max(&c);
         let suid = setuid_copy(&c);
         // Full first, but for what the launcher, the sandbox process and a hop keep (three pids) and
@@ -206,7 +206,7 @@ fn s03_a_root_child_read_under_a_parent_that_died_meanwhile_never_gets_a_marker(
     let uid = 4373;
     let mut outcomes = Vec::new();
     for delay in ["3000", "5000", "10000", "3000"] {
-        let c = sandbox(uid, &["--no-lineage", "--freeze-timeout", "5"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--freeze-timeout", "5"]);
         // Small enough for the sandbox to take the counter round in a moment.
         own_pid_max_of(&c, 6000);
         let suid = setuid_copy(&c);

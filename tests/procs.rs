@@ -23,7 +23,10 @@ fn reasons_of(
 fn taint_reasons_for_each_kind_of_process() {
     let uid = 4501;
     let u = uid.to_string();
-    let c = Container::start(&["--sandbox-user", &u], &["sleep", "1000000"]);
+    let c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], setuid: true, ..Default::default() },
+        &["sleep", "1000000"],
+    );
     // A root process with one thread switched to the sandbox UID.
     let a = adversary();
     let _t = c.launch_root(&["thread-uid", &u]);
@@ -57,7 +60,10 @@ fn taint_reasons_for_each_kind_of_process() {
 fn ancestry_taints_root_descendants_of_a_sandbox_process() {
     let uid = 4502;
     let u = uid.to_string();
-    let c = Container::start(&["--sandbox-user", &u], &["sleep", "1000000"]);
+    let c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], setuid: true, ..Default::default() },
+        &["sleep", "1000000"],
+    );
     let suid = setuid_copy(&c);
     // The setuid helper's children: a sleeper tree whose members are all ruid sandbox, euid 0.
     let _h = c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &["sleepers", "3"]);

@@ -72,7 +72,7 @@ fn hopper_is_dead(c: &Container, file: &Path, st: &serde_json::Value) {
 /// Rounds of: a fresh setuid-root hopper (napping `nap` µs per hop) beside `sleepers` sandbox
 /// sleepers, then a freeze that must kill it before it certifies.
 fn hopper_rounds(uid: u32, nap: &str, sleepers: &str, rounds: usize, pid_max: Option<u32>) {
-    let c = sandbox(uid, &[]);
+    let c = sandbox_setuid(uid, &[]);
     if let Some(max) = pid_max {
         // Pids of this namespace wrap around often: a new hop may get any free pid, not the
         // highest, as on any long-running container.
@@ -108,7 +108,7 @@ fn p02_pid_hopper_without_a_pause_among_a_thousand_sleepers() {
 fn p03_hopper_in_a_new_group_per_hop_is_killed_or_fails_and_the_marker_names_late_hops() {
     // No process group holds it: only the consistent proof can see each new hop.
     let uid = 4603;
-    let c = sandbox(uid, &[]);
+    let c = sandbox_setuid(uid, &[]);
     let suid = setuid_copy(&c);
     let file = c.path("hops");
     let _w =
@@ -234,14 +234,14 @@ fn tagged_root(c: &Container, uid: u32) -> (Guard, i32) {
 fn p06_no_lineage_switches_lineage_off_in_classification() {
     let uid = 4606;
     // With lineage: the tagged root process is a sandbox process and dies.
-    let c = sandbox(uid, &[]);
+    let c = sandbox_setuid(uid, &[]);
     let (_g, pid) = tagged_root(&c, uid);
     let (code, st) = c.freeze("n-1");
     assert_eq!(code, 0, "{st}");
     assert_eq!(st["killed"].as_u64(), Some(1), "{st}");
     assert!(!c.processes().iter().any(|p| p.0 == pid && p.2 != 'Z'));
     // With --no-lineage: nothing marks it, and nothing touches it.
-    let c = sandbox(uid, &["--no-lineage"]);
+    let c = sandbox_setuid(uid, &["--no-lineage"]);
     let (_g, pid) = tagged_root(&c, uid);
     let (code, st) = c.freeze("n-1");
     assert_eq!(code, 0, "{st}");
@@ -426,7 +426,7 @@ fn escape_is_refused(name: &str, uid: u32, how: Escape) {
         // Refreshed every 50 ms: the check knows a launcher or the outside as the sandbox's only
         // from an observation that saw the process there (an escape that completes between the
         // last refresh and the freeze's first observation is the gap docs/threat-model.md names).
-        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let _s = c.launch(uid, &["sleepers", "1000"]);
         let _w = start_escape(&c, uid, &suid, how, "");
@@ -553,7 +553,7 @@ fn p16_an_escape_before_any_observation_is_refused() {
     for (uid, how) in
         [(4371, Escape::Fork), (4372, Escape::ParentUnderLauncher), (4373, Escape::ParentFromOutside)]
     {
-        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let w = start_escape(&c, uid, &suid, how, "now");
         let child = w.pid;
@@ -582,7 +582,7 @@ fn p16_an_escape_before_any_observation_is_refused() {
 #[test]
 fn p17_a_launcher_that_exits_before_the_init_takes_its_record_under_a_subreaper() {
     for (uid, hold) in [(4375, true), (4376, false)] {
-        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let status = c.state.join("status.json");
         let script = format!(
@@ -626,7 +626,7 @@ fn p12d_escape_under_a_launcher_while_the_sandbox_loads_the_machine() {
     let uid = 4374;
     let mut escapes = 0;
     for attempt in 1..=6 {
-        let c = sandbox(uid, &["--no-lineage", "--track-interval", "0.05"]);
+        let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "0.05"]);
         let suid = setuid_copy(&c);
         let scratch = c.path("scratch");
         std::fs::create_dir(&scratch).unwrap();
@@ -656,7 +656,7 @@ fn p12d_escape_under_a_launcher_while_the_sandbox_loads_the_machine() {
 fn p13_a_launcher_that_forks_during_the_freeze() {
     for (uid, lineage) in [(4365, false), (4366, true)] {
         let opts: &[&str] = if lineage { &[] } else { &["--no-lineage"] };
-        let c = sandbox(uid, &[opts, &["--track-interval", "0.05"]].concat());
+        let c = sandbox_setuid(uid, &[opts, &["--track-interval", "0.05"]].concat());
         let q = quiesce();
         let no = if lineage { "" } else { "--no-lineage" };
         // `sleep` is forked (a command follows it), as a launcher's next step would be; the
@@ -823,7 +823,7 @@ fn p15_the_init_stays_non_dumpable_after_switching_to_a_sandbox_uid() {
 #[test]
 fn p18_a_second_freeze_within_the_interval_starts_from_the_same_tracking_view() {
     let uid = 4781;
-    let c = sandbox(uid, &["--no-lineage", "--track-interval", "60"]);
+    let c = sandbox_setuid(uid, &["--no-lineage", "--track-interval", "60"]);
     // A root parent that forks all the time, with a sandbox process under it: not a recorded
     // launch, so only an observation says it is above it. One process with no children: its
     // death hands the init nothing, so no refresh follows the first freeze.

@@ -31,7 +31,7 @@ fn forge(uid: u32, via_shell: bool, mode: &str) {
     let mut forged = 0;
     for round in 0..rounds {
         let u = uid.to_string();
-        let c = sandbox(uid, &["--no-lineage"]);
+        let c = sandbox_setuid(uid, &["--no-lineage"]);
         let suid = setuid_copy(&c);
         let file = c.path("forge");
         let st_dir = c.state.to_str().unwrap().to_string();
@@ -106,7 +106,7 @@ fn y03_escapee_squats_the_client_within_its_start_tick() {
     let pid_max = std::env::var("ATK_PID_MAX").unwrap_or_else(|_| "310".into());
     let (mut forged, mut same_tick) = (0, 0);
     for round in 0..rounds {
-        let c = sandbox(uid, &["--no-lineage"]);
+        let c = sandbox_setuid(uid, &["--no-lineage"]);
         let suid = setuid_copy(&c);
         let file = c.path("tick");
         let st_dir = c.state.to_str().unwrap().to_string();
@@ -169,6 +169,7 @@ fn y04_an_honest_client_is_the_inits_own_with_or_without_ptrace() {
             Opts {
                 init_args: vec!["--sandbox-user", &u, "--no-lineage"],
                 prefix: prefix.clone(),
+                setuid: true,
                 ..Default::default()
             },
             &["sleep", "1000000"],

@@ -51,6 +51,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
                     shell_pid1: true,
                     prefix: prefix.clone(),
                     wrap: vec!["sh", "-c", burn, "sh"],
+                    setuid: true,
                     ..Default::default()
                 },
                 &["sleep", "1000000"],
@@ -62,7 +63,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
             }
             c
         } else {
-            sandbox(uid, &["--no-lineage"])
+            sandbox_setuid(uid, &["--no-lineage"])
         };
         // The namespace's pid_max: the host's default here (32768) unless ATK_PID_MAX says
         // otherwise (a child namespace starts at 4194304 on Linux 6.14+).
@@ -168,7 +169,7 @@ fn x02_root_hopper_whose_hops_are_the_inits_zombies_at_a_pids_limit() {
             return;
         };
         let u = uid.to_string();
-        let c = sandbox_in(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
+        let c = sandbox_in_setuid(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
         let suid = setuid_copy(&c);
         let file = c.path("hops");
         let q = quiesce();
@@ -232,7 +233,7 @@ fn x03_zombie_storm_at_a_pids_limit() {
             return;
         };
         let u = uid.to_string();
-        let c = sandbox_in(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
+        let c = sandbox_in_setuid(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
         let q = quiesce();
         let a = adv();
         let storm = c.exec_in(

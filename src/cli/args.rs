@@ -306,10 +306,15 @@ pub struct VerifyArgs {
     /// Refuse a marker from a freeze whose init did not follow launches by loginuid (lineage)
     #[arg(long)]
     pub require_lineage: bool,
-    /// Refuse a marker from an init that ran without no_new_privs (Docker's no-new-privileges),
-    /// where setuid binaries could make a sandbox process root
-    #[arg(long)]
+    /// Kept for earlier command lines: a marker that says setuid=true (or does not say) is
+    /// refused unless --accept-privilege-escalation is given
+    #[arg(long, hide = true, conflicts_with = "accept_privilege_escalation")]
     pub require_no_setuid: bool,
+    /// Accept a marker signed where a setuid binary could make a sandbox process root (the
+    /// container ran without no-new-privileges): such a process can keep a root process of the
+    /// container working for it, which no freeze can tell apart
+    #[arg(long, env = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub accept_privilege_escalation: bool,
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,

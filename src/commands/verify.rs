@@ -320,14 +320,22 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
         "--require-lineage",
         "run the init where it can write loginuids (not from a login session, without --no-lineage)",
     )?;
-    policy(
-        args.require_no_setuid,
-        claims.setuid,
-        false,
-        "setuid",
-        "--require-no-setuid",
-        "run the container with no-new-privileges",
-    )?;
+    // A sandbox process that became root can keep another root process of the container working
+    // for it (docs/threat-model.md, "A sandbox process that is root"): a marker signed where that
+    // was possible proves nothing about the verifier's surroundings, so it is refused unless the
+    // orchestrator says it accepts exactly that.
+    if !args.accept_privilege_escalation && claims.setuid != Some(false) {
+        let said = claims.setuid.map_or("does not say whether".to_string(), |_| "says".to_string());
+        return Err(Fail(
+            code::POLICY,
+            "setuid",
+            format!(
+                "marker {said} a setuid binary could make a sandbox process root (setuid=true): run the \
+                 container with --security-opt no-new-privileges (Kubernetes: allowPrivilegeEscalation: \
+                 false) and give the agent no sudo, or accept it with --accept-privilege-escalation"
+            ),
+        ));
+    }
     let now = now_unix();
     if claims.iat > now + 60 {
         return Err(Fail(code::TIME, "iat", format!("marker is from {} s in the future", claims.iat - now)));

@@ -32,24 +32,58 @@ pub fn adv() -> String {
     adversary().to_str().unwrap().to_string()
 }
 
-/// A container whose command is a root service, with `uid` as the sandbox user.
+/// A container whose command is a root service, with `uid` as the sandbox user, run with
+/// no-new-privileges as the docs ask.
 pub fn sandbox(uid: u32, extra: &[&str]) -> Container {
+    sandbox_with(uid, extra, false)
+}
+
+/// The same where setuid binaries work (Docker's default: no no-new-privileges).
+pub fn sandbox_setuid(uid: u32, extra: &[&str]) -> Container {
+    sandbox_with(uid, extra, true)
+}
+
+fn sandbox_with(uid: u32, extra: &[&str], setuid: bool) -> Container {
     let u = uid.to_string();
     let mut args = vec!["--sandbox-user", &u];
     args.extend_from_slice(extra);
-    let mut c = Container::start(&args, &["sleep", "1000000"]);
+    let mut c =
+        Container::start_with(Opts { init_args: args, setuid, ..Default::default() }, &["sleep", "1000000"]);
     c.wait_published();
     c
 }
 
+/// What `--security-opt no-new-privileges` does to a process the engine starts: set before exec,
+/// inherited by everything it starts.
+pub fn no_new_privs(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    unsafe {
+        c.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// The same inside the pids cgroup `cg` (the init and everything it starts count against it).
 pub fn sandbox_in(cg: &PidsCgroup, uid: u32, extra: &[&str]) -> Container {
+    sandbox_in_with(cg, uid, extra, false)
+}
+
+/// The same where setuid binaries work.
+pub fn sandbox_in_setuid(cg: &PidsCgroup, uid: u32, extra: &[&str]) -> Container {
+    sandbox_in_with(cg, uid, extra, true)
+}
+
+fn sandbox_in_with(cg: &PidsCgroup, uid: u32, extra: &[&str], setuid: bool) -> Container {
     let u = uid.to_string();
     let mut args = vec!["--sandbox-user", &u];
     args.extend_from_slice(extra);
     let enter = cg.enter();
     let mut c = Container::start_with(
-        Opts { init_args: args, prefix: vec!["sh", "-c", &enter, "sh"], ..Default::default() },
+        Opts { init_args: args, prefix: vec!["sh", "-c", &enter, "sh"], setuid, ..Default::default() },
         &["sleep", "1000000"],
     );
     c.wait_published();
@@ -60,6 +94,10 @@ pub fn sandbox_in(cg: &PidsCgroup, uid: u32, extra: &[&str]) -> Container {
 /// find one.
 pub fn setuid_copy(c: &Container) -> String {
     use std::os::unix::fs::PermissionsExt;
+    assert!(
+        c.setuid,
+        "a setuid binary does nothing in a container with no-new-privileges: start it with setuid"
+    );
     let p = c.path("adversary-suid");
     std::fs::copy(adversary(), &p).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
@@ -300,6 +338,8 @@ pub struct Container {
     pub dir: PathBuf,
     pub state: PathBuf,
     exited: Option<ExitStatus>,
+    /// Setuid binaries work in it (no no_new_privs on the init, nor on what is entered into it).
+    pub setuid: bool,
     /// Dropped with the container: tells the watchdog it is no longer needed.
     _watchdog: Option<mpsc::Sender<()>>,
     // Last: removed after Drop has ended the namespace.
@@ -328,6 +368,10 @@ pub struct Opts<'a> {
     /// The namespaces get a user namespace of their own whose UIDs and GIDs 0..N map to the same
     /// ids outside, as a rootless engine's do (root is mapped, anything from N up is not).
     pub userns: Option<u32>,
+    /// Setuid binaries work: the container runs without no-new-privileges (Docker's default).
+    /// Off, the init and everything entered into the container run with no_new_privs, as
+    /// `--security-opt no-new-privileges` makes them.
+    pub setuid: bool,
 }
 
 impl Default for Opts<'_> {
@@ -343,6 +387,7 @@ impl Default for Opts<'_> {
             wrap: vec![],
             init_bin: None,
             userns: None,
+            setuid: false,
         }
     }
 }
@@ -468,6 +513,9 @@ impl Container {
         for (k, v) in &o.env {
             c.env(k, v);
         }
+        if !o.setuid {
+            no_new_privs(&mut c);
+        }
         let unshare = c.spawn().expect("spawn unshare");
         let upid = unshare.id();
         // From here a failure drops the container, which ends unshare and its namespace.
@@ -478,6 +526,7 @@ impl Container {
             dir,
             state,
             exited: None,
+            setuid: o.setuid,
             _watchdog: None,
             _scratch: scratch,
         };
@@ -561,6 +610,9 @@ impl Container {
         let userns = format!("/proc/{}/ns/user", self.init);
         let own_userns = std::fs::read_link(&userns).ok() != std::fs::read_link("/proc/self/ns/user").ok();
         let userns = std::ffi::CString::new(userns).unwrap();
+        if !self.setuid {
+            no_new_privs(&mut c);
+        }
         unsafe {
             c.pre_exec(move || {
                 // No allocation here: this runs between fork and exec.

@@ -42,10 +42,12 @@ def make_task(root: Path, image: str) -> Path:
     )
     (t / "instruction.md").write_text("Write 42 to /app/answer.txt\n")
     (t / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
-    # Merged by DockerSandbox over its own compose files.
+    # Merged by DockerSandbox over its own compose files: the pids limit, and no-new-privileges
+    # (quiesce verify refuses a marker signed without it).
     (t / "environment" / "docker-compose.yaml").write_text(
         "services:\n  main:\n    deploy:\n      resources:\n        limits:\n"
         f"          pids: {support.PIDS_LIMIT}\n"
+        f"    security_opt:\n      - {support.SECURITY_OPT}\n"
     )
     (t / "tests" / "test.sh").write_text(TEST_SH)
     return t
@@ -108,6 +110,8 @@ def test_quiesce_planes_score_what_the_test_scored(
     assert (rewards, error) == ({"reward": 0.0}, None)
     [r] = planes.results
     assert r.state == "quiescent" and r.killed >= 1 and r.marker
+    # The task's compose file asked for no-new-privileges: a marker quiesce verify scores.
+    assert support.unverified_claims(r.marker)["setuid"] is False
 
 
 def test_quiesce_planes_through_a_bomb_at_the_pids_limit(

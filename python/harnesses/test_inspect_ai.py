@@ -84,6 +84,7 @@ def accuracy_of(tmp_path: Path, image: str, score: Any) -> Any:
     compose.write_text(
         f"services:\n  default:\n    image: {image}\n"
         f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
+        f"    security_opt:\n      - {support.SECURITY_OPT}\n"
     )
 
     t = Task(
@@ -109,7 +110,9 @@ def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: 
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     [r] = res
-    assert r.state == "quiescent" and r.killed >= 1
+    assert r.state == "quiescent" and r.killed >= 1 and r.marker
+    # The sandbox's compose file asked for no-new-privileges: a marker quiesce verify scores.
+    assert support.unverified_claims(r.marker)["setuid"] is False
 
 
 def test_no_answer_from_the_init_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:

@@ -32,12 +32,17 @@ def _need_binary() -> Path:
     return b
 
 
-def _make_marker(nonce: str) -> Marker:
-    """A freeze by the real init as PID 1 of a new PID namespace, one sandbox process killed."""
+def _make_marker(nonce: str, *, setuid: bool = False) -> Marker:
+    """A freeze by the real init as PID 1 of a new PID namespace, one sandbox process killed.
+
+    The init runs with no_new_privs, as `--security-opt no-new-privileges` starts it, so that
+    the marker says `setuid: false`; with `setuid`, without it (Docker's default), so that it
+    says `setuid: true`.
+    """
     b = _need_binary()
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        support.skip_log("markers", "needs root and unshare(1) to run the init as PID 1")
-        pytest.skip("needs root and unshare(1)")
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        support.skip_log("markers", "needs root, unshare(1) and setpriv(1) to run the init")
+        pytest.skip("needs root, unshare(1) and setpriv(1)")
     d = Path(tempfile.mkdtemp(prefix="qhk-marker-"))
     s = d / "state"
     script = f"""
@@ -54,6 +59,7 @@ cp {s}/quiescence.jws {s}/signing.pub {d}/
     try:
         subprocess.run(
             [
+                *([] if setuid else support.NO_NEW_PRIVS),
                 "unshare",
                 "--pid",
                 "--fork",
@@ -95,6 +101,12 @@ cp {s}/quiescence.jws {s}/signing.pub {d}/
 @pytest.fixture(scope="session")
 def marker() -> Marker:
     return _make_marker("nonce-a-" + os.urandom(8).hex())
+
+
+@pytest.fixture(scope="session")
+def setuid_marker() -> Marker:
+    """A marker from an init that ran without no_new_privs: it says `setuid: true`."""
+    return _make_marker("nonce-s-" + os.urandom(8).hex(), setuid=True)
 
 
 @pytest.fixture(scope="session")

@@ -42,9 +42,9 @@ def attested() -> Iterator[Attested]:
     b = support.binary()
     if not b.exists():
         pytest.fail(f"no quiesce binary at {b}: run `cargo build --release` (or set QUIESCE_BIN)")
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        support.skip_log("attestation", "needs root and unshare(1) to run the init as PID 1")
-        pytest.skip("needs root and unshare(1)")
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        support.skip_log("attestation", "needs root, unshare(1) and setpriv(1) to run the init")
+        pytest.skip("needs root, unshare(1) and setpriv(1)")
     d = Path(tempfile.mkdtemp(prefix="qhk-attest-"))
     s, tree = d / "state", d / "tree"
     tree.mkdir()
@@ -59,6 +59,7 @@ cp {s}/quiescence.jws {s}/signing.pub {s}/quiescence.intoto.jsonl {d}/
     try:
         subprocess.run(
             [
+                *support.NO_NEW_PRIVS,
                 "unshare",
                 "--pid",
                 "--fork",

@@ -10,17 +10,19 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import docker
 import pytest
 
 from quiesce_harness import (
+    GATE_EXIT_CODES,
     Container,
     ExecResult,
     FreezeFailed,
     FreezeResult,
+    MarkerInvalid,
     Unreachable,
     freeze,
     run_verifier,
@@ -64,10 +66,15 @@ def test_freeze_ends_every_hostile_workload(
 
 
 def test_run_verifier_runs_behind_the_gate(client: docker.DockerClient) -> None:
+    # The kit's own container: run with no-new-privileges, so its marker says setuid=false.
     with box(client) as b:
+        assert b.ctr.attrs["HostConfig"]["SecurityOpt"] == [support.SECURITY_OPT]
         b.start("setsid-writer")
         c = Container.docker(b.name, client=client)
         r = freeze(c, nonce="n-1")
+        assert r.marker is not None
+        pem = c.read_file("/run/quiesce/signing.pub")
+        assert verify_marker(r.marker, pem, nonce="n-1", container=c)["setuid"] is False
         done = run_verifier(c, ["sh", "-c", "echo scored"], nonce="n-1")
         assert (done.returncode, done.stdout) == (0, b"scored\n")
         # The marker of this freeze offered for another: code 13, the verifier never ran.
@@ -80,6 +87,41 @@ def test_run_verifier_runs_behind_the_gate(client: docker.DockerClient) -> None:
         assert late.returncode == 16 and b"scored" not in late.stdout
 
 
+def test_without_no_new_privileges_the_freeze_holds_but_nothing_is_scored(
+    client: docker.DockerClient,
+) -> None:
+    # Docker's default: setuid binaries work. The freeze is as quiescent as anywhere, but a
+    # sandbox process made root by one could keep a root process working for it, which no
+    # freeze tells apart: the marker says so, and the gate refuses to score (18) unless asked.
+    # The image's environment accepting it does not count: only the caller's keyword does.
+    accept_env = {"QUIESCE_ACCEPT_PRIVILEGE_ESCALATION": "1"}
+    with box(client, no_new_privileges=False, environment=accept_env) as b:
+        b.start("setsid-writer")
+        c = Container.docker(b.name, client=client)
+        r = freeze(c, nonce="s-1")
+        assert r.state == "quiescent" and r.killed >= 1 and r.marker is not None
+        assert settled(b) == (0, 0)
+        pem = c.read_file("/run/quiesce/signing.pub")
+        with pytest.raises(MarkerInvalid) as e:
+            verify_marker(r.marker, pem, nonce="s-1", container=c)
+        assert e.value.check == "setuid" and "no-new-privileges" in e.value.reason
+        claims = verify_marker(
+            r.marker, pem, nonce="s-1", container=c, accept_privilege_escalation=True
+        )
+        assert claims["setuid"] is True and claims["jti"] == r.freeze_id
+        refused = run_verifier(c, "echo scored", nonce="s-1")
+        assert refused.returncode == 18 and b"scored" not in refused.stdout
+        assert b"--security-opt no-new-privileges" in refused.stderr, refused.stderr
+        assert GATE_EXIT_CODES[18].startswith("marker from a configuration")
+        done = run_verifier(c, "echo scored", nonce="s-1", accept_privilege_escalation=True)
+        assert (done.returncode, done.stdout) == (0, b"scored\n"), done.stderr
+        # The command line, the same way.
+        bad = cli("verify", "--docker", b.name, "--nonce", "s-1")
+        assert bad.returncode == 1 and json.loads(bad.stdout)["check"] == "setuid"
+        ok = cli("verify", "--docker", b.name, "--nonce", "s-1", "--accept-privilege-escalation")
+        assert ok.returncode == 0 and json.loads(ok.stdout)["valid"], ok.stderr
+
+
 class RefusedExecs(Container):
     """A container whose first `refuse` execs the engine could not start, as on engines that
     create the exec'd process inside the container's cgroup at its pids limit (runc with
@@ -89,12 +131,17 @@ class RefusedExecs(Container):
     refuse: int = 0
 
     def exec(
-        self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60.0
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         if self.refuse > 0:
             object.__setattr__(self, "refuse", self.refuse - 1)
             return ExecResult(126, b"", b"OCI runtime exec failed: read init-p", started=False)
-        return super().exec(argv, user=user, timeout=timeout)
+        return super().exec(argv, user=user, timeout=timeout, env=env)
 
 
 def test_the_bomb_at_the_pids_limit_through_the_engines_signal(
@@ -164,6 +211,7 @@ def test_an_image_whose_init_is_not_quiesce(client: docker.DockerClient) -> None
         name=name,
         labels={support.LABEL: "1"},
         network_mode="none",
+        security_opt=[support.SECURITY_OPT],
     )
     try:
         with pytest.raises(Unreachable, match="not found"):

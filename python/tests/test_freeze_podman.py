@@ -15,7 +15,11 @@ from quiesce_harness import Container, Unreachable, freeze, run_verifier, verify
 import support
 
 # Podman's default rlimits need CAP_SYS_RESOURCE, which root may lack here (docker/matrix).
-RUN = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none"]
+# no-new-privileges, as the docs ask: run_verifier refuses a marker signed without it.
+RUN = [
+    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none",
+    "--security-opt", support.SECURITY_OPT,
+]  # fmt: skip
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -99,3 +103,12 @@ def test_podman_unreachable() -> None:
         pytest.skip("no podman")
     with pytest.raises(Unreachable):
         freeze(Container.podman("qhk-no-such-container"), timeout=5)
+
+
+def test_podman_exec_sets_the_environment_it_is_given() -> None:
+    # The argv alone: run_verifier sets QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=0 this way.
+    c = Container.podman("box", podman="/usr/bin/podman")
+    argv = c._cli_exec_argv(["quiesce", "verify"], "agent", {"QUIESCE_X": "0"})
+    assert argv == [
+        "/usr/bin/podman", "exec", "-u", "agent", "-e", "QUIESCE_X=0", "box", "quiesce", "verify",
+    ]  # fmt: skip

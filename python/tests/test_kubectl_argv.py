@@ -104,10 +104,23 @@ def test_run_verifier_puts_the_verifier_behind_quiesce_verify(kubectl: Path) -> 
     ]  # fmt: skip
 
 
-def test_kubectl_cannot_choose_the_exec_user(kubectl: Path) -> None:
+def test_run_verifier_accepts_privilege_escalation_only_when_asked(kubectl: Path) -> None:
+    c = Container.kubectl("task-0")
+    run_verifier(c, ["./score"], nonce="n-k8s", accept_privilege_escalation=True)
+    (argv,) = calls(kubectl)
+    assert argv == [
+        "exec", "task-0", "--",
+        "quiesce", "verify", "--nonce", "n-k8s", "--accept-privilege-escalation",
+        "--", "./score",
+    ]  # fmt: skip
+
+
+def test_kubectl_cannot_choose_the_exec_user_or_environment(kubectl: Path) -> None:
     c = Container.kubectl("task-0")
     with pytest.raises(ValueError, match="quiesce exec --user"):
         c.exec(["id"], user="agent")
+    with pytest.raises(ValueError, match="environment"):
+        c.exec(["id"], env={"A": "1"})
     assert calls(kubectl) == []
 
 

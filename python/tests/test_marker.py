@@ -53,6 +53,8 @@ def test_a_real_marker_passes_every_check(marker: Marker) -> None:
     assert claims["result"] == "quiescent"
     assert claims["sandbox_uids"] == [4242]
     assert [p["comm"] for p in claims["processes"]] == ["sleep"]
+    # The init ran with no_new_privs (no-new-privileges): no setuid binary made anyone root.
+    assert claims["setuid"] is False
 
 
 def test_the_key_as_str_or_bytes_and_the_kid(marker: Marker) -> None:
@@ -158,20 +160,35 @@ def test_malformed_markers_are_refused(marker: Marker) -> None:
     refused("key", marker.jws, b"not a key")
 
 
+class Signer:
+    """Claims the init never signs, signed here with a key of our own."""
+
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.pem = self.key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        self.header = b64(json.dumps({"alg": "EdDSA", "typ": "JWT"}).encode())
+
+    def sign(self, claims: dict[str, object]) -> str:
+        h, p = self.header, b64(json.dumps(claims).encode())
+        return f"{h}.{p}.{b64(self.key.sign(f'{h}.{p}'.encode()))}"
+
+
+GOOD = {
+    "iss": "quiesce",
+    "result": "quiescent",
+    "survivors": 0,
+    "iat": 100,
+    "nonce": "n",
+    "setuid": False,
+}
+
+
 def test_a_claim_that_is_not_quiescent_is_refused_even_when_signed() -> None:
-    # Claims the init never signs, signed here with a key of our own: the claim checks refuse.
-    key = Ed25519PrivateKey.generate()
-    pem = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    h = b64(json.dumps({"alg": "EdDSA", "typ": "JWT"}).encode())
-
-    def signed(claims: dict[str, object]) -> str:
-        p = b64(json.dumps(claims).encode())
-        return f"{h}.{p}.{b64(key.sign(f'{h}.{p}'.encode()))}"
-
-    good = {"iss": "quiesce", "result": "quiescent", "survivors": 0, "iat": 100, "nonce": "n"}
-    verify_marker(signed(good), pem, nonce="n", now=100)
+    # The claim checks refuse what the signature alone would let through.
+    k = Signer()
+    verify_marker(k.sign(GOOD), k.pem, nonce="n", now=100)
     for bad in (
         {"iss": "other"},
         {"result": "failed"},
@@ -180,5 +197,49 @@ def test_a_claim_that_is_not_quiescent_is_refused_even_when_signed() -> None:
         {"iat": "100"},
         {"iat": True},
     ):
-        refused("claims", signed({**good, **bad}), pem, now=100)
-    refused("nonce", signed({**good, "nonce": None}), pem, nonce="n", now=100)
+        refused("claims", k.sign({**GOOD, **bad}), k.pem, now=100)
+    refused("nonce", k.sign({**GOOD, "nonce": None}), k.pem, nonce="n", now=100)
+
+
+def test_a_marker_that_says_setuid_is_refused_unless_accepted(setuid_marker: Marker) -> None:
+    # The real init, run without no_new_privs (Docker's default): a setuid binary could have
+    # made a sandbox process root, which no freeze tells apart from root.
+    m = setuid_marker
+    e = refused("setuid", m.jws, m.public_pem, nonce=m.nonce, container=m.identity)
+    assert "(setuid=true)" in e.reason
+    assert "--security-opt no-new-privileges" in e.reason
+    assert "allowPrivilegeEscalation: false" in e.reason
+    assert "accept_privilege_escalation=True" in e.reason and "\n" not in str(e)
+    claims = verify_marker(
+        m.jws, m.public_pem, nonce=m.nonce, container=m.identity, accept_privilege_escalation=True
+    )
+    assert claims["setuid"] is True and [p["comm"] for p in claims["processes"]] == ["sleep"]
+    # A marker of another freeze is still a replay, whatever is accepted.
+    refused("nonce", m.jws, m.public_pem, nonce="other", accept_privilege_escalation=True)
+
+
+def test_a_marker_that_does_not_say_setuid_is_refused_unless_accepted() -> None:
+    # An earlier version's marker carries no setuid claim: it does not say, so it is refused.
+    k = Signer()
+    old = {c: v for c, v in GOOD.items() if c != "setuid"}
+    for claims in (old, {**GOOD, "setuid": None}):
+        e = refused("setuid", k.sign(claims), k.pem, nonce="n", now=100)
+        assert "does not say" in e.reason and "no-new-privileges" in e.reason
+        got = verify_marker(
+            k.sign(claims), k.pem, nonce="n", now=100, accept_privilege_escalation=True
+        )
+        assert got.get("setuid") is None
+    e = refused("setuid", k.sign({**GOOD, "setuid": True}), k.pem, now=100)
+    assert "(setuid=true)" in e.reason
+    assert verify_marker(k.sign(GOOD), k.pem, nonce="n", now=100)["setuid"] is False
+    # Only a JSON boolean is a claim: anything else is malformed, accepted or not.
+    bad: object
+    for bad in ("false", 0, 1, [], {}):
+        for accept in (False, True):
+            refused(
+                "claims",
+                k.sign({**GOOD, "setuid": bad}),
+                k.pem,
+                now=100,
+                accept_privilege_escalation=accept,
+            )

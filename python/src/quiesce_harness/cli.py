@@ -96,6 +96,7 @@ def _verify(a: argparse.Namespace) -> int:
             nonce=a.nonce,
             max_age_s=a.max_age,
             container=c if (c is not None and not a.no_container_check) else None,
+            accept_privilege_escalation=a.accept_privilege_escalation,
         )
     except MarkerInvalid as e:
         print(json.dumps({"valid": False, "check": e.check, "reason": e.reason}))
@@ -124,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     v.add_argument("--max-age", type=float, help="oldest acceptable marker, seconds (default 600)")
     v.add_argument(
         "--no-container-check", action="store_true", help="do not match the container's identity"
+    )
+    v.add_argument(
+        "--accept-privilege-escalation",
+        action="store_true",
+        help="accept a marker signed where a setuid binary could make a sandbox process root "
+        "(setuid true or absent: the container ran without no-new-privileges)",
     )
     v.set_defaults(func=_verify)
     a = p.parse_args(argv)

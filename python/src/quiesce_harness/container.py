@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -231,11 +231,18 @@ class Container:
             )
         return ids[0]
 
-    def _cli_exec_argv(self, argv: Sequence[str], user: str | None) -> list[str]:
+    def _cli_exec_argv(
+        self, argv: Sequence[str], user: str | None, env: Mapping[str, str] | None = None
+    ) -> list[str]:
         if self.engine == "podman":
-            return [self.cli, "exec", *(["-u", user] if user else []), self.name, *argv]
+            opts = ["-u", user] if user else []
+            for k, v in (env or {}).items():
+                opts += ["-e", f"{k}={v}"]
+            return [self.cli, "exec", *opts, self.name, *argv]
         if user:
             raise ValueError("kubectl exec cannot choose the user: run `quiesce exec --user`")
+        if env:
+            raise ValueError("kubectl exec cannot set the environment: the pod's own is read")
         out = [self.cli, "exec"]
         if self.namespace:
             out += ["-n", self.namespace]
@@ -245,14 +252,25 @@ class Container:
         return [*out, "--", *argv]
 
     def exec(
-        self, argv: Sequence[str], *, user: str | None = None, timeout: float = 60.0
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
-        """Run argv in the container; Unreachable when the container is gone or stopped."""
+        """Run argv in the container; Unreachable when the container is gone or stopped.
+
+        `env` is set in the exec's environment, over the container's (not with kubectl).
+        """
         if self.engine in ("docker", "compose"):
-            return self._sdk_exec(argv, user, timeout)
+            return self._sdk_exec(argv, user, timeout, env)
         try:
             p = subprocess.run(
-                self._cli_exec_argv(argv, user), capture_output=True, timeout=timeout, check=False
+                self._cli_exec_argv(argv, user, env),
+                capture_output=True,
+                timeout=timeout,
+                check=False,
             )
         except FileNotFoundError:
             raise Unreachable(f"{self.cli}: not installed on this machine") from None
@@ -268,7 +286,13 @@ class Container:
             raise Unreachable(f"podman container {self.name} does not exist")
         return r
 
-    def _sdk_exec(self, argv: Sequence[str], user: str | None, timeout: float) -> ExecResult:
+    def _sdk_exec(
+        self,
+        argv: Sequence[str],
+        user: str | None,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
         del timeout  # see below
         import docker as docker_sdk
         import requests
@@ -276,7 +300,14 @@ class Container:
         cid = self._docker_id()
         api = self._docker().api
         try:
-            e = api.exec_create(cid, list(argv), user=user or "", stdout=True, stderr=True)
+            e = api.exec_create(
+                cid,
+                list(argv),
+                user=user or "",
+                stdout=True,
+                stderr=True,
+                environment=dict(env) if env else None,
+            )
             # The client's own timeout bounds each read (the kit's client: 300 s); `quiesce
             # freeze --timeout` bounds the wait inside.
             out, err = api.exec_start(e["Id"], demux=True)

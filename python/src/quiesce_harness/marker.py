@@ -31,6 +31,13 @@ FUTURE_SKEW_S = 60.0
 # A marker carries at most 1 MiB of evidence; anything far larger is not one.
 MAX_MARKER_BYTES = 4 * 1024 * 1024
 IDENTITY_FIELDS = ("boot_id", "pid_ns", "hostname", "init_start")
+# What to do about a marker signed where a setuid binary could make a sandbox process root, as
+# `quiesce verify` says it (exit 18, check "setuid").
+PRIVILEGE_ESCALATION_FIX = (
+    "run the container with --security-opt no-new-privileges (Kubernetes: "
+    "allowPrivilegeEscalation: false) and give the agent no sudo, or accept it with "
+    "accept_privilege_escalation=True"
+)
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 
@@ -95,16 +102,20 @@ def verify_marker(
     max_age_s: float | None = None,
     container: Container | Mapping[str, object] | None = None,
     *,
+    accept_privilege_escalation: bool = False,
     now: float | None = None,
 ) -> dict[str, Any]:
     """Check a marker and return its claims; raise MarkerInvalid naming the failed check.
 
     Checks, in this order: the form; `alg` is exactly EdDSA; `kid` names this key; the
     signature; `iss`, `result` and `survivors`; `nonce` (when given: a marker of another
-    freeze is a replay); `iat` at most `max_age_s` old (default 600 s, as `quiesce verify`)
-    and at most 60 s ahead; the container identity (when given: a Container, whose
-    identity is read from the engine, or a mapping with any of boot_id, pid_ns, hostname,
-    init_start).
+    freeze is a replay); `setuid` is false (a marker that says true, or does not say, was
+    signed where a setuid binary could make a sandbox process root, which no freeze can tell
+    apart from root: refused unless `accept_privilege_escalation`, as `quiesce verify` refuses
+    it unless --accept-privilege-escalation); `iat` at most `max_age_s` old (default 600 s, as
+    `quiesce verify`) and at most 60 s ahead; the container identity (when given: a Container,
+    whose identity is read from the engine, or a mapping with any of boot_id, pid_ns,
+    hostname, init_start).
     """
     text = jws.decode("ascii", "replace") if isinstance(jws, bytes) else jws
     text = text.strip()
@@ -146,6 +157,17 @@ def verify_marker(
                 f"the marker carries nonce {got!r}, not the one asked for: "
                 "it answers another freeze (a replay)",
             )
+    setuid = claims.get("setuid")
+    if setuid is not None and not isinstance(setuid, bool):
+        raise MarkerInvalid("claims", f"setuid is {setuid!r}, not a boolean")
+    if setuid is not False and not accept_privilege_escalation:
+        said = (
+            "says a setuid binary could make a sandbox process root (setuid=true)"
+            if setuid
+            else "does not say whether a setuid binary could make a sandbox process root "
+            "(no setuid claim)"
+        )
+        raise MarkerInvalid("setuid", f"the marker {said}: {PRIVILEGE_ESCALATION_FIX}")
     iat = claims.get("iat")
     if not isinstance(iat, int) or isinstance(iat, bool):
         raise MarkerInvalid("claims", f"iat is {iat!r}, not an integer")

@@ -8,6 +8,10 @@ from collections.abc import Sequence
 from .container import Container
 from .errors import Unreachable
 
+# Set in the verifier's exec so that the container's environment (an image's ENV) cannot accept
+# what the caller did not: `quiesce verify` reads this variable as --accept-privilege-escalation.
+ACCEPT_ENV = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION"
+
 # `quiesce verify`'s own refusals (docs/marker.md); any other code is the verifier's.
 GATE_EXIT_CODES = {
     10: "no marker",
@@ -18,7 +22,8 @@ GATE_EXIT_CODES = {
     15: "marker from another container",
     16: "a sandbox process is alive (live probe)",
     17: "unsafe state directory",
-    18: "marker from a configuration the policy flags refuse",
+    18: "marker from a configuration the policy refuses (setuid binaries could make a sandbox "
+    "process root: no no-new-privileges; or, with --require-lineage, no lineage)",
     19: "attestation missing, not this marker's, or the attested trees changed",
 }
 
@@ -31,12 +36,20 @@ def run_verifier(
     sandbox_user: str | None = None,
     max_age_s: int | None = None,
     timeout: float | None = None,
+    accept_privilege_escalation: bool = False,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `quiesce verify [--nonce N] -- cmd` in the container and return what it did.
 
     A string cmd runs through `sh -c`. The verifier runs only when every check passes;
     otherwise the exit code is one of GATE_EXIT_CODES and nothing was scored. Raises
     Unreachable when no exec could start.
+
+    A marker signed where a setuid binary could make a sandbox process root (the container
+    ran without no-new-privileges: its `setuid` claim is true, or absent) is refused with
+    code 18 unless `accept_privilege_escalation`, which passes --accept-privilege-escalation.
+    Without it, the exec sets QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=0 on Docker, Compose and
+    Podman, so that the container's environment cannot accept it either (`kubectl exec` sets
+    no environment: there the pod's own is read).
     """
     argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
@@ -48,8 +61,13 @@ def run_verifier(
         opts += ["--sandbox-user", sandbox_user]
     if max_age_s is not None:
         opts += ["--max-age", str(max_age_s)]
+    env: dict[str, str] | None = None
+    if accept_privilege_escalation:
+        opts.append("--accept-privilege-escalation")
+    elif container.engine != "kubectl":
+        env = {ACCEPT_ENV: "0"}
     full = container.quiesce("verify", *opts, "--", *argv)
-    r = container.exec(full, timeout=timeout if timeout is not None else 3600.0)
+    r = container.exec(full, timeout=timeout if timeout is not None else 3600.0, env=env)
     if not r.started:
         raise Unreachable(f"{container.name}: the verifier's exec could not start ({r.text})")
     return subprocess.CompletedProcess(full, r.returncode, r.stdout, r.stderr)

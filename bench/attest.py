@@ -36,8 +36,11 @@ class Init:
     def __init__(self, tree, extra=()):
         self.dir = tempfile.mkdtemp(prefix="quiesce-bench-attest-")
         self.state = os.path.join(self.dir, "state")
+        # no_new_privs, as in a container run with no-new-privileges: verify refuses the marker
+        # of an init without it (setuid: true) unless given --accept-privilege-escalation.
         self.p = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", Q, "--state-dir", self.state,
+            ["setpriv", "--no-new-privs",
+             "unshare", "--pid", "--fork", "--mount-proc", "--kill-child", Q, "--state-dir", self.state,
              "--sandbox-user", str(UID), "--attest", tree, *extra, "--", "sleep", "1000000"])
         until = time.monotonic() + 10
         while not os.path.exists(os.path.join(self.state, "sandbox.json")):

@@ -38,6 +38,11 @@ def make_task(root: Path, image: str, test_sh: str) -> Path:
     )
     (t / "instruction.md").write_text("Write 42 to /app/answer.txt\n")
     (t / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
+    # Merged by Harbor's Docker environment over its own compose files: no-new-privileges
+    # (quiesce verify refuses a marker signed without it).
+    (t / "environment" / "docker-compose.yaml").write_text(
+        f"services:\n  main:\n    security_opt:\n      - {support.SECURITY_OPT}\n"
+    )
     (t / "solution" / "solve.sh").write_text("#!/bin/sh\n" + REWARD_FORGER + "\n")
     (t / "tests" / "test.sh").write_text("#!/bin/sh\n" + test_sh + "\n")
     for f in ("solution/solve.sh", "tests/test.sh"):
@@ -92,7 +97,8 @@ def test_the_freeze_hook_scores_what_the_test_scored(tmp_path: Path, task_image:
     r = trial(tmp_path, task_image, hooks=True, results=res)
     assert (rewards(r), r.exception_info) == ({"reward": 0.0}, None)
     [f] = res
-    assert f.state == "quiescent" and f.killed >= 1
+    assert f.state == "quiescent" and f.killed >= 1 and f.marker
+    assert support.unverified_claims(f.marker)["setuid"] is False
 
 
 def test_hook_and_a_scorer_behind_quiesce_verify(tmp_path: Path, task_image: str) -> None:

@@ -658,6 +658,102 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+        // The escape a plain `docker exec -u agent` gets from a setuid-root binary in the image:
+        // root for good, a child whose parent is this process's (CLONE_PARENT: the outside, ppid
+        // 0, like any root `docker exec`) that keeps appending to FILE, and this process exits.
+        // Where no setuid binary works (no_new_privs) it stays the sandbox user's, and says so in
+        // FILE's first line. `root-writer FILE`
+        "root-writer" => {
+            use std::io::Write;
+            let path = std::env::args().nth(2).expect("root-writer FILE");
+            let root = raw_setresuid(0, 0, 0) == 0;
+            let mut f = std::fs::OpenOptions::new().append(true).create(true).open(path).expect("open");
+            let _ = writeln!(f, "{}", if root { "escaped" } else { "no-escape" });
+            let child = unsafe {
+                libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
+            };
+            if child < 0 {
+                fail("clone");
+            }
+            if child == 0 {
+                unsafe { libc::setsid() };
+                let mut i = 0u64;
+                loop {
+                    let _ = writeln!(f, "{i}");
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            ready_as(child as u32);
+            unsafe { libc::_exit(0) };
+        }
+        // A root escapee's forged freeze client (a setuid-root copy): a CLONE_PARENT child C
+        // whose parent is the outside (ppid 0) keeps a writer child W appending to FILE, then
+        // execs the init's own binary, so that the kernel shows C running it, entered from
+        // outside, untraced. `bare`: C plants a request naming itself in STATE/requests and runs
+        // as a plain init, for the orchestrator's bare signal to take. `client`: C runs a real
+        // `quiesce freeze --wait` of its own. `plant-client STATE QUIESCE FILE bare|client`
+        "plant-client" => {
+            use std::io::Write;
+            let state = std::env::args().nth(2).expect("plant-client STATE QUIESCE FILE MODE");
+            let q = std::env::args().nth(3).expect("plant-client STATE QUIESCE FILE MODE");
+            let out = std::env::args().nth(4).expect("plant-client STATE QUIESCE FILE MODE");
+            let mode = std::env::args().nth(5).expect("plant-client STATE QUIESCE FILE MODE");
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: plant-client needs a setuid-root copy");
+            }
+            let c = unsafe {
+                libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
+            };
+            if c < 0 {
+                fail("clone");
+            }
+            if c > 0 {
+                ready_as(c as u32);
+                std::thread::sleep(Duration::from_millis(300));
+                unsafe { libc::_exit(0) };
+            }
+            let me = std::process::id();
+            if fork() == 0 {
+                let mut f = std::fs::OpenOptions::new().append(true).create(true).open(&out).expect("open");
+                let mut i = 0u64;
+                loop {
+                    let _ = writeln!(f, "{i}");
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            let argv: Vec<CString> = if mode == "bare" {
+                let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+                let start: u64 = stat
+                    .rsplit_once(") ")
+                    .and_then(|(_, r)| r.split(' ').nth(19))
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or_else(|| fail("own start time"));
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                let id = format!("{nanos:016x}{me:08x}00c0ffee");
+                let body = format!(
+                    r#"{{"nonce":"planted","request_id":"{id}","pid":{me},"start_time":{start},"attest":["/"]}}"#
+                );
+                let tmp = format!("{state}/requests/.plant.{me}");
+                std::fs::write(&tmp, body).unwrap_or_else(|_| fail("write the planted request"));
+                std::fs::rename(&tmp, format!("{state}/requests/{id}")).unwrap_or_else(|_| fail("rename"));
+                [q.as_str(), "--", "sleep", "1000000"].iter().map(|a| CString::new(*a).unwrap()).collect()
+            } else {
+                [q.as_str(), "freeze", "--state-dir", state.as_str(), "--nonce", "planted", "--wait"]
+                    .iter()
+                    .map(|a| CString::new(*a).unwrap())
+                    .collect()
+            };
+            let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            let env: [*const libc::c_char; 1] = [std::ptr::null()];
+            unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
+            fail("execve the init's binary");
+        }
         // Calls itself "quiesce" and re-execs with argv[0] "sshd".
         "spoof" => {
             let name = CString::new("quiesce").unwrap();

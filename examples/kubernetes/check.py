@@ -61,7 +61,7 @@ def check_pod(pod, shared, caps):
     if sc.get("runAsNonRoot", psc.get("runAsNonRoot")):
         errs.append("runAsNonRoot is set: the init must run as root")
     if sc.get("allowPrivilegeEscalation") is not False:
-        errs.append("allowPrivilegeEscalation should be false")
+        errs.append("allowPrivilegeEscalation should be false (verify refuses the marker otherwise)")
     capset = sc.get("capabilities") or {}
     if capset.get("drop") != ["ALL"]:
         errs.append("capabilities.drop should be [ALL]")

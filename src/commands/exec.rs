@@ -5,7 +5,7 @@ use crate::cli::ExecArgs;
 use crate::launches::Launch;
 use crate::procs::Reader;
 use crate::spawn::{self, Plan};
-use crate::state::{published_in, StateDir};
+use crate::state::{locator, published_in, Published, StateDir};
 use crate::sys::{self, Pid};
 use crate::{requests, users};
 use std::time::{Duration, Instant};
@@ -42,19 +42,53 @@ pub fn exec(args: ExecArgs) -> i32 {
     }
 }
 
-/// Tell the init about this launch and wait until it has taken the record: from then on nothing
-/// the command does can keep the init from knowing it and its launcher (see `launches`). No state
-/// dir, or nothing published there: no quiesce init with a sandbox runs here, and there is no one
-/// to tell.
-fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
-    let dir = match StateDir::open(&args.state.state_dir) {
-        Ok(d) => d,
-        Err(_) if std::fs::symlink_metadata(&args.state.state_dir).is_err() => return Ok(()),
+/// The state dir of the init this launch must be recorded with, and what it published there:
+/// the one named (--state-dir, QUIESCE_STATE_DIR, or the default) when an init published there,
+/// else the one the init of this PID namespace names in its locator. None: no quiesce init with
+/// a sandbox runs here, and there is no one to tell. An init that is there and cannot be reached
+/// is an error: the command must not run unrecorded beside it.
+fn init_dir(args: &ExecArgs, reader: &Reader) -> Result<Option<(StateDir, Published)>, String> {
+    let named = &args.state.state_dir;
+    let here = match StateDir::open(named) {
+        Ok(d) => Some(d),
+        Err(_) if std::fs::symlink_metadata(named).is_err() => None,
         // There but not to be trusted: never the same as none.
         Err(e) => return Err(e),
     };
-    let Some(published) = published_in(&dir)? else { return Ok(()) };
+    let alive = |pid: Pid, start_time: u64| reader.start_time(pid).ok().flatten() == Some(start_time);
+    if let Some(d) = here {
+        // What an init of an earlier container left in a kept directory names no one here.
+        if let Some(p) = published_in(&d)?.filter(|p| alive(p.pid, p.start_time)) {
+            return Ok(Some((d, p)));
+        }
+    }
+    let Some(l) = locator::find()? else { return Ok(None) };
+    if !alive(l.pid, l.start_time) {
+        // What an earlier init of a namespace with this inode left: no one is there.
+        return Ok(None);
+    }
+    let unreachable = |why: String| {
+        format!(
+            "the init of this container (pid {}) keeps its state in {}, and {why}: fix that, or pass its --state-dir",
+            l.pid,
+            l.state_dir.display()
+        )
+    };
+    let d = StateDir::open(&l.state_dir).map_err(|e| unreachable(format!("it cannot be used: {e}")))?;
+    match published_in(&d).map_err(|e| unreachable(format!("its sandbox.json cannot be used: {e}")))? {
+        Some(p) if p.pid == l.pid && p.start_time == l.start_time => {
+            log::info!("recording this launch in {} (the init's state dir)", l.state_dir.display());
+            Ok(Some((d, p)))
+        }
+        _ => Err(unreachable("that init published nothing there".into())),
+    }
+}
+
+/// Tell the init about this launch and wait until it has taken the record: from then on nothing
+/// the command does can keep the init from knowing it and its launcher (see `launches`).
+fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
     let reader = Reader::default();
+    let Some((dir, published)) = init_dir(args, &reader)? else { return Ok(()) };
     let start =
         |pid: Pid| reader.start_time(pid).map_err(|e| format!("cannot read the start time of {pid}: {e}"));
     let pid = sys::getpid();
@@ -73,11 +107,10 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
     let results = dir.sub(requests::RESULTS)?;
     let id = requests::submit_launch(&dir, launch)?;
     let sig = if published.freeze_signal > 0 { published.freeze_signal } else { libc::SIGUSR1 };
-    if let Err(e) = super::freeze::signal_init(&dir, sig) {
-        let withdrawn = requests::withdraw(&dir, &id).err().map(|w| format!("; {w}")).unwrap_or_default();
-        return Err(format!("cannot tell the init about this launch: {e}{withdrawn}"));
-    }
     let until = Instant::now() + RECORD_WAIT;
+    if let Err(e) = super::freeze::signal_until_taken(&dir, &id, sig, RECORD_WAIT) {
+        return Err(format!("cannot tell the init about this launch: {e}: the command did not run"));
+    }
     let mut pause = Duration::from_millis(1);
     while Instant::now() < until {
         if let Some(st) = requests::read_result(&results, &id)? {

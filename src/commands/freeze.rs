@@ -37,6 +37,39 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
     })
 }
 
+/// Signal the init until it has taken request `id`: the init takes a request only on its own
+/// client's signal, and a standard signal sent while another of its kind is pending is lost.
+/// Bounded by `within`; a request still there then is withdrawn.
+pub(super) fn signal_until_taken(dir: &StateDir, id: &str, sig: i32, within: Duration) -> Result<(), String> {
+    let until = Instant::now() + within;
+    let mut pause = Duration::from_millis(1);
+    let mut next_signal = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next_signal {
+            if let Err(e) = signal_init(dir, sig) {
+                // Withdrawn, so that no later freeze answers a client that gave up.
+                let withdrawn =
+                    requests::withdraw(dir, id).err().map(|w| format!("; {w}")).unwrap_or_default();
+                return Err(format!("{e}{withdrawn}"));
+            }
+            next_signal = now + Duration::from_millis(200);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+        if requests::taken(dir, id)? {
+            return Ok(());
+        }
+        if Instant::now() >= until {
+            let withdrawn = requests::withdraw(dir, id).err().map(|w| format!("; {w}")).unwrap_or_default();
+            return Err(format!(
+                "the init did not take request {id} within {within:?} (is quiesce running here with this \
+                 --state-dir and a --sandbox-user?){withdrawn}"
+            ));
+        }
+    }
+}
+
 /// The marker this freeze signed, read as verify reads it: from the state dir opened once (root
 /// owned, no link), its signature checked with the state dir's `signing.pub`, and its `jti` this
 /// freeze's id: a later freeze may have replaced the file since the answer was written.
@@ -127,11 +160,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    if let Err(e) = signal_init(&dir, sig) {
-        // Withdrawn, so that no later freeze answers a client that gave up.
-        if let Err(w) = requests::withdraw(&dir, &request_id) {
-            eprintln!("quiesce freeze: {w}");
-        }
+    if let Err(e) = signal_until_taken(&dir, &request_id, sig, limit) {
         eprintln!("quiesce freeze: {e}");
         return 2;
     }

@@ -182,6 +182,12 @@ pub fn unfollowed_children<'a>(
             if p.ppid != 0 && !parent.is_some_and(|q| q.alive()) {
                 return launchers.init_since.is_some_and(|t| p.start_time >= t);
             }
+            // The init's own processes (the command, a worker, the freeze client) vouch for no
+            // child born since an unfollowed launch: a root escapee's CLONE_PARENT child of one
+            // of them has it as its parent.
+            if parent.is_some_and(|q| is_own(own, q)) {
+                return launchers.init_since.is_some_and(|t| p.start_time >= t);
+            }
             launchers.unfollowed_since(parent, init).is_some_and(|t| p.start_time >= t)
         })
         .collect()

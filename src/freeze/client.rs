@@ -3,9 +3,15 @@
 //! Which process that is, the kernel says, not the request: where a sandbox process can become
 //! root (setuid binaries work), it can rewrite a request in `requests/` to name a child of its
 //! own, or kill the client and put a child on its pid within the client's start tick.
+//!
+//! What it vouches for: nothing. A client starts no process, so one with a live child is not a
+//! client (a root process that exec'd this binary after starting a helper), and is judged like
+//! any other process. Where the init may not read the client's executable (no CAP_SYS_PTRACE,
+//! the client undumpable), nothing tells the client from an undumpable root process that runs
+//! anything: it is not taken for the init's own then.
 
 use crate::newcomers::Own;
-use crate::procs::Reader;
+use crate::procs::{Reader, Snapshot};
 use crate::sys::{self, Pid};
 use std::os::fd::OwnedFd;
 
@@ -19,8 +25,8 @@ pub struct Client {
 
 impl Client {
     /// The process the request names, if it is a client: the start time the request says,
-    /// entered from outside (no parent in this namespace), running this binary, not traced.
-    /// Why not, otherwise.
+    /// entered from outside (no parent in this namespace), running this binary as the kernel
+    /// shows it, not traced. Why not, otherwise.
     pub fn check(reader: &Reader, pid: Pid, start_time: u64) -> Result<Client, String> {
         let fd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
         let c = Client { pid, start_time, fd };
@@ -29,18 +35,33 @@ impl Client {
             Ok(Some(true)) => {}
             Ok(Some(false)) => return Err(format!("process {pid} does not run this binary")),
             Ok(None) => return Err(format!("process {pid} exited")),
-            // A client makes itself undumpable: root without CAP_SYS_PTRACE (this init, and so
-            // anything of the container) may not read its executable, and may not trace it to
-            // run code of its own in it either. A dumpable root process reads as its binary.
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            // A client makes itself undumpable, and root without CAP_SYS_PTRACE may not read an
+            // undumpable process's executable: so may any root process make itself, whatever it
+            // runs. Unknown is not "this binary".
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(format!(
+                    "the executable of process {pid} is unreadable without CAP_SYS_PTRACE, so it cannot \
+                     be told from a root process that runs anything"
+                ))
+            }
             Err(e) => return Err(e.to_string()),
         }
         c.genuine(reader)?;
         Ok(c)
     }
 
-    /// Its identity for the proof, while it is still that process, from outside and untraced.
-    pub fn own(&self, reader: &Reader) -> Option<Own> {
+    /// Its identity for the proof, while it is still that process, from outside and untraced,
+    /// and started nothing that `snap` shows alive.
+    pub fn own(&self, reader: &Reader, snap: &Snapshot) -> Option<Own> {
+        if let Some(child) = snap.procs.values().find(|p| p.ppid == self.pid && p.alive()) {
+            log::info!(
+                "freeze client {}: not the init's own: a client starts no process, and {} ({}) is its child",
+                self.pid,
+                child.pid,
+                child.comm
+            );
+            return None;
+        }
         match self.genuine(reader) {
             Ok(()) => Some((self.pid, self.start_time)),
             Err(e) => {

@@ -27,6 +27,8 @@ pub struct Context<'a> {
     pub own: Vec<newcomers::Own>,
     /// The client that asked for this freeze, shown to be one by the kernel (see `client`).
     pub client: Option<client::Client>,
+    /// The process a request named as its client, and why it is not taken for one.
+    pub client_refused: Option<(Pid, String)>,
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
@@ -408,7 +410,7 @@ pub fn run(
     reap: &mut dyn FnMut() -> bool,
 ) -> Outcome {
     let start = Instant::now();
-    let Context { since: born_since, launchers, own: also_own, client, outside_unseen } = ctx;
+    let Context { since: born_since, launchers, own: also_own, client, client_refused, outside_unseen } = ctx;
     let mut ancestry = newcomers::Ancestry::from_launchers(launchers);
     if outside_unseen {
         ancestry.suspect_outside();
@@ -532,7 +534,7 @@ pub fn run(
                 .helper(run.reader)
                 .into_iter()
                 .chain(also_own.iter().copied())
-                .chain(client.as_ref().and_then(|c| c.own(run.reader)))
+                .chain(client.as_ref().and_then(|c| c.own(run.reader, snap)))
                 .collect();
             let now = consistency::last_pid(run.reader.root()).ok();
             let mut orphans =
@@ -561,6 +563,17 @@ pub fn run(
                     .iter()
                     .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
                     .collect();
+                // The client named among them: say why it is not the init's own, and the way round.
+                let client_note = client_refused
+                    .as_ref()
+                    .filter(|(pid, _)| orphans.iter().any(|p| p.pid == *pid))
+                    .map(|(pid, why)| {
+                        format!(
+                            "; process {pid} asked for this freeze and is not taken for the init's own ({why}): \
+                             freeze with a bare signal (docker kill -s USR1) and read status.json"
+                        )
+                    })
+                    .unwrap_or_default();
                 let reason = if newcomers_found {
                     format!(
                         "{} process(es) appeared during the freeze with no parent that can vouch for them ({}): they cannot \
@@ -577,7 +590,7 @@ pub fn run(
                         named.join(", ")
                     )
                 };
-                return run.fail(reason, found);
+                return run.fail(format!("{reason}{client_note}"), found);
             }
             run.phases.total = ms(start.elapsed());
             return Outcome {

@@ -6,7 +6,7 @@ use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::launches::Launch;
 use crate::marker::{self, Claims};
-use crate::newcomers;
+use crate::newcomers::{self, Since};
 use crate::procs::{self, Detail, Reader};
 use crate::requests::{self, Request};
 use crate::spawn::Plan;
@@ -163,11 +163,8 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>) {
-    // The start point comes before anything outside the init can tell that a freeze is under
-    // way (the old marker's removal, "freezing" in status.json): a process that waits for those
-    // to act makes what it makes after this point, where the proof looks for newcomers.
-    let born_since = freeze::start_point(&Reader::default());
+/// One freeze. `born_since`: its start point, taken before its request was taken (see `run`).
+fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>, born_since: Since) {
     let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     // The last freeze's attestation ends here: what it would sign is no longer the tree's state.
     reaper.watch = None;
@@ -185,9 +182,13 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     // The client only as the kernel shows it: the request is a file any root process of the
     // namespace may have rewritten. The worker is an unreaped child: its pid is its own until
     // the init reaps it.
+    let mut client_refused = None;
     let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
         freeze::client::Client::check(&Reader::default(), pid, t)
-            .map_err(|e| log::info!("freeze client {pid} is not taken for the init's own: {e}"))
+            .map_err(|e| {
+                log::info!("freeze client {pid} is not taken for the init's own: {e}");
+                client_refused = Some((pid, e));
+            })
             .ok()
     });
     let lingering = lingering.and_then(|pid| Some((pid, Reader::default().start_time(pid).ok().flatten()?)));
@@ -240,6 +241,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         launchers: &sb.launchers,
         own,
         client,
+        client_refused,
         outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
     };
     // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
@@ -605,6 +607,14 @@ pub fn run(mut cfg: Config) -> i32 {
                     publish(sb, &last);
                 }
             }
+            // The start point comes before anything a sandbox process can tell a freeze by: the
+            // request's rename in `requests/` (root's alone, 0700, so only a root process could),
+            // the launch chains walked, the old marker's removal, "freezing" in status.json. A
+            // process that waits for those makes what it makes after this point, where the proof
+            // looks for newcomers. A request queued by an earlier take gets the point of the pass
+            // that runs it: its rename was in that root-only directory, and nothing since told.
+            let since = (!freeze_senders.is_empty() || sb.intake.busy())
+                .then(|| freeze::start_point(&Reader::default()));
             let job = sb.intake.next(&freeze_senders);
             // Launch records taken with it are held before any freeze runs, and only then answered.
             for (id, launch) in sb.intake.take_launches() {
@@ -612,7 +622,8 @@ pub fn run(mut cfg: Config) -> i32 {
                 sb.intake.answer_launch(&id);
             }
             if let Some(job) = job {
-                do_freeze(sb, &mut reaper, job);
+                let since = since.unwrap_or_else(|| freeze::start_point(&Reader::default()));
+                do_freeze(sb, &mut reaper, job, since);
                 frozen = true;
                 backlog = reaper.reap();
             }

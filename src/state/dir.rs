@@ -193,9 +193,10 @@ impl StateDir {
         Ok(StateDir { path, fd })
     }
 
-    /// A subdirectory, made (0755) when missing.
+    /// The subdirectory `name`, made root's alone (0700) when missing: what passes through it
+    /// (freeze requests, launch records, their answers) is no sandbox process's to see.
     pub fn ensure_sub(&self, name: &str) -> Result<StateDir, String> {
-        match crate::sys::mkdir_at(&self.fd, name, 0o755) {
+        match crate::sys::mkdir_at(&self.fd, name, 0o700) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("cannot create {}: {e}", self.path.join(name).display())),

@@ -5,6 +5,7 @@
 mod dir;
 pub mod files;
 pub mod launches;
+pub mod locator;
 mod published;
 pub mod removal;
 pub mod requests;

@@ -3,6 +3,13 @@
 //! reads it, runs one freeze per request, and answers each in `results/REQUEST_ID.json`, where
 //! that client alone looks. A freeze signal with no request file (`docker kill -s USR1`) makes
 //! one freeze with no nonce.
+//!
+//! A request is taken only on a signal from the process it names: its id carries the client's
+//! pid, and the init takes a request when that pid sent the freeze signal. A bare signal (from
+//! outside, or from any other process) never takes a request written before it, so a request
+//! planted by a root process of the container cannot ride the orchestrator's signal to set the
+//! nonce, the attested paths or the client of its freeze. Standard signals coalesce, so a client
+//! signals again while its request waits (`signal_until_taken`).
 
 use crate::files::FileError;
 use crate::launches::Launch;
@@ -54,23 +61,46 @@ pub struct Request {
 pub const LAUNCH_TAKEN: &str = "launch-recorded";
 
 /// A request id: 32 lowercase hex digits, the first 16 the client's clock in nanoseconds, so
-/// that names sort by arrival. It is used as a file name, so nothing else is accepted.
+/// that names sort by arrival, the next 8 the client's pid, the last 8 random. It is used as a
+/// file name, so nothing else is accepted.
 pub fn valid_id(s: &str) -> bool {
     s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn new_request_id() -> io::Result<String> {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    let mut rnd = [0u8; 8];
-    sys::getrandom(&mut rnd)?;
-    Ok(format!("{nanos:016x}{}", state::hex(&rnd)))
+/// The pid a request id names (None: not an id, or pid 0, which no client in the namespace has
+/// and a bare signal from outside carries).
+pub fn id_pid(id: &str) -> Option<Pid> {
+    let pid = id.get(16..24).filter(|_| valid_id(id)).and_then(|h| u32::from_str_radix(h, 16).ok())?;
+    Pid::try_from(pid).ok().filter(|&p| p > 0)
 }
+
+/// When a request id says it was written (the client's clock, in nanoseconds).
+fn id_nanos(id: &str) -> Option<u64> {
+    id.get(..16).filter(|_| valid_id(id)).and_then(|h| u64::from_str_radix(h, 16).ok())
+}
+
+fn new_request_id(pid: Pid) -> io::Result<String> {
+    let mut rnd = [0u8; 4];
+    sys::getrandom(&mut rnd)?;
+    Ok(format!("{:016x}{:08x}{}", now_nanos(), pid as u32, state::hex(&rnd)))
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// A request no signal of its client took within this long is removed (its client gave up or
+/// died; one of a live client is signalled again long before).
+const UNCLAIMED: u64 = 120_000_000_000;
 
 /// Parse a request file named `name`: JSON, its id equal to its name, a bounded nonce.
 pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
     let r: Request = serde_json::from_slice(bytes).map_err(|e| format!("not a freeze request: {e}"))?;
     if r.request_id != name || !valid_id(&r.request_id) {
         return Err("its request_id is not its file name".into());
+    }
+    if r.pid.is_none() || r.pid != id_pid(name) {
+        return Err("its pid is not the one its name carries".into());
     }
     if r.nonce.as_ref().is_some_and(|n| n.len() > MAX_NONCE) {
         return Err(format!("its nonce is longer than {MAX_NONCE} bytes"));
@@ -115,13 +145,24 @@ fn submit_request(
     attest: Vec<String>,
 ) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
-    let id = new_request_id().map_err(|e| format!("cannot make a request id: {e}"))?;
-    let req = Request { nonce, request_id: id.clone(), pid: Some(sys::getpid()), start_time, launch, attest };
+    let pid = sys::getpid();
+    let id = new_request_id(pid).map_err(|e| format!("cannot make a request id: {e}"))?;
+    let req = Request { nonce, request_id: id.clone(), pid: Some(pid), start_time, launch, attest };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
     // The temp file's name starts with a dot, so the init never takes a half-written request.
     dir.write_atomic(&id, &body, 0o644)
         .map_err(|e| format!("cannot write the request in {}: {e} (run this as root)", dir.path.display()))?;
     Ok(id)
+}
+
+/// The client side: whether the init has taken request `id` (it renames it away first).
+pub fn taken(state: &StateDir, id: &str) -> Result<bool, String> {
+    let dir = state.sub(REQUESTS)?;
+    match dir.stat(id) {
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(format!("cannot look for request {}: {e}", dir.file(id).display())),
+    }
 }
 
 /// The client side: take back a request whose signal could not be sent.
@@ -149,7 +190,7 @@ pub struct Intake {
     more: bool,
     /// Requests must be looked for once the queue is empty.
     look: bool,
-    /// Senders of freeze signals not yet matched with a take.
+    /// Senders of freeze signals whose requests may still wait.
     senders: Vec<Pid>,
     served: VecDeque<Pid>,
     /// Launch records taken and not yet handed to the init (request id, record).
@@ -158,7 +199,9 @@ pub struct Intake {
 
 impl Intake {
     /// Fresh `requests/` and `results/`: what a previous init left answers nothing of ours.
-    /// Removed through the state dir's descriptor: its path may lead elsewhere by now.
+    /// Removed through the state dir's descriptor: its path may lead elsewhere by now. Both are
+    /// root's alone: a sandbox process that could list `requests/` would see a freeze coming
+    /// (its request renamed away) before the freeze's start point.
     pub fn new(state: &StateDir) -> Result<Intake, String> {
         for sub in [REQUESTS, RESULTS] {
             state.remove_tree(sub).map_err(|e| format!("stale {sub}/: {e}"))?;
@@ -177,21 +220,24 @@ impl Intake {
 
     /// The next freeze to run. `signal_senders` are the pids that sent the freeze signal since
     /// the last call. Requests are looked for after a signal or when the last take left some,
-    /// and only once the freezes already taken have run. Some(None) is a bare signal's freeze.
+    /// and only once the freezes already taken have run; only the requests of the senders are
+    /// taken. Some(None) is a bare signal's freeze.
     pub fn next(&mut self, signal_senders: &[Pid]) -> Option<Option<Request>> {
-        for &p in signal_senders {
-            if self.senders.len() < SERVED && !self.senders.contains(&p) {
+        let fresh: Vec<Pid> = signal_senders.iter().copied().filter(|p| !self.senders.contains(p)).collect();
+        for &p in &fresh {
+            if self.senders.len() < SERVED {
                 self.senders.push(p);
             }
         }
         self.look |= !signal_senders.is_empty();
         if self.look && self.queue.is_empty() {
-            let found = self.take();
-            // A signal whose request an earlier take already served is not a bare signal.
-            if found == 0 && self.senders.iter().any(|p| !self.served.contains(p)) {
+            let (listed, waiting) = self.take();
+            // A signal with no request of its sender, from a sender no earlier take served (a
+            // client signals again while its request waits, and may once more after), is bare.
+            if fresh.iter().any(|p| !listed.contains(p) && !self.served.contains(p)) {
                 self.queue.push_back(None);
             }
-            self.senders.clear();
+            self.senders.retain(|p| waiting.contains(p));
             self.look = self.more;
         }
         self.queue.pop_front()
@@ -202,8 +248,9 @@ impl Intake {
         !self.queue.is_empty() || self.look
     }
 
-    /// Take up to PER_WAKE requests, oldest first; returns how many were found.
-    fn take(&mut self) -> usize {
+    /// Take up to PER_WAKE requests of the pending senders, oldest first. Returns the senders
+    /// that had a request listed, and those whose requests still wait.
+    fn take(&mut self) -> (Vec<Pid>, Vec<Pid>) {
         // Listed through the descriptor opened at start: the path may lead to a directory the
         // sandbox user made, which could hide requests or name its own.
         let (listed, left) = match self.requests.list(SCAN_LIMIT) {
@@ -211,7 +258,7 @@ impl Intake {
             Err(e) => {
                 log::error!("cannot list freeze requests in {}: {e}", self.requests.path.display());
                 self.more = false;
-                return 0;
+                return (Vec::new(), Vec::new());
             }
         };
         // A name that is not UTF-8 is not one a client writes: left alone (only root can write here).
@@ -222,9 +269,25 @@ impl Intake {
         }
         names.retain(|n| !n.starts_with('.'));
         names.sort();
-        self.more = names.len() > PER_WAKE || left;
-        let mut found = 0;
-        for name in names.into_iter().take(PER_WAKE) {
+        // A request waits for its own client's signal; one that is no request's name, or that
+        // no signal claimed for long, goes.
+        let now = now_nanos();
+        let (mut mine, mut other): (Vec<String>, Vec<String>) =
+            names.into_iter().partition(|n| id_pid(n).is_some_and(|p| self.senders.contains(&p)));
+        other.retain(|n| !valid_id(n) || id_nanos(n).is_some_and(|t| now.saturating_sub(t) > UNCLAIMED));
+        for n in &other {
+            log::warn!("freeze request {n} removed: no signal of the process it names took it");
+            self.remove(n);
+        }
+        let listed: Vec<Pid> = mine.iter().filter_map(|n| id_pid(n)).collect();
+        let rest = if mine.len() > PER_WAKE { mine.split_off(PER_WAKE) } else { Vec::new() };
+        let mut waiting: Vec<Pid> = rest.iter().filter_map(|n| id_pid(n)).collect();
+        if left {
+            // Not every name was listed: every sender may still have one waiting.
+            waiting = self.senders.clone();
+        }
+        self.more = !waiting.is_empty();
+        for name in mine {
             let taken = format!("{TAKEN}{name}");
             // Taken away before it is read: what is read is what was there, once.
             match self.requests.rename(&name, &taken) {
@@ -235,7 +298,6 @@ impl Intake {
                     continue;
                 }
             }
-            found += 1;
             let parsed =
                 self.requests.read(&taken).map_err(|e| e.to_string()).and_then(|b| parse_request(&b, &name));
             self.remove(&taken);
@@ -260,7 +322,7 @@ impl Intake {
                 }
             }
         }
-        found
+        (listed, waiting)
     }
 
     fn remove(&self, name: &str) {
@@ -404,11 +466,12 @@ mod tests {
     fn a_bad_request_is_answered_as_refused() {
         let (d, sd) = state_dir("bad");
         let mut intake = Intake::new(&sd).unwrap();
-        let id = "00000000000000010000000000000001";
+        // Each names pid 123 (0x7b), which sends the signal.
+        let id = "00000000000000010000007b00000001";
         fs::write(sd.file(REQUESTS).join(id), b"{not json").unwrap();
-        let other = "00000000000000020000000000000002";
+        let other = "00000000000000020000007b00000002";
         fs::write(sd.file(REQUESTS).join(other), format!(r#"{{"nonce":null,"request_id":"{id}"}}"#)).unwrap();
-        assert_eq!(intake.next(&[0]), None);
+        assert_eq!(intake.next(&[123]), None);
         let results = sd.sub(RESULTS).unwrap();
         for i in [id, other] {
             let st = read_result(&results, i).unwrap().unwrap();
@@ -416,16 +479,60 @@ mod tests {
             assert!(st.reason.unwrap().contains("request refused"));
         }
         // A link planted as a request is refused, not followed.
-        let third = "00000000000000030000000000000003";
+        let third = "00000000000000030000007b00000003";
         std::os::unix::fs::symlink("/etc/passwd", sd.file(REQUESTS).join(third)).unwrap();
-        assert_eq!(intake.next(&[0]), None);
+        assert_eq!(intake.next(&[123]), None);
         assert!(read_result(&results, third).unwrap().unwrap().reason.unwrap().contains("symlink"));
         fs::remove_dir_all(d).unwrap();
     }
 
     #[test]
+    fn a_signal_takes_only_the_requests_of_its_sender() {
+        let (d, sd) = state_dir("senders");
+        let mut intake = Intake::new(&sd).unwrap();
+        let me = sys::getpid();
+        // Planted: a request naming another process (a root process of the container may write
+        // one), and one naming pid 0, which a bare signal from outside carries.
+        let write = |id: &str, pid: Pid| {
+            let body = format!(r#"{{"nonce":"planted","request_id":"{id}","pid":{pid}}}"#);
+            fs::write(sd.file(REQUESTS).join(id), body).unwrap();
+        };
+        let planted = format!("{:016x}{:08x}00000001", now_nanos(), me as u32 + 1);
+        write(&planted, me + 1);
+        let zero = format!("{:016x}0000000000000002", now_nanos());
+        write(&zero, 0);
+        let mine = submit(&sd, Some("mine".into()), None, vec![]).unwrap();
+        // A bare signal takes none of them: a freeze with no request.
+        assert_eq!(intake.next(&[0]), Some(None));
+        assert_eq!(intake.next(&[]), None);
+        assert!(!taken(&sd, &planted).unwrap() && !taken(&sd, &mine).unwrap());
+        // The client's signal takes its own request only.
+        assert_eq!(intake.next(&[me]).map(|r| r.map(|r| r.request_id)), Some(Some(mine.clone())));
+        assert!(taken(&sd, &mine).unwrap());
+        assert!(!taken(&sd, &planted).unwrap() && !taken(&sd, &zero).unwrap());
+        // Its process's signal takes the planted one (then it is that process's own request).
+        assert_eq!(intake.next(&[me + 1]).map(|r| r.map(|r| r.nonce)), Some(Some(Some("planted".into()))));
+        // A request whose name and body disagree on the pid is refused.
+        let liar = format!("{:016x}{:08x}00000003", now_nanos(), me as u32);
+        write(&liar, me + 1);
+        assert_eq!(intake.next(&[me]), None);
+        let results = sd.sub(RESULTS).unwrap();
+        assert!(read_result(&results, &liar).unwrap().unwrap().reason.unwrap().contains("pid"));
+        // One no signal claims for long goes.
+        let old = format!("{:016x}{:08x}00000004", 1u64, me as u32 + 2);
+        write(&old, me + 2);
+        assert_eq!(intake.next(&[0]), Some(None));
+        assert!(taken(&sd, &old).unwrap(), "an unclaimed request is removed");
+        assert!(!taken(&sd, &zero).unwrap(), "a fresh one stays");
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
     fn ids_and_nonces_are_checked() {
-        assert!(valid_id(&new_request_id().unwrap()));
+        let id = new_request_id(4242).unwrap();
+        assert!(valid_id(&id));
+        assert_eq!(id_pid(&id), Some(4242));
+        assert_eq!(id_pid("0000000000000001000000000000000f"), None, "pid 0 is no client's");
         assert!(!valid_id("../../etc/passwd000000000000000000"));
         assert!(!valid_id("ABCDEF00000000000000000000000000"));
         let id = "0123456789abcdef0123456789abcdef";
@@ -433,7 +540,7 @@ mod tests {
         let body = serde_json::to_vec(&Request {
             nonce: Some(long),
             request_id: id.into(),
-            pid: None,
+            pid: id_pid(id),
             start_time: None,
             launch: None,
             attest: vec![],

@@ -958,6 +958,12 @@ impl Drop for Container {
         // Killing PID 1 ends every process of the namespace, and PID 1 exits (its pidfd turns
         // readable) only once all of them are gone: wait for that, bounded, so that nothing still
         // writes into the scratch directory while it is removed.
+        // The init's locator (`/run/quiesce-inits`) is on the host's /run here: it goes with the
+        // namespace, as a container's /run would.
+        let locator = (self.init > 0)
+            .then(|| std::fs::metadata(format!("/proc/{}/ns/pid", self.init)).ok())
+            .flatten()
+            .map(|m| format!("/run/quiesce-inits/pidns-{}.json", std::os::unix::fs::MetadataExt::ino(&m)));
         if let Some(fd) = &self.pidfd {
             let _ = pidfd_signal(fd, libc::SIGKILL);
             let until = Instant::now() + Duration::from_secs(30);
@@ -981,6 +987,9 @@ impl Drop for Container {
         }
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
+        if let Some(l) = locator {
+            let _ = std::fs::remove_file(l);
+        }
     }
 }
 

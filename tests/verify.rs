@@ -38,12 +38,21 @@ impl std::ops::Deref for Key {
 
 /// A frozen container signed with an openssl-made key; returns it with the key.
 fn frozen(uid: u32, nonce: &str) -> (Container, Key) {
+    frozen_with(uid, nonce, false)
+}
+
+/// `frozen`, in a container where setuid binaries work (`setuid`) or not.
+fn frozen_with(uid: u32, nonce: &str, setuid: bool) -> (Container, Key) {
     let keydir = scratch("key");
     std::fs::set_permissions(&keydir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let key = Key { path: openssl_key(&keydir), _dir: keydir };
     let u = uid.to_string();
-    let c = Container::start(
-        &["--sandbox-user", &u, "--signing-key", key.to_str().unwrap()],
+    let c = Container::start_with(
+        Opts {
+            init_args: vec!["--sandbox-user", &u, "--signing-key", key.to_str().unwrap()],
+            setuid,
+            ..Default::default()
+        },
         &["sleep", "1000000"],
     );
     let w = c.launch(uid, &["sleepers", "20"]);
@@ -217,17 +226,53 @@ fn expired_future_nonce_and_uids() {
 }
 
 /// The marker says what configuration the freeze ran in; a verifier that demands one refuses
-/// markers that do not say so, with exit 18. The test namespace has no no_new_privs (setuid
-/// binaries work), and lineage is on unless the init is told otherwise.
+/// markers that do not say so, with exit 18. This namespace has no no_new_privs (setuid binaries
+/// work, Docker's default): its marker is refused unless the verifier accepts exactly that; and
+/// lineage is on unless the init is told otherwise.
 #[test]
 fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
-    let (c, key) = frozen(4408, "p");
+    let (c, key) = frozen_with(4408, "p", true);
     let t = marker(&c);
     let claims = claims_of(&t);
     assert_eq!(claims["setuid"], true, "{claims}");
     let lineage = claims["lineage"].as_bool().expect("the marker says whether lineage was on");
+    // Refused by default, naming the fix in one line; accepted only by name.
+    refused(&c.verify(&["--", "echo", "scored"]), 18, "setuid by default");
+    let said = String::from_utf8_lossy(&c.verify(&["--", "echo", "scored"]).stderr).to_string();
+    assert!(said.contains("no-new-privileges") && said.contains("--accept-privilege-escalation"), "{said}");
     refused(&c.verify(&["--require-no-setuid", "--", "echo", "scored"]), 18, "setuid");
-    let with_lineage = c.verify(&["--require-lineage", "--", "echo", "scored"]);
+    let accepted = c.verify(&["--accept-privilege-escalation", "--", "echo", "scored"]);
+    assert_eq!(String::from_utf8_lossy(&accepted.stdout).trim(), "scored", "{accepted:?}");
+    let by_env = c.exec(&[
+        "env",
+        "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1",
+        quiesce().to_str().unwrap(),
+        "verify",
+        "--state-dir",
+        c.state.to_str().unwrap(),
+        "--",
+        "echo",
+        "scored",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&by_env.stdout).trim(), "scored", "{by_env:?}");
+    // The old option still refuses, whatever the variable says (0 or 1).
+    for v in ["0", "1"] {
+        let out = c.exec(&[
+            "env",
+            &format!("QUIESCE_ACCEPT_PRIVILEGE_ESCALATION={v}"),
+            quiesce().to_str().unwrap(),
+            "verify",
+            "--state-dir",
+            c.state.to_str().unwrap(),
+            "--require-no-setuid",
+            "--",
+            "echo",
+            "scored",
+        ]);
+        refused(&out, 18, &format!("--require-no-setuid with the variable at {v}"));
+    }
+    let acc = ["--accept-privilege-escalation"];
+    let with_lineage = c.verify(&["--require-lineage", "--accept-privilege-escalation", "--", "echo", "scored"]);
     if lineage {
         assert_eq!(String::from_utf8_lossy(&with_lineage.stdout).trim(), "scored");
     } else {
@@ -235,15 +280,15 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
     }
     let mut off = claims.clone();
     off["lineage"] = false.into();
-    refused(&verify_token(&c, &pyjwt_sign(&off, &key, "EdDSA"), &["--require-lineage"]), 18, "lineage off");
+    refused(
+        &verify_token(&c, &pyjwt_sign(&off, &key, "EdDSA"), &["--require-lineage", acc[0]]),
+        18,
+        "lineage off",
+    );
     let mut silent = claims.clone();
     silent.as_object_mut().unwrap().remove("setuid");
     silent["setuid"] = serde_json::Value::Null;
-    refused(
-        &verify_token(&c, &pyjwt_sign(&silent, &key, "EdDSA"), &["--require-no-setuid"]),
-        18,
-        "says nothing",
-    );
+    refused(&verify_token(&c, &pyjwt_sign(&silent, &key, "EdDSA"), &[]), 18, "says nothing");
     let mut nnp = claims.clone();
     nnp["setuid"] = false.into();
     let out = verify_token(&c, &pyjwt_sign(&nnp, &key, "EdDSA"), &["--require-no-setuid"]);
@@ -253,8 +298,8 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Without a policy the setuid marker passes as before.
-    let out = c.verify(&["--", "echo", "scored"]);
+    // A marker that says setuid: false passes without any option.
+    let out = verify_token(&c, &pyjwt_sign(&nnp, &key, "EdDSA"), &[]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
 
     // An init with no_new_privs (Docker's no-new-privileges): its marker says setuid: false.

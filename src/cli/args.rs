@@ -307,8 +307,8 @@ pub struct VerifyArgs {
     #[arg(long)]
     pub require_lineage: bool,
     /// Kept for earlier command lines: a marker that says setuid=true (or does not say) is
-    /// refused unless --accept-privilege-escalation is given
-    #[arg(long, hide = true, conflicts_with = "accept_privilege_escalation")]
+    /// refused, whatever --accept-privilege-escalation or its variable says
+    #[arg(long, hide = true)]
     pub require_no_setuid: bool,
     /// Accept a marker signed where a setuid binary could make a sandbox process root (the
     /// container ran without no-new-privileges): such a process can keep a root process of the

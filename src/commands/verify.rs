@@ -324,7 +324,8 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
     // for it (docs/threat-model.md, "A sandbox process that is root"): a marker signed where that
     // was possible proves nothing about the verifier's surroundings, so it is refused unless the
     // orchestrator says it accepts exactly that.
-    if !args.accept_privilege_escalation && claims.setuid != Some(false) {
+    let accepted = args.accept_privilege_escalation && !args.require_no_setuid;
+    if !accepted && claims.setuid != Some(false) {
         let said = claims.setuid.map_or("does not say whether".to_string(), |_| "says".to_string());
         return Err(Fail(
             code::POLICY,

@@ -754,6 +754,82 @@ fn main() {
             unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
             fail("execve the init's binary");
         }
+        // A root escapee (a setuid-root copy) makes a `quiesce exec` process its freeze client:
+        // a CLONE_PARENT child P (ppid 0) held on a pipe; a freeze request planted in P's name
+        // with NONCE, and 16 empty ones sorted before P's own launch record, so that P's signal
+        // for its launch takes the planted freeze first and the record only after it; then P
+        // runs `quiesce exec --user 0` of a root writer appending to FILE, which it becomes once
+        // its record is taken. `exec-client STATE QUIESCE FILE NONCE`
+        "exec-client" => {
+            let a = |i: usize| std::env::args().nth(i).expect("exec-client STATE QUIESCE FILE NONCE");
+            let (state, q, out, nonce) = (a(2), a(3), a(4), a(5));
+            let me_exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| fail("read own exe"));
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: exec-client needs a setuid-root copy");
+            }
+            let (rd, wr) = pipe_checked();
+            let p = unsafe {
+                libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
+            };
+            if p < 0 {
+                fail("clone");
+            }
+            if p == 0 {
+                unsafe { libc::close(wr) };
+                let mut b = [0u8; 1];
+                if unsafe { libc::read(rd, b.as_mut_ptr().cast(), 1) } != 1 {
+                    unsafe { libc::_exit(3) };
+                }
+                let me = me_exe.to_str().unwrap_or_default().to_string();
+                let argv: Vec<CString> = [
+                    q.as_str(),
+                    "exec",
+                    "--user",
+                    "0",
+                    "--no-lineage",
+                    "--state-dir",
+                    state.as_str(),
+                    "--",
+                    me.as_str(),
+                    "writer",
+                    out.as_str(),
+                ]
+                .iter()
+                .map(|x| CString::new(*x).unwrap())
+                .collect();
+                let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|x| x.as_ptr()).collect();
+                ptrs.push(std::ptr::null());
+                let env: [*const libc::c_char; 1] = [std::ptr::null()];
+                unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
+                unsafe { libc::_exit(4) };
+            }
+            unsafe { libc::close(rd) };
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let start: u64 = stat
+                .rsplit_once(") ")
+                .and_then(|(_, r)| r.split(' ').nth(19))
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| fail("start time of P"));
+            let base = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+                - 1_000_000;
+            let put = |i: u64, body: String| {
+                let id = format!("{:016x}{:08x}{:08x}", base + i, p as u32, i as u32);
+                let body = body.replace("@ID@", &id);
+                let tmp = format!("{state}/requests/.plant.{i}");
+                std::fs::write(&tmp, body).unwrap_or_else(|_| fail("write a planted request"));
+                std::fs::rename(&tmp, format!("{state}/requests/{id}")).unwrap_or_else(|_| fail("rename"));
+            };
+            put(0, format!(r#"{{"nonce":"{nonce}","request_id":"@ID@","pid":{p},"start_time":{start}}}"#));
+            for i in 1..=16 {
+                put(i, "{}".to_string());
+            }
+            ready_as(p as u32);
+            report(wr);
+            forever();
+        }
         // Calls itself "quiesce" and re-execs with argv[0] "sshd".
         "spoof" => {
             let name = CString::new("quiesce").unwrap();

@@ -1,7 +1,8 @@
 //! The defaults score no verifier beside a live agent process: a marker signed where a setuid
 //! binary could make a sandbox process root is refused unless the orchestrator accepts exactly
-//! that (z01); a root escapee's forged freeze client, riding the orchestrator's bare signal or
-//! asking itself, gets no marker (z02); a `quiesce exec` pointed at no state dir still records its
+//! that (z01); a root escapee's forged freeze client, riding the orchestrator's bare signal,
+//! asking itself, or a `quiesce exec` on its way to running the escapee's code, gets no marker
+//! (z02, z05); a `quiesce exec` pointed at no state dir still records its
 //! launch with the init it finds, and refuses to run beside one it cannot reach (z03); a sandbox
 //! process cannot see a freeze coming in `requests/` (z04).
 mod common;
@@ -177,4 +178,34 @@ fn z04_a_sandbox_process_cannot_see_a_freeze_coming() {
     }
     let (code, st) = c.freeze("n-z04");
     assert_eq!(code, 0, "{st}");
+}
+
+/// A root escapee makes a `quiesce exec` process P (ppid 0, this binary, no child, untraced) the
+/// client of a freeze request it planted in P's name; P's signal for its own launch record takes
+/// the planted freeze first, and once its record is taken P execs a root writer. P runs this
+/// binary as `exec`, not as `freeze`: it is not the init's own, and no marker is signed.
+#[test]
+fn z05_a_quiesce_exec_process_is_no_freeze_client() {
+    let uid = 4506;
+    let c = sandbox_setuid(uid, &["--no-lineage"]);
+    let suid = setuid_copy(&c);
+    let file = c.path("exec-client");
+    let (st_dir, q) = (c.state.to_str().unwrap().to_string(), quiesce());
+    let args = ["exec-client", &st_dir, q.to_str().unwrap(), file.to_str().unwrap(), "n-z05"];
+    let w = c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &args);
+    let p = w.pid;
+    let mut st = serde_json::Value::Null;
+    wait_for("the planted freeze to end", Duration::from_secs(60), || {
+        st = c.status_file();
+        st["nonce"] == "n-z05" && matches!(st["state"].as_str(), Some("quiescent" | "failed"))
+    });
+    wait_for("the writer", Duration::from_secs(10), || file.exists());
+    assert!(still_written(&file), "P became the root writer");
+    assert_eq!(st["state"], "failed", "FORGED: a marker was signed with P as the client: {st}");
+    assert!(!c.marker_exists(), "{st}");
+    let named: Vec<i64> =
+        st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
+    assert!(named.contains(&(p as i64)), "P ({p}) is not named: {st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("as 'exec', not as 'freeze'"), "{st}");
 }

@@ -272,7 +272,8 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
         refused(&out, 18, &format!("--require-no-setuid with the variable at {v}"));
     }
     let acc = ["--accept-privilege-escalation"];
-    let with_lineage = c.verify(&["--require-lineage", "--accept-privilege-escalation", "--", "echo", "scored"]);
+    let with_lineage =
+        c.verify(&["--require-lineage", "--accept-privilege-escalation", "--", "echo", "scored"]);
     if lineage {
         assert_eq!(String::from_utf8_lossy(&with_lineage.stdout).trim(), "scored");
     } else {

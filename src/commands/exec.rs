@@ -15,6 +15,13 @@ use std::time::{Duration, Instant};
 const RECORD_WAIT: Duration = Duration::from_secs(30);
 
 pub fn exec(args: ExecArgs) -> i32 {
+    // Root until the command's exec: a root escapee must not trace this process into asking for
+    // a freeze, or into anything else, while it holds the init's attention. The exec makes the
+    // command dumpable again as the kernel decides.
+    if let Err(e) = sys::set_not_dumpable() {
+        eprintln!("quiesce exec: cannot mark this process non-dumpable: {e}");
+        return 2;
+    }
     let pw = users::read_passwd();
     let user = match users::resolve(&args.user, &pw) {
         Ok(u) => u,

@@ -6,7 +6,9 @@
 //!
 //! What it vouches for: nothing. A client starts no process, so one with a live child is not a
 //! client (a root process that exec'd this binary after starting a helper), and is judged like
-//! any other process. Where the init may not read the client's executable (no CAP_SYS_PTRACE,
+//! any other process. Nor does it run anything but its own code: it is this binary started as
+//! `freeze`, whose code never execs (`quiesce exec` is the same binary, and runs what it is
+//! given once its launch is recorded). Where the init may not read the client's executable (no CAP_SYS_PTRACE,
 //! the client undumpable), nothing tells the client from an undumpable root process that runs
 //! anything: it is not taken for the init's own then.
 
@@ -14,6 +16,9 @@ use crate::newcomers::Own;
 use crate::procs::{Reader, Snapshot};
 use crate::sys::{self, Pid};
 use std::os::fd::OwnedFd;
+
+/// The subcommand a client runs as.
+const SUBCOMMAND: &[u8] = b"freeze";
 
 /// A client shown to be one: its pidfd is held, so its pid names it and nothing else for as long
 /// as the pidfd says it is attached.
@@ -31,6 +36,14 @@ impl Client {
         let fd = sys::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
         let c = Client { pid, start_time, fd };
         c.genuine(reader)?;
+        c.runs_freeze(reader)?;
+        c.genuine(reader)?;
+        Ok(c)
+    }
+
+    /// This binary, started as `freeze`: what the kernel shows, not what the request says.
+    fn runs_freeze(&self, reader: &Reader) -> Result<(), String> {
+        let pid = self.pid;
         match reader.runs_own_binary(pid) {
             Ok(Some(true)) => {}
             Ok(Some(false)) => return Err(format!("process {pid} does not run this binary")),
@@ -46,8 +59,15 @@ impl Client {
             }
             Err(e) => return Err(e.to_string()),
         }
-        c.genuine(reader)?;
-        Ok(c)
+        match reader.second_arg(pid).map_err(|e| e.to_string())? {
+            Some(a) if a == SUBCOMMAND => Ok(()),
+            Some(a) => Err(format!(
+                "process {pid} runs this binary as '{}', not as '{}'",
+                String::from_utf8_lossy(&a),
+                String::from_utf8_lossy(SUBCOMMAND)
+            )),
+            None => Err(format!("process {pid} exited")),
+        }
     }
 
     /// Its identity for the proof, while it is still that process, from outside and untraced,
@@ -62,7 +82,8 @@ impl Client {
             );
             return None;
         }
-        match self.genuine(reader) {
+        match self.genuine(reader).and_then(|()| self.runs_freeze(reader)).and_then(|()| self.genuine(reader))
+        {
             Ok(()) => Some((self.pid, self.start_time)),
             Err(e) => {
                 log::debug!("freeze client {}: not the init's own now: {e}", self.pid);

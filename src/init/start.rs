@@ -172,9 +172,9 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
         .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
     let published = state::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
-    write(state::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     // `quiesce exec` finds this init's state dir here when it is not told it: a launch it cannot
-    // record must not run unrecorded beside an init it missed.
+    // record must not run unrecorded beside an init it missed. Written before sandbox.json:
+    // whoever waits for that to start the agent finds this too.
     let located = state::locator::publish(&state::locator::Locator {
         // Absolute: the client runs from its own working directory.
         state_dir: std::fs::canonicalize(&state.path).unwrap_or_else(|_| state.path.clone()),
@@ -186,14 +186,17 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         Err(e) if state.path == std::path::Path::new(state::DEFAULT_DIR) => {
             log::warn!("{e}: quiesce exec finds this init at the default state dir only")
         }
-        Err(e) => return Err(format!(
+        Err(e) => {
+            return Err(format!(
             "{e}: quiesce exec would not find this init's state dir {}; make {} writable (a tmpfs on /run) \
                  or use the default state dir {}",
             state.path.display(),
             state::locator::LOCATOR_DIR,
             state::DEFAULT_DIR
-        )),
+        ))
+        }
     }
+    write(state::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     let no_new_privs =
         sys::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;

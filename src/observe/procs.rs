@@ -820,6 +820,16 @@ impl Reader {
 
     /// Does `pid` run the file this process runs (its exe, by device and inode)? Ok(None): it
     /// exited.
+    /// The second word of `pid`'s command line (a subcommand of this binary's), at most
+    /// CMDLINE_READ bytes read; None: gone.
+    pub fn second_arg(&self, pid: Pid) -> io::Result<Option<Vec<u8>>> {
+        let path = self.root.join(pid.to_string()).join("cmdline");
+        match read_prefix(&path, CMDLINE_READ).map_err(|e| unknown(&path, e))? {
+            Read::Gone => Ok(None),
+            Read::Ok(b) => Ok(Some(b.split(|&c| c == 0).nth(1).unwrap_or_default().to_vec())),
+        }
+    }
+
     pub fn runs_own_binary(&self, pid: Pid) -> io::Result<Option<bool>> {
         use std::os::unix::fs::MetadataExt;
         let own = self.root.join("self/exe");

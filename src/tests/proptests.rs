@@ -217,11 +217,19 @@ proptest! {
         let req = Request { nonce, request_id: id.clone(), pid, start_time: None, launch: None, attest: vec![] };
         let body = serde_json::to_vec(&req).unwrap();
         let back = requests::parse_request(&body, &id);
-        if req.nonce.as_ref().is_some_and(|n| n.len() > requests::MAX_NONCE) {
+        // Only a request whose pid is the one its name carries (never 0) is read.
+        if req.nonce.as_ref().is_some_and(|n| n.len() > requests::MAX_NONCE)
+            || req.pid.is_none()
+            || req.pid != requests::id_pid(&id)
+        {
             prop_assert!(back.is_err());
         } else {
             prop_assert_eq!(back.unwrap(), req.clone());
         }
+        // Named in the id, the pid is read back.
+        let named = Request { pid: requests::id_pid(&id), ..req.clone() };
+        let back = requests::parse_request(&serde_json::to_vec(&named).unwrap(), &id);
+        prop_assert_eq!(back.is_ok(), named.pid.is_some() && named.nonce.as_ref().is_none_or(|n| n.len() <= requests::MAX_NONCE));
         // Under another name it is refused: the name is what the result is written under.
         let other = format!("{}0", &id[..31]);
         if other != id {

@@ -960,10 +960,12 @@ impl Drop for Container {
         // writes into the scratch directory while it is removed.
         // The init's locator (`/run/quiesce-inits`) is on the host's /run here: it goes with the
         // namespace, as a container's /run would.
+        // Only this init's: another namespace may have the inode by the time this one is gone.
         let locator = (self.init > 0)
             .then(|| std::fs::metadata(format!("/proc/{}/ns/pid", self.init)).ok())
             .flatten()
-            .map(|m| format!("/run/quiesce-inits/pidns-{}.json", std::os::unix::fs::MetadataExt::ino(&m)));
+            .map(|m| format!("/run/quiesce-inits/pidns-{}.json", std::os::unix::fs::MetadataExt::ino(&m)))
+            .zip(self.stat(1).map(|s| s.start_time));
         if let Some(fd) = &self.pidfd {
             let _ = pidfd_signal(fd, libc::SIGKILL);
             let until = Instant::now() + Duration::from_secs(30);
@@ -987,8 +989,14 @@ impl Drop for Container {
         }
         let _ = self.unshare.kill();
         let _ = self.unshare.wait();
-        if let Some(l) = locator {
-            let _ = std::fs::remove_file(l);
+        if let Some((l, start)) = locator {
+            let ours = std::fs::read_to_string(&l)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|v| v["start_time"].as_u64() == Some(start));
+            if ours {
+                let _ = std::fs::remove_file(l);
+            }
         }
     }
 }

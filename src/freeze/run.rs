@@ -514,6 +514,17 @@ pub fn run(
                     Vec::new(),
                 );
             }
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                run.phases.probe = ms(t.elapsed());
+                return run.fail(
+                    format!(
+                        "the final observation did not end within the {:?} budget ({e}): what is alive is \
+                         unknown; freeze again once the machine is less loaded, or raise --freeze-timeout",
+                        cfg.timeout
+                    ),
+                    Vec::new(),
+                );
+            }
             Err(e) => {
                 run.phases.probe = ms(t.elapsed());
                 return run.fail(format!("/proc unreadable: {e}"), Vec::new());

@@ -283,6 +283,9 @@ impl Table<'_> {
 /// loginuids that were set are reused: its room is the new table's), with the number of passes it
 /// took; or Churn when processes kept being created until `deadline`.
 pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Result<usize, Churn>> {
+    // No pass outlives the budget: under load one listing of a large namespace took twice it.
+    let bounded = reader.bounded(deadline);
+    let reader = &bounded;
     let root = reader.root().to_path_buf();
     let mut pass = reader.pass()?;
     let mut window = Window::open(&root, &mut pass)?;
@@ -378,6 +381,21 @@ pub(crate) fn skip_test(name: &str, reason: &str) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_observation_past_its_budget_fails_rather_than_goes_on() {
+        let reader = crate::procs::Reader::default();
+        let mut snap = reader.snapshot(crate::procs::Detail::Light).unwrap();
+        let past = std::time::Instant::now();
+        match super::observe(&reader, &mut snap, past) {
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}"),
+            Ok(Err(churn)) => assert!(churn.unheld, "no pid free for the holder thread here"),
+            Ok(Ok(passes)) => panic!("a whole observation of {passes} pass(es) ran past its budget"),
+        }
+        // With time left it completes.
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        assert!(matches!(super::observe(&reader, &mut snap, later), Ok(Ok(_))));
+    }
+
     use super::*;
 
     #[test]

@@ -565,18 +565,29 @@ fn parse_status_threads(text: &str) -> Result<Status, String> {
 
 pub struct Reader {
     root: PathBuf,
+    /// Reads stop with a TimedOut error from this moment on: under load one pass over a large
+    /// namespace can take longer than any budget a freeze has (see `bounded`).
+    until: Option<std::time::Instant>,
 }
 
 impl Default for Reader {
     fn default() -> Self {
-        Reader { root: PathBuf::from("/proc") }
+        Reader { root: PathBuf::from("/proc"), until: None }
     }
 }
 
+/// Reads between two looks at the clock in a bounded pass.
+const CLOCK_EVERY: u32 = 32;
+
 impl Reader {
+    /// The same reader, whose every pass fails (TimedOut) once `until` has come.
+    pub fn bounded(&self, until: std::time::Instant) -> Reader {
+        Reader { root: self.root.clone(), until: Some(until) }
+    }
+
     #[cfg(test)]
     pub fn at(root: impl Into<PathBuf>) -> Reader {
-        Reader { root: root.into() }
+        Reader { root: root.into(), until: None }
     }
 
     pub fn root(&self) -> &Path {
@@ -612,6 +623,7 @@ impl Reader {
             buf: Vec::with_capacity(4096),
             name: Vec::with_capacity(64),
             deciding: &[],
+            reads: 0,
         })
     }
 
@@ -936,6 +948,8 @@ pub struct Pass<'a> {
     name: Vec<u8>,
     /// UIDs whose presence in a leader's credentials makes its other threads' moot.
     deciding: &'a [u32],
+    /// Processes read so far, for the bounded reader's look at the clock.
+    reads: u32,
 }
 
 impl Pass<'_> {
@@ -997,6 +1011,15 @@ impl Pass<'_> {
     /// that was already set is reused, since it cannot change again without CAP_AUDIT_CONTROL.
     /// Ok(None): it exited (or `pid` is a thread's id, not a process's).
     pub fn read(&mut self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
+        self.reads = self.reads.wrapping_add(1);
+        if let Some(until) = self.reader.until.filter(|_| self.reads % CLOCK_EVERY == 1) {
+            if std::time::Instant::now() >= until {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "one pass over /proc did not end within the freeze's budget",
+                ));
+            }
+        }
         let Some(stat) = self.stat(pid)? else { return Ok(None) };
         let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
         // A zombie whose thread count (read with its state) is exactly itself is a dead process

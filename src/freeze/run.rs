@@ -466,6 +466,8 @@ pub fn run(
     let mut pause = Duration::from_millis(1);
     let mut rounds = 0u32;
     let mut first_orphans: Option<Instant> = None;
+    // The survivors of the last complete observation, for a pass the budget cuts off.
+    let mut last_left: Vec<Survivor> = Vec::new();
     // What the walk recorded (sorted: `live` goes in pid order), for the evidence of latecomers.
     let walked: Vec<(Pid, u64)> = live(snap, &tainted).map(|p| (p.pid, p.start_time)).collect();
     drop(killed);
@@ -516,6 +518,15 @@ pub fn run(
             }
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 run.phases.probe = ms(t.elapsed());
+                // What the last complete observation found alive is what is known of now.
+                if !last_left.is_empty() {
+                    let n = last_left.len();
+                    let why = format!(
+                        "{n} sandbox process(es) still alive after the {:?} budget ({rounds} kill rounds)",
+                        cfg.timeout
+                    );
+                    return run.fail(why, last_left);
+                }
                 return run.fail(
                     format!(
                         "the final observation did not end within the {:?} budget ({e}): what is alive is \
@@ -614,6 +625,7 @@ pub fn run(
             };
         }
         run.late_evidence(snap, &tainted, &walked);
+        last_left = left.clone();
         rounds += 1;
         if Instant::now() >= run.deadline {
             run.phases.probe = ms(t.elapsed());

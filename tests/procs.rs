@@ -80,7 +80,8 @@ fn ancestry_taints_root_descendants_of_a_sandbox_process() {
 fn ps_human_output_is_aligned_and_names_reasons() {
     let uid = 4503;
     let u = uid.to_string();
-    let c = Container::start(&["--sandbox-user", &u], &["sleep", "1000000"]);
+    let mut c = Container::start(&["--sandbox-user", &u], &["sleep", "1000000"]);
+    c.wait_published();
     let _w = c.launch(uid, &["sleepers", "2"]);
     let q = quiesce();
     let st = c.state.to_str().unwrap().to_string();

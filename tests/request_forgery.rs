@@ -60,9 +60,20 @@ fn forge(uid: u32, via_shell: bool, mode: &str) {
         let started = Instant::now();
         let out = c.freeze_cmd("n-y01", None).output().expect("run the client");
         let took = started.elapsed();
+        // A request whose body names another pid than its name is refused before any freeze.
+        // The client may be dead by then (y02): its answer is in results/ all the same.
+        let refusal = || {
+            std::fs::read_dir(c.state.join("results"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                .find(|t| t.contains("request refused"))
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        };
         let mut st = serde_json::Value::Null;
-        wait_for("the freeze to end", Duration::from_secs(60), || {
-            st = c.status_file();
+        wait_for("the freeze to end, or the request's refusal", Duration::from_secs(60), || {
+            st = refusal().unwrap_or_else(|| c.status_file());
             matches!(st["state"].as_str(), Some("quiescent" | "failed"))
         });
         let info = read(&file);

@@ -318,12 +318,14 @@ fn requests_are_listed_in_the_opened_state_dir_not_at_the_path() {
             forged,
         ],
     );
-    // A client that opened the state dir before the move writes its request there.
-    let id = "00000000000000020000000000000002";
-    let tmp = moved.join("requests").join(".tmp");
-    std::fs::write(&tmp, format!(r#"{{"nonce":"n-real","request_id":"{id}","pid":null}}"#)).unwrap();
-    std::fs::rename(&tmp, moved.join("requests").join(id)).unwrap();
-    c.signal(libc::SIGUSR1);
+    // A client that opened the state dir before the move writes its request there, and
+    // signals the init itself (a request is taken only on its own client's signal).
+    let script = r#"id=$(printf '%016x%08x%08x' 2 $$ 2)
+printf '{"nonce":"n-real","request_id":"%s","pid":%d}' "$id" $$ > "$1/requests/.tmp" &&
+mv "$1/requests/.tmp" "$1/requests/$id" && echo "$id" && kill -USR1 1"#;
+    let out = c.exec(&["sh", "-c", script, "sh", s(&moved)]);
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let status = moved.join("status.json");
     wait_for("a finished freeze", T, || {
         serde_json::from_str::<serde_json::Value>(&read(&status))

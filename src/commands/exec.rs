@@ -82,14 +82,24 @@ fn init_dir(args: &ExecArgs, reader: &Reader) -> Result<Option<(StateDir, Publis
         )
     };
     let d = StateDir::open(&l.state_dir).map_err(|e| unreachable(format!("it cannot be used: {e}")))?;
-    match published_in(&d).map_err(|e| unreachable(format!("its sandbox.json cannot be used: {e}")))? {
-        Some(p) if p.pid == l.pid && p.start_time == l.start_time => {
-            log::info!("recording this launch in {} (the init's state dir)", l.state_dir.display());
-            Ok(Some((d, p)))
+    // The init writes its locator just before sandbox.json: one starting up is waited for.
+    let until = Instant::now() + STARTING;
+    loop {
+        match published_in(&d).map_err(|e| unreachable(format!("its sandbox.json cannot be used: {e}")))? {
+            Some(p) if p.pid == l.pid && p.start_time == l.start_time => {
+                log::info!("recording this launch in {} (the init's state dir)", l.state_dir.display());
+                return Ok(Some((d, p)));
+            }
+            _ if Instant::now() < until && alive(l.pid, l.start_time) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            _ => return Err(unreachable(format!("that init published nothing there within {STARTING:?}"))),
         }
-        _ => Err(unreachable("that init published nothing there".into())),
     }
 }
+
+/// How long a launch waits for an init that wrote its locator to publish its sandbox.
+const STARTING: Duration = Duration::from_secs(10);
 
 /// Tell the init about this launch and wait until it has taken the record: from then on nothing
 /// the command does can keep the init from knowing it and its launcher (see `launches`).

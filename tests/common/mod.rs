@@ -484,6 +484,11 @@ impl Container {
                 "sh",
             ]);
         }
+        // In a user namespace of its own the command gets its capabilities from the exec that
+        // follows the map: no_new_privs comes after that, as an engine sets it last.
+        if o.userns.is_some() && !o.setuid {
+            c.args(["setpriv", "--no-new-privs"]);
+        }
         if o.shell_pid1 {
             c.args(["sh", "-c", "\"$@\" & wait", "sh"]);
         }
@@ -513,7 +518,7 @@ impl Container {
         for (k, v) in &o.env {
             c.env(k, v);
         }
-        if !o.setuid {
+        if !o.setuid && o.userns.is_none() {
             no_new_privs(&mut c);
         }
         let unshare = c.spawn().expect("spawn unshare");
@@ -965,7 +970,7 @@ impl Drop for Container {
             .then(|| std::fs::metadata(format!("/proc/{}/ns/pid", self.init)).ok())
             .flatten()
             .map(|m| format!("/run/quiesce-inits/pidns-{}.json", std::os::unix::fs::MetadataExt::ino(&m)))
-            .zip(self.stat(1).map(|s| s.start_time));
+            .and_then(|l| Some((l, self.stat(1)?.start_time)));
         if let Some(fd) = &self.pidfd {
             let _ = pidfd_signal(fd, libc::SIGKILL);
             let until = Instant::now() + Duration::from_secs(30);

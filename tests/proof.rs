@@ -431,7 +431,7 @@ fn escape_is_refused(name: &str, uid: u32, how: Escape) {
         let _s = c.launch(uid, &["sleepers", "1000"]);
         let _w = start_escape(&c, uid, &suid, how, "");
         std::thread::sleep(Duration::from_millis(200));
-        let (code, st) = c.freeze("n-1");
+        let (code, st) = c.freeze_bare();
         // The child, if the escape happened: root for good, alive, wherever its parent is.
         let escaped = escaped(&c);
         if escaped.is_empty() {
@@ -559,7 +559,7 @@ fn p16_an_escape_before_any_observation_is_refused() {
         let child = w.pid;
         std::thread::sleep(Duration::from_millis(200));
         wait_escaped(&c, child, "the escapee's child to be root");
-        let (code, st) = c.freeze("n-1");
+        let (code, st) = c.freeze_bare();
         if killed_by_the_freeze(&c, child, code, &st, &format!("{how:?}")) {
             continue;
         }
@@ -605,7 +605,7 @@ fn p17_a_launcher_that_exits_before_the_init_takes_its_record_under_a_subreaper(
         );
         std::thread::sleep(Duration::from_millis(700));
         wait_escaped(&c, w.pid, "the escapee's child to be root");
-        let (code, st) = c.freeze("n-1");
+        let (code, st) = c.freeze_bare();
         if killed_by_the_freeze(&c, w.pid, code, &st, &format!("hold {hold}")) {
             continue;
         }
@@ -635,7 +635,7 @@ fn p12d_escape_under_a_launcher_while_the_sandbox_loads_the_machine() {
         let _s = c.launch(uid, &["sleepers", "1000"]);
         let _w = start_escape(&c, uid, &suid, Escape::ParentUnderLauncher, "");
         std::thread::sleep(Duration::from_millis(200));
-        let (code, st) = c.freeze("n-1");
+        let (code, st) = c.freeze_bare();
         let alive = escaped(&c);
         if alive.is_empty() {
             assert_eq!(code, 0, "attempt {attempt}: {st}");
@@ -668,7 +668,7 @@ fn p13_a_launcher_that_forks_during_the_freeze() {
         );
         let _l = c.start_ready(c.exec_cmd(&["sh", "-c", &script]), "a launcher");
         std::thread::sleep(Duration::from_millis(200));
-        let (code, st) = c.freeze("n-1");
+        let (code, st) = c.freeze_bare();
         if lineage {
             assert_eq!(code, 0, "with lineage: {st}");
             assert_eq!(st["state"], "quiescent");

@@ -207,5 +207,39 @@ fn z05_a_quiesce_exec_process_is_no_freeze_client() {
         st["survivors"].as_array().unwrap().iter().filter_map(|s| s["pid"].as_i64()).collect();
     assert!(named.contains(&(p as i64)), "P ({p}) is not named: {st}");
     let reason = st["reason"].as_str().unwrap_or_default();
-    assert!(reason.contains("as 'exec', not as 'freeze'"), "{st}");
+    assert!(reason.contains("is not taken for the init's own"), "{st}");
+}
+
+/// A root escapee takes over the orchestrator's own `quiesce freeze --wait` through
+/// /proc/PID/mem, without tracing it: at its exit the client forks a root writer. The client runs
+/// this binary as `freeze`, untraced and childless at every check; where a launch can become root
+/// unseen, no client is the init's own, so the client's freeze fails and signs nothing (a review
+/// got 3 of 3 markers accepted beside the writer before).
+#[test]
+fn z06_a_client_taken_over_through_its_memory_gets_no_marker() {
+    if !cfg!(target_arch = "x86_64") {
+        skip("z06_a_client_taken_over_through_its_memory_gets_no_marker", "the injected code is x86_64");
+        return;
+    }
+    let uid = 4507;
+    let c = sandbox_setuid(uid, &["--no-lineage"]);
+    let suid = setuid_copy(&c);
+    let file = c.path("injected-writer");
+    let cmd = format!(
+        "exec </dev/null >/dev/null 2>&1; while :; do echo x >> {}; sleep 0.02; done",
+        file.display()
+    );
+    let (st_dir, q) = (c.state.to_str().unwrap().to_string(), quiesce());
+    let args = ["mem-inject", &st_dir, q.to_str().unwrap(), &cmd];
+    let _w = c.launch_bin(uid, &["--allow-setuid", "--no-lineage"], &suid, &args);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, st) = c.freeze("n-z06");
+    wait_for("the injected client's writer", Duration::from_secs(10), || file.exists());
+    let log = read(&c.path("mem-inject.log"));
+    assert!(log.contains("Ok(())"), "the injection did not happen, so nothing was tried: {log}");
+    assert!(still_written(&file), "the writer lives");
+    assert_eq!(code, 1, "FORGED: a marker was signed for the taken-over client: {st}");
+    assert!(!c.marker_exists(), "{st}");
+    let reason = st["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("/proc/PID/mem") && reason.contains("docker kill -s USR1"), "{st}");
 }

@@ -183,7 +183,21 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     // namespace may have rewritten. The worker is an unreaped child: its pid is its own until
     // the init reaps it.
     let mut client_refused = None;
+    // Where a launch can become root unseen, no client is the init's own: a root process of the
+    // container that may read a client's executable may also write its memory (/proc/PID/mem,
+    // no tracer to see), and one that may not leaves nothing to tell the client by. The client
+    // matters only there (it is no newcomer otherwise).
+    let unseen_root = sb.launchers.any_unfollowed() || (!sb.policy.lineage && !sb.no_new_privs);
     let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
+        if unseen_root {
+            client_refused = Some((
+                pid,
+                "where a launch can become root unseen, a root process of the container can take over any \
+                 client (its memory is writable through /proc/PID/mem without a tracer)"
+                    .to_string(),
+            ));
+            return None;
+        }
         freeze::client::Client::check(&Reader::default(), pid, t)
             .map_err(|e| {
                 log::info!("freeze client {pid} is not taken for the init's own: {e}");

@@ -753,6 +753,14 @@ impl Container {
         (st, started.elapsed())
     }
 
+    /// A freeze by a bare signal, as `docker kill -s USR1` asks for one, as (0 for quiescent else
+    /// 1, its final status): where a launch can become root unseen no client is the init's own,
+    /// and this is the way to freeze there.
+    pub fn freeze_bare(&self) -> (i32, serde_json::Value) {
+        let (st, _) = self.freeze_by_signal(Duration::from_secs(120));
+        (if st["state"] == "quiescent" { 0 } else { 1 }, st)
+    }
+
     /// `quiesce freeze --wait --json --nonce NONCE [--timeout SECS]` inside the namespace.
     pub fn freeze_cmd(&self, nonce: &str, timeout: Option<u32>) -> Command {
         let st = self.state.to_str().unwrap().to_string();

@@ -14,17 +14,6 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-// Every module keeps its short name at the root (`crate::sys`), whichever folder holds it.
-use cli::quickargs;
-use commands::verify;
-use decide::{newcomers, taint};
-use freeze::{cred, evidence};
-use init::{logging, spawn};
-use kernel::{capcheck, sys, users};
-use marker::keypem;
-use observe::{consistency, container, procs, proctrust, settle};
-use state::{files, launches, removal, requests};
-
 use clap::Parser;
 use std::time::Duration;
 
@@ -56,18 +45,18 @@ fn main() {
             subcommand(name, rest.collect())
         }
         None => {
-            let env_options = quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
-            let quick = quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
+            let env_options = cli::quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
+            let quick = cli::quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
             init::run_init(quick.unwrap_or_else(cli::InitArgs::parse_or_refuse))
         }
     };
     // Lines of the last moments (an exec failure's) may still be with the log writer thread.
-    logging::drain(Duration::from_millis(200));
+    init::logging::drain(Duration::from_millis(200));
     std::process::exit(code);
 }
 
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
-    let _ = logging::init(0, false);
+    let _ = init::logging::init(0, false);
     match name {
         "ps" => commands::ps(cli::PsArgs::parse_from(argv)),
         "exec" => commands::exec(cli::ExecArgs::parse_from(argv)),
@@ -75,11 +64,11 @@ fn subcommand(name: &str, argv: Vec<String>) -> i32 {
         "keygen" => commands::keygen(cli::KeygenArgs::parse_from(argv)),
         _ => {
             let a = cli::VerifyArgs::parse_from(argv);
-            match users::resolve_uids(&a.sandbox.users) {
-                Ok(uids) => verify::run(a, uids),
+            match kernel::users::resolve_uids(&a.sandbox.users) {
+                Ok(uids) => commands::verify::run(a, uids),
                 Err(e) => {
                     eprintln!("quiesce verify: {e}");
-                    verify::code::USAGE
+                    commands::verify::code::USAGE
                 }
             }
         }

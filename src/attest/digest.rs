@@ -3,7 +3,7 @@
 //! device, inode, size, mtime, ctime) must all agree, and exactly `size` bytes must be read.
 
 use super::walk::{changed, File};
-use crate::sys::{self, Meta};
+use crate::kernel::sys::{self, Meta};
 use sha2::{Digest, Sha256};
 use std::time::Instant;
 

@@ -4,7 +4,7 @@
 //! device, and never enters another mount: those are recorded (skipped, and why).
 
 use super::name;
-use crate::sys::{self, Meta};
+use crate::kernel::sys::{self, Meta};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::CString;

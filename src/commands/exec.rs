@@ -2,12 +2,13 @@
 //! and recorded with the init before the command runs.
 
 use crate::cli::ExecArgs;
-use crate::launches::Launch;
-use crate::procs::Reader;
-use crate::spawn::{self, Plan};
+use crate::init::spawn::{self, Plan};
+use crate::kernel::sys::{self, Pid};
+use crate::kernel::users;
+use crate::observe::procs::Reader;
+use crate::state::launches::Launch;
+use crate::state::requests;
 use crate::state::{locator, published_in, Published, StateDir};
-use crate::sys::{self, Pid};
-use crate::{requests, users};
 use std::time::{Duration, Instant};
 
 /// How long the launch waits, at most, for the init to take its record (a freeze in progress

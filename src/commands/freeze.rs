@@ -1,11 +1,11 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::FreezeArgs;
+use crate::kernel::sys;
 use crate::marker;
-use crate::procs::Reader;
-use crate::requests;
+use crate::observe::procs::Reader;
+use crate::state::requests;
 use crate::state::{self, published_in, StateDir, Status, SANDBOX_FILE};
-use crate::sys;
 use std::time::{Duration, Instant};
 
 /// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is

@@ -16,10 +16,10 @@
 //! ppid 0 is refused too. Processes entered from outside otherwise (the orchestrator's own
 //! `docker exec`, the freeze client) are not orphans.
 
-use crate::launches::Launch;
-use crate::procs::{Proc, Snapshot};
-use crate::sys::Pid;
-use crate::taint::{Reason, Tainted};
+use crate::decide::taint::{Reason, Tainted};
+use crate::kernel::sys::Pid;
+use crate::observe::procs::{Proc, Snapshot};
+use crate::state::launches::Launch;
 use std::collections::{HashMap, HashSet};
 
 /// When the freeze began: the boot clock in ticks (stat's start-time unit), and what tells the
@@ -42,13 +42,14 @@ impl Since {
     /// the start. (The other way round, a process made after the identity but stamped in the tick
     /// before the clock's would count as old.) An unreadable clock makes every process count as
     /// born during the freeze (more refusals, never fewer).
-    pub fn take(reader: &crate::procs::Reader) -> Since {
-        let ticks = crate::sys::boot_ticks().unwrap_or(0);
+    pub fn take(reader: &crate::observe::procs::Reader) -> Since {
+        let ticks = crate::kernel::sys::boot_ticks().unwrap_or(0);
         // Where identities exist but none could be had now (no pid free for a thread), every
         // process of the starting tick counts as new.
-        let order = crate::consistency::start_identity(reader)
-            .or_else(|| (cfg!(target_pointer_width = "64") && crate::consistency::identities()).then_some(0));
-        let last_pid = crate::consistency::last_pid(reader.root()).ok();
+        let order = crate::observe::consistency::start_identity(reader).or_else(|| {
+            (cfg!(target_pointer_width = "64") && crate::observe::consistency::identities()).then_some(0)
+        });
+        let last_pid = crate::observe::consistency::last_pid(reader.root()).ok();
         Since { ticks, order, last_pid }
     }
 
@@ -61,8 +62,8 @@ impl Since {
         p.start_time > self.ticks
             || (p.start_time == self.ticks
                 && match (self.order, self.last_pid, now) {
-                    (Some(o), _, _) => crate::consistency::made_after(p.pid, p.start_time, o),
-                    (None, Some(a), Some(b)) => crate::consistency::allocated_between(a, b, p.pid),
+                    (Some(o), _, _) => crate::observe::consistency::made_after(p.pid, p.start_time, o),
+                    (None, Some(a), Some(b)) => crate::observe::consistency::allocated_between(a, b, p.pid),
                     _ => true,
                 })
     }
@@ -299,7 +300,7 @@ pub fn orphaned<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::taint::Reasons;
+    use crate::decide::taint::Reasons;
 
     fn proc(pid: Pid, ppid: Pid, start_time: u64) -> Proc {
         Proc::fixture(pid, ppid, start_time, 0)
@@ -353,15 +354,16 @@ mod tests {
 
     #[test]
     fn in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one() {
-        let Some(order) = Since::take(&crate::procs::Reader::default()).order.filter(|&o| o > 0) else {
-            crate::consistency::skip_test(
+        let Some(order) = Since::take(&crate::observe::procs::Reader::default()).order.filter(|&o| o > 0)
+        else {
+            crate::observe::consistency::skip_test(
                 "in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one",
                 "no ordered pidfs identities on this kernel: the counter decides",
             );
             return;
         };
-        let reader = crate::procs::Reader::default();
-        let me = crate::sys::getpid();
+        let reader = crate::observe::procs::Reader::default();
+        let me = crate::kernel::sys::getpid();
         let mine = reader.start_time(me).unwrap().unwrap();
         let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
         let kid = child.id() as Pid;
@@ -447,7 +449,7 @@ mod tests {
 
     #[test]
     fn a_parent_read_dead_vouches_for_nothing_since_an_unfollowed_launch() {
-        use crate::launches::Launch;
+        use crate::state::launches::Launch;
         // 20: an unfollowed launch at tick 50 under the init; 60: a root process it left (born
         // since), which the table read alive with parent 70; 70 read afterwards, dead. 70 is no
         // launcher, so alive it would vouch (it is refused itself); dead, its child is the init's.
@@ -475,7 +477,7 @@ mod tests {
 
     #[test]
     fn an_unfollowed_launch_leaves_its_launcher_the_init_and_the_outside_unable_to_vouch_since_it() {
-        use crate::launches::Launch;
+        use crate::state::launches::Launch;
         // 10: a root launcher; 20: its unfollowed launch at tick 50; 30: a root service beside it.
         let s = snap(&[
             proc(1, 0, 1),
@@ -525,7 +527,7 @@ mod tests {
 
     #[test]
     fn a_followed_launch_read_before_it_tagged_itself_leaves_the_outside_vouching() {
-        use crate::launches::Launch;
+        use crate::state::launches::Launch;
         // 20: `quiesce exec` entered from outside, read while still root and untagged, held as
         // the sandbox's by its record (history); 30: another client entered during the freeze.
         let s = snap(&[proc(1, 0, 1), proc(20, 0, 50), proc(30, 0, 140)]);

@@ -1,7 +1,7 @@
 //! Who counts as a sandbox process. Any one reason is enough; names are never looked at.
 
-use crate::procs::{Proc, Snapshot};
-use crate::sys::Pid;
+use crate::kernel::sys::Pid;
+use crate::observe::procs::{Proc, Snapshot};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -152,7 +152,7 @@ impl Policy {
     /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
     /// The work lists run beside the table, one byte per process, in its order.
     pub fn classify(&self, snap: &Snapshot) -> Tainted {
-        let me = crate::sys::getpid();
+        let me = crate::kernel::sys::getpid();
         let direct: Vec<Reasons> = snap
             .procs
             .values()
@@ -234,7 +234,7 @@ fn tainted_ancestors(snap: &Snapshot, direct: &[Reasons], me: Pid) -> Vec<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procs::Thread;
+    use crate::observe::procs::Thread;
 
     fn p(pid: Pid, ppid: Pid, uid: u32) -> Proc {
         Proc::fixture(pid, ppid, pid as u64 * 10, uid)

@@ -12,9 +12,9 @@
 //! the client undumpable), nothing tells the client from an undumpable root process that runs
 //! anything: it is not taken for the init's own then.
 
-use crate::newcomers::Own;
-use crate::procs::{Reader, Snapshot};
-use crate::sys::{self, Pid};
+use crate::decide::newcomers::Own;
+use crate::kernel::sys::{self, Pid};
+use crate::observe::procs::{Reader, Snapshot};
 use std::os::fd::OwnedFd;
 
 /// The subcommand a client runs as.

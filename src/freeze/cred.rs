@@ -13,8 +13,8 @@
 //! Either is started before the command runs, so a fork bomb that exhausts a pids limit cannot
 //! keep it from existing at freeze time.
 
-use crate::procs::Reader;
-use crate::sys::{self, Pid};
+use crate::kernel::sys::{self, Pid};
+use crate::observe::procs::Reader;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;

@@ -20,9 +20,9 @@
 //! (a second core halves it), each answering in the order it was asked. The second reader is
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
-use crate::procs::{Proc, Reader, CMDLINE_READ};
-use crate::sys::{self, Pid};
-use crate::taint::Reasons;
+use crate::decide::taint::Reasons;
+use crate::kernel::sys::{self, Pid};
+use crate::observe::procs::{Proc, Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -258,11 +258,11 @@ fn read(job: &Job) -> io::Result<Reply> {
 /// entry is checked. A mismatch drops what was read: the entry is unreadable.
 fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
     let reader = Reader::default();
-    let now = since.and_then(|_| crate::consistency::last_pid(reader.root()).ok());
+    let now = since.and_then(|_| crate::observe::consistency::last_pid(reader.root()).ok());
     let mut pass = reader.pass().ok();
     for e in out.processes.iter_mut().filter(|e| e.cmdline.is_some() || e.exe.is_some()) {
         let suspect = match (since, now) {
-            (Some(a), Some(b)) => crate::consistency::allocated_between(a, b, e.pid),
+            (Some(a), Some(b)) => crate::observe::consistency::allocated_between(a, b, e.pid),
             _ => true,
         };
         if !suspect {
@@ -464,7 +464,7 @@ impl Walk<'_> {
     /// Use a second lane when the walk is large, there is a second core and its reader runs or
     /// can be started now (within the same limits); otherwise the first lane takes everything.
     fn widen(&mut self, targets: usize) {
-        if targets < LANES_FROM || !crate::procs::several_cores() {
+        if targets < LANES_FROM || !crate::observe::procs::several_cores() {
             return;
         }
         if self.pool.workers[1].is_none() {
@@ -673,9 +673,10 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
-        let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
+        let me =
+            Reader::default().read(sys::getpid(), crate::observe::procs::Detail::Light).unwrap().unwrap();
         let got = gather(
-            [Target::of(&me, Reasons::of(&[crate::taint::Reason::Uid]))].into_iter(),
+            [Target::of(&me, Reasons::of(&[crate::decide::taint::Reason::Uid]))].into_iter(),
             1,
             Instant::now() + Duration::from_secs(5),
             None,
@@ -688,7 +689,8 @@ mod tests {
 
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
-        let me = Reader::default().read(sys::getpid(), crate::procs::Detail::Light).unwrap().unwrap();
+        let me =
+            Reader::default().read(sys::getpid(), crate::observe::procs::Detail::Light).unwrap().unwrap();
         let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);
         assert_eq!(got.processes.len(), 3);
         assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));

@@ -1,15 +1,15 @@
 //! The freeze: stop every sandbox process, walk them, kill them, then prove with an
 //! observation taken after the last kill that none is alive. Bounded by one budget.
 
-use crate::consistency;
-use crate::evidence::{self, Gathered};
+use crate::decide::newcomers;
+use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::client;
-use crate::newcomers;
-use crate::procs::{self, Proc, Reader, Snapshot};
-use crate::settle;
+use crate::freeze::evidence::{self, Gathered};
+use crate::kernel::sys::{self, Pid};
+use crate::observe::consistency;
+use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::settle;
 use crate::state::{Phases, Survivor};
-use crate::sys::{self, Pid};
-use crate::taint::{Policy, Tainted};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ pub fn start_point(reader: &procs::Reader) -> newcomers::Since {
 }
 
 pub struct Config {
-    pub cred: crate::cred::Switcher,
+    pub cred: crate::freeze::cred::Switcher,
     pub timeout: Duration,
     /// How long to wait for every sandbox thread to show stopped before walking anyway.
     pub stop_wait: Duration,
@@ -228,7 +228,7 @@ fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
 }
 
 struct Run<'a> {
-    cred: &'a mut crate::cred::Switcher,
+    cred: &'a mut crate::freeze::cred::Switcher,
     reader: &'a Reader,
     policy: &'a mut Policy,
     reap: &'a mut dyn FnMut() -> bool,
@@ -650,7 +650,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procs::Thread;
+    use crate::observe::procs::Thread;
 
     fn stopped(mut p: Proc) -> Proc {
         p.state = 'T';

@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::sys::{self, Pid};
+use crate::kernel::sys::{self, Pid};
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};

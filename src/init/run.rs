@@ -2,24 +2,24 @@
 //! shut down cleanly. Once the command runs, nothing here may end the init by error.
 
 use crate::attest::{job::Job, statement::Freeze};
+use crate::decide::newcomers::{self, Since};
+use crate::decide::taint::Policy;
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
-use crate::launches::Launch;
+use crate::init::spawn::Plan;
+use crate::kernel::sys::{self, Pid, Reaped, SignalFd};
 use crate::marker::{self, Claims};
-use crate::newcomers::{self, Since};
-use crate::procs::{self, Detail, Reader};
-use crate::requests::{self, Request};
-use crate::spawn::Plan;
+use crate::observe::procs::{self, Detail, Reader};
+use crate::state::launches::Launch;
+use crate::state::requests::{self, Request};
 use crate::state::{self, StateDir, Status};
-use crate::sys::{self, Pid, Reaped, SignalFd};
-use crate::taint::Policy;
 use ed25519_dalek::SigningKey;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct Sandbox {
     pub policy: Policy,
     /// The last tracking observation.
-    pub seen: crate::procs::Snapshot,
+    pub seen: crate::observe::procs::Snapshot,
     pub state: StateDir,
     /// Start-time files not yet synced (see `StateDir::write_atomic_deferred`).
     pub unsynced: Vec<std::fs::File>,
@@ -276,7 +276,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
             None => Ok(attest_claim.clone()),
             Some(e) => Err(e),
         };
-        let signed = crate::container::this_container().and_then(|container| {
+        let signed = crate::observe::container::this_container().and_then(|container| {
             facts = Some(Freeze {
                 id: id.clone(),
                 jti: id.clone(),
@@ -501,14 +501,14 @@ pub fn run(mut cfg: Config) -> i32 {
     let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
         Ok(s) => s,
         Err(e) => {
-            crate::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
+            crate::init::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
             return 2;
         }
     };
     let main = match cfg.plan.spawn() {
         Ok(pid) => pid,
         Err(e) => {
-            crate::logging::line(format_args!("quiesce: cannot start the command: {e}"));
+            crate::init::logging::line(format_args!("quiesce: cannot start the command: {e}"));
             return 2;
         }
     };

@@ -1,8 +1,8 @@
 //! Starting a command: PATH lookup, a clean signal state, an optional drop to a sandbox user
 //! (tagged so that its whole lineage stays recognisable), and exec.
 
-use crate::sys::{self, Pid};
-use crate::users::User;
+use crate::kernel::sys::{self, Pid};
+use crate::kernel::users::User;
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -194,9 +194,9 @@ impl Plan {
         if let Some((err, step)) = failed {
             // The child may already have run something that stopped the output: never block.
             if step == "exec" {
-                crate::logging::line(format_args!("{}", self.failure(err).1));
+                crate::init::logging::line(format_args!("{}", self.failure(err).1));
             } else {
-                crate::logging::line(format_args!(
+                crate::init::logging::line(format_args!(
                     "quiesce: cannot run '{}': {step} failed: {}",
                     self.name,
                     io::Error::from_raw_os_error(err)

@@ -1,8 +1,13 @@
 //! Start-up: everything that can be refused is refused before the command runs, and the sandbox
 //! (state dir, key, evidence reader, credential switcher) is set up for the init's loop.
 
-use crate::{capcheck, cli, cred, evidence, freeze, init, logging, marker, procs, requests};
-use crate::{newcomers, spawn, state, sys, taint, users};
+use crate::decide::{newcomers, taint};
+use crate::freeze::{self, cred, evidence};
+use crate::init::{self, logging, spawn};
+use crate::kernel::{capcheck, sys, users};
+use crate::observe::procs;
+use crate::state::{self, requests};
+use crate::{cli, marker};
 use std::time::Duration;
 
 fn fatal(msg: impl std::fmt::Display) -> i32 {

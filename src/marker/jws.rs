@@ -1,8 +1,8 @@
 //! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
 
-pub use crate::container::Container;
-pub use crate::evidence::Evidence;
-use crate::files;
+pub use crate::freeze::evidence::Evidence;
+pub use crate::observe::container::Container;
+use crate::state::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
@@ -57,18 +57,18 @@ pub fn kid(key: &VerifyingKey) -> String {
 
 pub fn generate() -> io::Result<SigningKey> {
     let mut seed = [0u8; 32];
-    crate::sys::getrandom(&mut seed)?;
+    crate::kernel::sys::getrandom(&mut seed)?;
     Ok(SigningKey::from_bytes(&seed))
 }
 
 /// PKCS#8 v1 (RFC 8410), the form `openssl genpkey -algorithm ed25519` writes and every
 /// OpenSSL reads; v2 with the public key embedded is refused by OpenSSL 3.0.
 pub fn private_pem(key: &SigningKey) -> String {
-    crate::keypem::encode_private(key.as_bytes())
+    crate::marker::keypem::encode_private(key.as_bytes())
 }
 
 pub fn public_pem(key: &VerifyingKey) -> String {
-    crate::keypem::encode_public(key.as_bytes())
+    crate::marker::keypem::encode_public(key.as_bytes())
 }
 
 /// Load a private key, refusing one that anyone but root could read or replace (files.rs).
@@ -84,7 +84,7 @@ pub fn load_public(path: &Path) -> Result<VerifyingKey, String> {
 }
 
 pub fn parse_private(text: &[u8]) -> Result<SigningKey, String> {
-    let k = crate::keypem::decode_private(text).ok_or("not an Ed25519 PKCS#8 PEM private key")?;
+    let k = crate::marker::keypem::decode_private(text).ok_or("not an Ed25519 PKCS#8 PEM private key")?;
     let key = SigningKey::from_bytes(&k.seed);
     match k.public {
         Some(p) if p != key.verifying_key().to_bytes() => {
@@ -95,7 +95,7 @@ pub fn parse_private(text: &[u8]) -> Result<SigningKey, String> {
 }
 
 pub fn parse_public(text: &[u8]) -> Result<VerifyingKey, String> {
-    crate::keypem::decode_public(text)
+    crate::marker::keypem::decode_public(text)
         .and_then(|k| VerifyingKey::from_bytes(&k).ok())
         .ok_or_else(|| "not an Ed25519 SPKI PEM public key".to_string())
 }

@@ -43,8 +43,8 @@
 //! needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes
 //! lack by default).
 
-use crate::procs::{Detail, Pass, Proc, Reader, Snapshot};
-use crate::sys::{self, Pid};
+use crate::kernel::sys::{self, Pid};
+use crate::observe::procs::{Detail, Pass, Proc, Reader, Snapshot};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -383,8 +383,8 @@ pub(crate) fn skip_test(name: &str, reason: &str) {
 mod tests {
     #[test]
     fn an_observation_past_its_budget_fails_rather_than_goes_on() {
-        let reader = crate::procs::Reader::default();
-        let mut snap = reader.snapshot(crate::procs::Detail::Light).unwrap();
+        let reader = crate::observe::procs::Reader::default();
+        let mut snap = reader.snapshot(crate::observe::procs::Detail::Light).unwrap();
         let past = std::time::Instant::now();
         match super::observe(&reader, &mut snap, past) {
             Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}"),
@@ -510,7 +510,7 @@ mod tests {
                 }
             })
             .expect("no quiet observation in three tries of 5 s");
-        assert!(snap.procs.contains_key(&crate::sys::getpid()));
+        assert!(snap.procs.contains_key(&crate::kernel::sys::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }
 }

@@ -3,7 +3,7 @@
 //! A process that vanished between listing and reading has exited. Any other failure is
 //! *unknown* and is returned as an error: it is never read as "no such process".
 
-use crate::sys::{self, Pid};
+use crate::kernel::sys::{self, Pid};
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -667,7 +667,7 @@ impl Reader {
         prev: Option<&Snapshot>,
         uids: &[u32],
     ) -> io::Result<Snapshot> {
-        crate::proctrust::check(&self.root)?;
+        crate::observe::proctrust::check(&self.root)?;
         let procs = self.read_all(&self.pids()?, detail, prev, uids)?;
         if !procs.contains_key(&sys::getpid()) {
             return Err(io::Error::other(format!(
@@ -754,7 +754,7 @@ impl Reader {
         uids: &[u32],
         abort: Option<&dyn Fn() -> bool>,
     ) -> io::Result<bool> {
-        crate::proctrust::check(&self.root)?;
+        crate::observe::proctrust::check(&self.root)?;
         let mut pids = self.pids()?;
         pids.sort_unstable();
         pids.dedup();

@@ -9,8 +9,8 @@
 //! observation taken after the last kill. A process this wait lets go of too early (continued
 //! again, or a pid reused) is seen there, and a read that fails only ends the wait.
 
-use crate::procs::{Pass, Reader};
-use crate::sys::Pid;
+use crate::kernel::sys::Pid;
+use crate::observe::procs::{Pass, Reader};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

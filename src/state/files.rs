@@ -7,7 +7,7 @@
 //! on the resolved path is checked to be replaceable by root only, and the last component is
 //! opened relative to its checked parent without following a link.
 
-use crate::sys;
+use crate::kernel::sys;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};

@@ -4,7 +4,7 @@
 //! dir other than the default (`init::start`); so an init that runs is found, and a launch beside
 //! one is never left unrecorded without a word.
 
-use crate::files::FileError;
+use crate::state::files::FileError;
 use crate::state::StateDir;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -28,7 +28,8 @@ pub fn file_name(pid_ns: u64) -> String {
 }
 
 fn this_namespace() -> Result<u64, String> {
-    crate::sys::ns_inode("/proc/self/ns/pid").map_err(|e| format!("cannot read this PID namespace: {e}"))
+    crate::kernel::sys::ns_inode("/proc/self/ns/pid")
+        .map_err(|e| format!("cannot read this PID namespace: {e}"))
 }
 
 /// The init side: say where this init keeps its state.

@@ -1,6 +1,6 @@
 //! What the running init publishes in its state dir (sandbox.json) for the subcommands beside it.
 
-use crate::files::FileError;
+use crate::state::files::FileError;
 use crate::state::StateDir;
 use serde::Serialize;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! link put in place meanwhile cannot lead the removal into another directory. Bounded in
 //! entries and depth: a larger tree is refused, not walked.
 
-use crate::sys;
+use crate::kernel::sys;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::Path;

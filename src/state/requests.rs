@@ -11,10 +11,10 @@
 //! nonce, the attested paths or the client of its freeze. Standard signals coalesce, so a client
 //! signals again while its request waits (`signal_until_taken`).
 
-use crate::files::FileError;
-use crate::launches::Launch;
+use crate::kernel::sys::{self, Pid};
+use crate::state::files::FileError;
+use crate::state::launches::Launch;
 use crate::state::{self, StateDir, Status};
-use crate::sys::{self, Pid};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io;

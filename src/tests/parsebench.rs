@@ -4,8 +4,8 @@
 //! asserted); bench/bench.py runs it:
 //! `cargo test --release --bin quiesce -- --ignored --nocapture parse_cost`.
 
-use crate::procs;
-use crate::sys;
+use crate::kernel::sys;
+use crate::observe::procs;
 use std::fs;
 use std::io::Read;
 use std::os::fd::AsRawFd;

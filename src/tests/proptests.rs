@@ -5,10 +5,11 @@
 //!
 //! `PROPTEST_CASES=N` sets the number of cases per property (default 256, under a second in all).
 
+use crate::kernel::users;
 use crate::marker::{self, Claims, Container};
-use crate::requests::{self, Request};
+use crate::observe::procs;
+use crate::state::requests::{self, Request};
 use crate::state::{self, Phases, Status, Survivor};
-use crate::{procs, users};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -389,18 +390,18 @@ proptest! {
         opts in "[a-z=,0-9]{0,40}",
         hide in "(0|1|2|4|off|noaccess|invisible|ptraceable)",
     ) {
-        let (r, used) = allocated_by(|| crate::proctrust::opts_of(&text, "/proc"));
+        let (r, used) = allocated_by(|| crate::observe::proctrust::opts_of(&text, "/proc"));
         prop_assert!(used <= bounded(text.len()));
         if let Some((_, sup)) = r {
-            let _ = crate::proctrust::parse_opts(&sup);
+            let _ = crate::observe::proctrust::parse_opts(&sup);
         }
-        let _ = crate::proctrust::parse_opts(&opts);
+        let _ = crate::observe::proctrust::parse_opts(&opts);
         let info = format!(
             "22 1 0:5 / /proc rw - proc proc rw\n{text}\n30 22 0:6 / /proc rw - proc proc rw,hidepid={hide}\n"
         );
-        let (fstype, sup) = crate::proctrust::opts_of(&info, "/proc").unwrap();
+        let (fstype, sup) = crate::observe::proctrust::opts_of(&info, "/proc").unwrap();
         prop_assert_eq!(fstype, "proc");
-        let hidden = crate::proctrust::parse_opts(&sup).hidepid != crate::proctrust::HidePid::Off;
+        let hidden = crate::observe::proctrust::parse_opts(&sup).hidepid != crate::observe::proctrust::HidePid::Off;
         prop_assert_eq!(hidden, !matches!(hide.as_str(), "0" | "off"));
     }
 

@@ -1,0 +1,52 @@
+//! `scripts/layers` fails on an upward use in each form it can take, and on a short name the
+//! crate root no longer keeps; the tree as it is passes.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+fn layers(src: &Path) -> (i32, String) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("scripts/layers"))
+        .env("LAYERS_SRC", src)
+        .output()
+        .expect("python3 runs scripts/layers");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn layers_refuses_every_form_of_an_upward_use() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch: PathBuf = std::env::temp_dir().join(format!("quiesce-layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    copy_tree(&root.join("src"), &scratch);
+    assert_eq!(layers(&scratch), (0, String::new()), "the tree as it is");
+    let victim = scratch.join("kernel/users.rs");
+    let original = std::fs::read_to_string(&victim).unwrap();
+    for (planted, named) in [
+        ("use crate::init::spawn::Plan;", "uses init/"),
+        ("use crate::{init::spawn::Plan};", "uses init/"),
+        ("use crate::{kernel::sys, init::{spawn::{self, Plan}}};", "uses init/"),
+        ("fn f() { let _ = crate::init::spawn::Plan::new; }", "uses init/"),
+        ("use crate::{\n    state,\n    commands::verify,\n};", "uses commands/"),
+        ("use crate::sys;", "crate::sys, which is no folder"),
+    ] {
+        std::fs::write(&victim, format!("{original}\n{planted}\n")).unwrap();
+        let (code, said) = layers(&scratch);
+        assert_eq!(code, 1, "{planted:?} passed: {said}");
+        assert!(said.contains("src/kernel/users.rs") && said.contains(named), "{planted:?}: {said}");
+    }
+    std::fs::remove_dir_all(&scratch).unwrap();
+}

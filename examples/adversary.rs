@@ -1253,7 +1253,7 @@ fn main() {
         // Root for good through a setuid copy, escaped under the init (its parent exits), then:
         // wait for a `quiesce freeze` client, kill it (its parent outside reaps it, so its pid is
         // free at once), and fork and reap until a child gets the client's pid; that child stays
-        // (writes its pid to FILE), this process exits. `squat-client FILE`
+        // (writes its pid to FILE), this process exits. `squat-client FILE [DECOY_UID] [MODE] [WHAT] [STATUS]`
         "squat-client" => {
             let out = std::env::args().nth(2).expect("squat-client FILE");
             if raw_setresuid(0, 0, 0) != 0 {
@@ -1304,7 +1304,17 @@ fn main() {
                 }
                 std::thread::sleep(Duration::from_micros(500));
             };
-            // Let the request reach the init first.
+            // Let the request reach the init first: with STATUS (argument 6), until the init
+            // says it is freezing (a loaded machine may take longer than any fixed nap to carry
+            // the client's signal); then a nap.
+            if let Some(status) = std::env::args().nth(6) {
+                let until = std::time::Instant::now() + Duration::from_secs(30);
+                while !std::fs::read_to_string(&status).is_ok_and(|s| s.contains("\"freezing\""))
+                    && std::time::Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
             std::thread::sleep(Duration::from_millis(50));
             // "control" (argument 4): everything the same, but the child kept is the one that gets
             // the pid after the client's (not the init's own).

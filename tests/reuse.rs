@@ -90,6 +90,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
                 &std::env::var("ATK_DECOY").unwrap_or_else(|_| uid.to_string()),
                 &std::env::var("ATK_MODE").unwrap_or_else(|_| "-".into()),
                 what,
+                c.state.join("status.json").to_str().unwrap(),
             ],
         );
         let _bomb = cg.as_ref().map(|g| {

@@ -38,7 +38,7 @@ fn main() {
     if args.len() == 2 && args[1] == attest::recheck::RECHECK_FLAG {
         std::process::exit(attest::recheck::main());
     }
-    let sub = args.get(1).map(String::as_str).filter(|a| cli::SUBCOMMANDS.contains(a));
+    let sub = args.get(1).map(String::as_str).filter(|a| cli::args::SUBCOMMANDS.contains(a));
     let code = match sub {
         Some(name) => {
             let rest = std::iter::once(format!("quiesce {name}")).chain(args.iter().skip(2).cloned());
@@ -47,7 +47,7 @@ fn main() {
         None => {
             let env_options = cli::quickargs::env_has_options(std::env::vars_os().map(|(k, _)| k));
             let quick = cli::quickargs::parse(args.get(1..).unwrap_or_default(), env_options);
-            init::run_init(quick.unwrap_or_else(cli::InitArgs::parse_or_refuse))
+            init::start::run_init(quick.unwrap_or_else(cli::args::InitArgs::parse_or_refuse))
         }
     };
     // Lines of the last moments (an exec failure's) may still be with the log writer thread.
@@ -58,12 +58,12 @@ fn main() {
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
     let _ = init::logging::init(0, false);
     match name {
-        "ps" => commands::ps(cli::PsArgs::parse_from(argv)),
-        "exec" => commands::exec(cli::ExecArgs::parse_from(argv)),
-        "freeze" => commands::freeze(cli::FreezeArgs::parse_from(argv)),
-        "keygen" => commands::keygen(cli::KeygenArgs::parse_from(argv)),
+        "ps" => commands::ps::ps(cli::args::PsArgs::parse_from(argv)),
+        "exec" => commands::exec::exec(cli::args::ExecArgs::parse_from(argv)),
+        "freeze" => commands::freeze::freeze(cli::args::FreezeArgs::parse_from(argv)),
+        "keygen" => commands::keygen::keygen(cli::args::KeygenArgs::parse_from(argv)),
         _ => {
-            let a = cli::VerifyArgs::parse_from(argv);
+            let a = cli::args::VerifyArgs::parse_from(argv);
             match kernel::users::resolve_uids(&a.sandbox.users) {
                 Ok(uids) => commands::verify::run(a, uids),
                 Err(e) => {

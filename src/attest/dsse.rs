@@ -42,7 +42,7 @@ pub fn sign(key: &SigningKey, body: &[u8]) -> Result<Vec<u8>, String> {
     line.resize(at + base64::encoded_len(body.len(), true).unwrap_or(0), 0);
     let n = B64.encode_slice(body, &mut line[at..]).map_err(|e| format!("cannot encode the payload: {e}"))?;
     line.truncate(at + n);
-    let keyid = crate::marker::kid(&key.verifying_key());
+    let keyid = crate::marker::jws::kid(&key.verifying_key());
     let sig = B64.encode(sig.to_bytes());
     line.extend_from_slice(
         format!(r#"","payloadType":"{PAYLOAD_TYPE}","signatures":[{{"keyid":"{keyid}","sig":"{sig}"}}]}}"#)
@@ -59,7 +59,7 @@ pub fn open(text: &[u8], key: &VerifyingKey) -> Result<Vec<u8>, String> {
         return Err(format!("has payloadType {:?}, not {PAYLOAD_TYPE}", env.payload_type));
     }
     let body = B64.decode(&env.payload).map_err(|_| "has a payload that is not base64".to_string())?;
-    let kid = crate::marker::kid(key);
+    let kid = crate::marker::jws::kid(key);
     let sig = env
         .signatures
         .iter()
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn the_written_envelope_is_what_a_serializer_writes() {
-        let k = crate::marker::generate().unwrap();
+        let k = crate::marker::jws::generate().unwrap();
         for body in [&b""[..], b"x", b"{\"a\":1}", &[0xff; 1000]] {
             let line = sign(&k, body).unwrap();
             let e: Envelope = serde_json::from_slice(&line).unwrap();
@@ -103,10 +103,10 @@ mod tests {
 
     #[test]
     fn sign_open_and_refuse() {
-        let k = crate::marker::generate().unwrap();
+        let k = crate::marker::jws::generate().unwrap();
         let env = sign(&k, b"{\"a\":1}").unwrap();
         assert_eq!(open(&env, &k.verifying_key()).unwrap(), b"{\"a\":1}");
-        let other = crate::marker::generate().unwrap();
+        let other = crate::marker::jws::generate().unwrap();
         assert!(open(&env, &other.verifying_key()).unwrap_err().contains("keyid"));
         let mut e: Envelope = serde_json::from_slice(&env).unwrap();
         e.payload = B64.encode(b"{\"a\":2}");

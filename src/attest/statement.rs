@@ -5,8 +5,8 @@
 use super::name;
 use super::tree::Collected;
 use super::walk::{Bounds, Entries};
-use crate::marker::Container;
-use crate::state::Phases;
+use crate::observe::container::Container;
+use crate::state::dir::Phases;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -143,7 +143,7 @@ pub fn facts(path: &[u8], e: Entries) -> PathFacts {
 
 /// One file's subject: its name encoded, its digest in hex.
 pub fn subject(name: &[u8], digest: &[u8; 32]) -> Subject {
-    Subject { name: name::encode(name), digest: Sha256 { sha256: crate::state::hex(digest) } }
+    Subject { name: name::encode(name), digest: Sha256 { sha256: crate::state::dir::hex(digest) } }
 }
 
 /// Subjects sorted by name. A walk gives every name once, so the order is total without the

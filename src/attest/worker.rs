@@ -5,7 +5,7 @@
 
 use super::job::{self, Job};
 use super::{dsse, statement, tree};
-use crate::state::{self, StateDir};
+use crate::state::{self, dir::StateDir};
 use ed25519_dalek::SigningKey;
 use std::io::{Read, Write};
 use zeroize::Zeroize;
@@ -21,8 +21,8 @@ fn run(job: &Job, key: &SigningKey) -> Result<String, String> {
     let body = serde_json::to_vec(&st).map_err(|e| format!("cannot write the statement: {e}"))?;
     drop(st);
     let env = dsse::sign(key, &body)?;
-    dir.write_atomic(state::ATTESTATION, &env, 0o644)
-        .map_err(|e| format!("cannot write {}: {e}", dir.file(state::ATTESTATION).display()))?;
+    dir.write_atomic(state::dir::ATTESTATION, &env, 0o644)
+        .map_err(|e| format!("cannot write {}: {e}", dir.file(state::dir::ATTESTATION).display()))?;
     Ok(format!(
         "{files} file(s), {bytes} bytes in {} path(s), {} ms",
         paths.len(),

@@ -215,7 +215,7 @@ impl AttestArgs {
 #[derive(Args, Debug, Clone)]
 pub struct StateArgs {
     /// State directory (status, marker, public key, requests)
-    #[arg(long, value_name = "DIR", default_value = crate::state::DEFAULT_DIR, env = "QUIESCE_STATE_DIR")]
+    #[arg(long, value_name = "DIR", default_value = crate::state::dir::DEFAULT_DIR, env = "QUIESCE_STATE_DIR")]
     pub state_dir: PathBuf,
 }
 
@@ -391,9 +391,9 @@ mod tests {
         assert_eq!(signal_name(37), "SIGRTMIN+3");
         // The C library's own signals cannot be a freeze signal: the init could not block them.
         for sig in 32..first_catchable_rt() {
-            let e = crate::cli::freeze_signal(&sig.to_string()).unwrap_err();
+            let e = crate::cli::args::freeze_signal(&sig.to_string()).unwrap_err();
             assert!(e.contains("C library") && e.contains("use USR1"), "{e}");
         }
-        assert!(crate::cli::freeze_signal(&first_catchable_rt().to_string()).is_ok());
+        assert!(crate::cli::args::freeze_signal(&first_catchable_rt().to_string()).is_ok());
     }
 }

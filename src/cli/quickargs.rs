@@ -5,7 +5,7 @@
 //! errors, help and environment variables behave exactly as clap defines them. A property test
 //! (`tests` below) checks that every line this reader accepts parses to the same InitArgs in clap.
 
-use crate::cli::{InitArgs, SandboxArgs, StateArgs};
+use crate::cli::{args::InitArgs, args::SandboxArgs, args::StateArgs};
 use std::ffi::OsStr;
 use std::path::PathBuf;
 
@@ -63,7 +63,7 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
         freeze_signal: "USR1".into(),
         freeze_timeout: 10.0,
         after_freeze: "stay".into(),
-        state: StateArgs { state_dir: PathBuf::from(crate::state::DEFAULT_DIR) },
+        state: StateArgs { state_dir: PathBuf::from(crate::state::dir::DEFAULT_DIR) },
         signing_key: None,
         attest: Default::default(),
         command: Vec::new(),

@@ -1,14 +1,14 @@
 //! `quiesce exec`: start a command as a sandbox user, tagged so the init recognises its lineage,
 //! and recorded with the init before the command runs.
 
-use crate::cli::ExecArgs;
+use crate::cli::args::ExecArgs;
 use crate::init::spawn::{self, Plan};
 use crate::kernel::sys::{self, Pid};
 use crate::kernel::users;
 use crate::observe::procs::Reader;
 use crate::state::launches::Launch;
 use crate::state::requests;
-use crate::state::{locator, published_in, Published, StateDir};
+use crate::state::{dir::StateDir, locator, published::published_in, published::Published};
 use std::time::{Duration, Instant};
 
 /// How long the launch waits, at most, for the init to take its record (a freeze in progress

@@ -1,11 +1,11 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
-use crate::cli::FreezeArgs;
+use crate::cli::args::FreezeArgs;
 use crate::kernel::sys;
 use crate::marker;
 use crate::observe::procs::Reader;
 use crate::state::requests;
-use crate::state::{self, published_in, StateDir, Status, SANDBOX_FILE};
+use crate::state::{self, dir::StateDir, dir::Status, published::published_in, published::SANDBOX_FILE};
 use std::time::{Duration, Instant};
 
 /// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is
@@ -74,14 +74,14 @@ pub(super) fn signal_until_taken(dir: &StateDir, id: &str, sig: i32, within: Dur
 /// owned, no link), its signature checked with the state dir's `signing.pub`, and its `jti` this
 /// freeze's id: a later freeze may have replaced the file since the answer was written.
 fn own_marker(dir: &StateDir, st: &Status) -> Result<String, String> {
-    let where_ = dir.file(state::MARKER);
-    let token = dir.read(state::MARKER).map_err(|e| e.to_string())?;
+    let where_ = dir.file(state::dir::MARKER);
+    let token = dir.read(state::dir::MARKER).map_err(|e| e.to_string())?;
     let token = String::from_utf8(token).map_err(|_| format!("{} is not text", where_.display()))?;
     let token = token.trim().to_string();
-    let key = dir.read(state::PUBKEY).map_err(|e| e.to_string())?;
-    let key =
-        marker::parse_public(&key).map_err(|e| format!("{}: {e}", dir.file(state::PUBKEY).display()))?;
-    let claims = marker::verify(&token, &key)
+    let key = dir.read(state::dir::PUBKEY).map_err(|e| e.to_string())?;
+    let key = marker::jws::parse_public(&key)
+        .map_err(|e| format!("{}: {e}", dir.file(state::dir::PUBKEY).display()))?;
+    let claims = marker::jws::verify(&token, &key)
         .map_err(|_| format!("{} does not verify with signing.pub", where_.display()))?;
     if claims.jti != st.id || claims.result != "quiescent" {
         return Err(format!(
@@ -122,7 +122,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
         eprintln!("quiesce freeze: cannot mark this process non-dumpable: {e}");
         return 2;
     }
-    let sig = match crate::cli::freeze_signal(&args.freeze_signal) {
+    let sig = match crate::cli::args::freeze_signal(&args.freeze_signal) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");
@@ -136,7 +136,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             return 2;
         }
     };
-    let limit = match crate::cli::seconds("--timeout", args.timeout) {
+    let limit = match crate::cli::args::seconds("--timeout", args.timeout) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");

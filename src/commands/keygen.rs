@@ -1,6 +1,6 @@
 //! `quiesce keygen`: write a signing key pair for `--signing-key` and `quiesce verify --key`.
 
-use crate::cli::KeygenArgs;
+use crate::cli::args::KeygenArgs;
 use crate::state;
 use std::os::unix::fs::PermissionsExt;
 
@@ -12,12 +12,12 @@ pub fn keygen(args: KeygenArgs) -> i32 {
             std::fs::set_permissions(&args.out, std::fs::Permissions::from_mode(0o700))
                 .map_err(|e| format!("cannot chmod {}: {e}", args.out.display()))?;
         }
-        let key = crate::marker::generate().map_err(|e| e.to_string())?;
-        let priv_pem = crate::marker::private_pem(&key);
-        let pub_pem = crate::marker::public_pem(&key.verifying_key());
-        state::write_atomic(&args.out, "signing.key", priv_pem.as_bytes(), 0o600)
+        let key = crate::marker::jws::generate().map_err(|e| e.to_string())?;
+        let priv_pem = crate::marker::jws::private_pem(&key);
+        let pub_pem = crate::marker::jws::public_pem(&key.verifying_key());
+        state::dir::write_atomic(&args.out, "signing.key", priv_pem.as_bytes(), 0o600)
             .map_err(|e| format!("signing.key: {e}"))?;
-        state::write_atomic(&args.out, "signing.pub", pub_pem.as_bytes(), 0o644)
+        state::dir::write_atomic(&args.out, "signing.pub", pub_pem.as_bytes(), 0o644)
             .map_err(|e| format!("signing.pub: {e}"))?;
         Ok(())
     };

@@ -1,11 +1,11 @@
 //! `quiesce ps`: every process, as a tree, with whom it belongs to and why it counts as sandbox.
 
-use crate::cli::PsArgs;
+use crate::cli::args::PsArgs;
 use crate::decide::taint::{Policy, Tainted};
 use crate::kernel::sys::Pid;
 use crate::kernel::users::{self, resolve_uids};
 use crate::observe::procs::{Detail, Reader, Snapshot};
-use crate::state::published;
+use crate::state::published::published;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

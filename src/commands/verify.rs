@@ -1,12 +1,12 @@
 //! `quiesce verify`: the verifier's gate. Every check can fail, each failure has its own exit
 //! code, and the command runs only when all of them pass.
 
-use crate::cli::VerifyArgs;
+use crate::cli::args::VerifyArgs;
 use crate::decide::taint::Policy;
-use crate::marker::{self, Bad, Claims};
+use crate::marker::{self, jws::Bad, jws::Claims};
 use crate::observe::procs::{Detail, Reader};
 use crate::state::files::{self, FileError};
-use crate::state::{self, StateDir};
+use crate::state::{self, dir::StateDir};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -64,7 +64,9 @@ fn check_attestation(
     let none_wanted = args.attest.is_empty() && claims.attest.is_empty();
     let (mut read, shown) = match (&args.attestation, dir) {
         (Some(p), _) => (files::read_path(p, NAMED_ATTESTATION), p.clone()),
-        (None, Some(d)) => (d.read_with(state::ATTESTATION, files::ATTESTATION), d.file(state::ATTESTATION)),
+        (None, Some(d)) => {
+            (d.read_with(state::dir::ATTESTATION, files::ATTESTATION), d.file(state::dir::ATTESTATION))
+        }
         (None, None) if none_wanted => return Ok(None),
         (None, None) => return Err(fail(
             "an attestation is asked for (--attest, or the marker's attest): name it with --attestation FILE"
@@ -80,8 +82,9 @@ fn check_attestation(
             Err(FileError::Missing(_)) if none_wanted && args.attestation.is_none() => return Ok(None),
             Err(FileError::Missing(_)) => {
                 // What the init said of it, when it said anything.
-                let st =
-                    dir.and_then(|d| d.read(state::STATUS).ok()).and_then(|b| state::parse_status(&b).ok());
+                let st = dir
+                    .and_then(|d| d.read(state::dir::STATUS).ok())
+                    .and_then(|b| state::dir::parse_status(&b).ok());
                 let running = st.as_ref().is_some_and(|s| {
                     s.id == claims.jti
                         && (s.state == "freezing"
@@ -89,7 +92,7 @@ fn check_attestation(
                 });
                 if let (true, Some(d), None) = (running && Instant::now() < until, dir, &args.attestation) {
                     std::thread::sleep(Duration::from_millis(100));
-                    read = d.read_with(state::ATTESTATION, files::ATTESTATION);
+                    read = d.read_with(state::dir::ATTESTATION, files::ATTESTATION);
                     continue;
                 }
                 let said = st
@@ -238,27 +241,35 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
     let no_dir = || Fail(code::USAGE, "state-dir", "no state dir to read from".into());
     let (token, marker_path) = match (&args.marker, &dir) {
         (Some(p), _) => (files::read_path(p, files::ANY).map_err(marker_error("marker"))?, p.clone()),
-        (None, Some(d)) => (d.read(state::MARKER).map_err(marker_error("state-dir"))?, d.file(state::MARKER)),
+        (None, Some(d)) => {
+            (d.read(state::dir::MARKER).map_err(marker_error("state-dir"))?, d.file(state::dir::MARKER))
+        }
         (None, None) => return Err(no_dir()),
     };
     let token = String::from_utf8(token).map_err(|_| {
         Fail(code::MALFORMED, "marker", format!("marker {} is not text", marker_path.display()))
     })?;
     let (key, key_path) = match (&args.public_key, &dir) {
-        (Some(p), _) => (marker::load_public(p).map_err(|e| Fail(code::SIGNATURE, "key", e))?, p.clone()),
+        (Some(p), _) => {
+            (marker::jws::load_public(p).map_err(|e| Fail(code::SIGNATURE, "key", e))?, p.clone())
+        }
         (None, Some(d)) => {
-            let text = d.read(state::PUBKEY).map_err(|e| match e {
+            let text = d.read(state::dir::PUBKEY).map_err(|e| match e {
                 FileError::Unsafe(m) => Fail(code::UNSAFE, "state-dir", m),
                 e => Fail(code::SIGNATURE, "key", e.to_string()),
             })?;
-            let k = marker::parse_public(&text).map_err(|e| {
-                Fail(code::SIGNATURE, "key", format!("public key {}: {e}", d.file(state::PUBKEY).display()))
+            let k = marker::jws::parse_public(&text).map_err(|e| {
+                Fail(
+                    code::SIGNATURE,
+                    "key",
+                    format!("public key {}: {e}", d.file(state::dir::PUBKEY).display()),
+                )
             })?;
-            (k, d.file(state::PUBKEY))
+            (k, d.file(state::dir::PUBKEY))
         }
         (None, None) => return Err(no_dir()),
     };
-    let claims = marker::verify(&token, &key).map_err(|b| match b {
+    let claims = marker::jws::verify(&token, &key).map_err(|b| match b {
         Bad::Malformed(m) => {
             Fail(code::MALFORMED, "marker", format!("marker {} is malformed: {m}", marker_path.display()))
         }
@@ -379,8 +390,8 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
         // The init says whether a loginuid marks a sandbox launch here; without its word, it does.
         let published = match &dir {
-            Some(d) => crate::state::published_in(d).ok().flatten(),
-            None => crate::state::published(&args.state.state_dir),
+            Some(d) => crate::state::published::published_in(d).ok().flatten(),
+            None => crate::state::published::published(&args.state.state_dir),
         };
         let lineage = published.is_none_or(|p| p.lineage);
         let tainted = Policy::new(uids, lineage).classify(&snap);

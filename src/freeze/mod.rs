@@ -6,6 +6,4 @@
 pub mod client;
 pub mod cred;
 pub mod evidence;
-mod run;
-
-pub use run::*;
+pub mod run;

@@ -9,7 +9,7 @@ use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs::{self, Proc, Reader, Snapshot};
 use crate::observe::settle;
-use crate::state::{Phases, Survivor};
+use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::time::{Duration, Instant};

@@ -220,7 +220,7 @@ mod tests {
             id: "i".into(),
             jti: "i".into(),
             nonce: None,
-            container: crate::marker::Container {
+            container: crate::observe::container::Container {
                 boot_id: "b".into(),
                 pid_ns: 1,
                 hostname: "h".into(),

@@ -8,11 +8,11 @@ use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::init::spawn::Plan;
 use crate::kernel::sys::{self, Pid, Reaped, SignalFd};
-use crate::marker::{self, Claims};
+use crate::marker::{self, jws::Claims};
 use crate::observe::procs::{self, Detail, Reader};
 use crate::state::launches::Launch;
 use crate::state::requests::{self, Request};
-use crate::state::{self, StateDir, Status};
+use crate::state::{self, dir::StateDir, dir::Status};
 use ed25519_dalek::SigningKey;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -26,7 +26,7 @@ pub struct Sandbox {
     pub intake: requests::Intake,
     pub key: SigningKey,
     pub freeze_signal: i32,
-    pub freeze: freeze::Config,
+    pub freeze: freeze::run::Config,
     pub after_freeze_exit: bool,
     pub track_interval: Option<Duration>,
     /// The command is a sandbox launch (--run-as).
@@ -165,7 +165,7 @@ fn now_unix() -> u64 {
 
 /// One freeze. `born_since`: its start point, taken before its request was taken (see `run`).
 fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>, born_since: Since) {
-    let id = state::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
+    let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     // The last freeze's attestation ends here: what it would sign is no longer the tree's state.
     reaper.watch = None;
     reaper.watched = None;
@@ -223,7 +223,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     };
     // The old marker and attestation go before any signal is sent: a failed freeze must not
     // leave one behind.
-    for (file, what) in [(state::MARKER, "marker"), (state::ATTESTATION, "attestation")] {
+    for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {
         if let Err(e) = sb.state.remove(file) {
             log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
             status.state = "failed".into();
@@ -250,7 +250,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
         }
     }
     let reader = Reader::default();
-    let ctx = freeze::Context {
+    let ctx = freeze::run::Context {
         since: born_since,
         launchers: &sb.launchers,
         own,
@@ -260,7 +260,8 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     };
     // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
     // refresh, which the next freeze within the interval starts from.
-    let mut out = freeze::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
+    let mut out =
+        freeze::run::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
@@ -304,9 +305,9 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
                 setuid: Some(!sb.no_new_privs),
                 attest: attest_claim,
             };
-            marker::sign(&sb.key, &claims)
+            marker::jws::sign(&sb.key, &claims)
         });
-        match signed.and_then(|jws| sb.state.write_atomic(state::MARKER, jws.as_bytes(), 0o644)) {
+        match signed.and_then(|jws| sb.state.write_atomic(state::dir::MARKER, jws.as_bytes(), 0o644)) {
             Ok(()) => {
                 status.state = "quiescent".into();
                 log::info!(
@@ -354,11 +355,11 @@ fn start_attestation(
     reaper: &mut Reaper,
     freeze: Freeze,
     paths: Result<Vec<String>, String>,
-) -> Option<state::Attestation> {
+) -> Option<state::dir::Attestation> {
     let id = freeze.id.clone();
     let failed = |why: String| {
         log::error!("freeze {id}: attestation failed: {why}");
-        Some(state::Attestation { state: "failed".into(), reason: Some(why) })
+        Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) })
     };
     let paths = match paths {
         Ok(p) if p.is_empty() => return None,
@@ -371,7 +372,7 @@ fn start_attestation(
         bounds: sb.attest.bounds,
         threads: sys::cpus().clamp(1, 2),
         freeze,
-        seed: state::hex(sb.key.as_bytes()),
+        seed: state::dir::hex(sb.key.as_bytes()),
     };
     let started = attesting::start(&job);
     let mut seed = job.seed;
@@ -381,7 +382,7 @@ fn start_attestation(
             log::info!("freeze {id}: attestation started (worker pid {})", w.pid);
             reaper.watch = Some(w.pid);
             sb.worker = Some(w);
-            Some(state::Attestation { state: "running".into(), reason: None })
+            Some(state::dir::Attestation { state: "running".into(), reason: None })
         }
         Err(e) => failed(e),
     }
@@ -397,7 +398,7 @@ fn attestation_ended(sb: &mut Sandbox, code: i32) {
         r => log::info!("attestation {st}: {}", r.as_deref().unwrap_or("")),
     }
     if let Some(mut last) = sb.last.take() {
-        last.attestation = Some(state::Attestation { state: st, reason });
+        last.attestation = Some(state::dir::Attestation { state: st, reason });
         publish(sb, &last);
     }
 }
@@ -617,7 +618,8 @@ pub fn run(mut cfg: Config) -> i32 {
                 // not die of SIGKILL, and its reaping may never come.
                 log::error!("attestation failed (worker pid {}): {why}", w.pid);
                 if let Some(mut last) = sb.last.take() {
-                    last.attestation = Some(state::Attestation { state: "failed".into(), reason: Some(why) });
+                    last.attestation =
+                        Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) });
                     publish(sb, &last);
                 }
             }
@@ -628,7 +630,7 @@ pub fn run(mut cfg: Config) -> i32 {
             // looks for newcomers. A request queued by an earlier take gets the point of the pass
             // that runs it: its rename was in that root-only directory, and nothing since told.
             let since = (!freeze_senders.is_empty() || sb.intake.busy())
-                .then(|| freeze::start_point(&Reader::default()));
+                .then(|| freeze::run::start_point(&Reader::default()));
             let job = sb.intake.next(&freeze_senders);
             // Launch records taken with it are held before any freeze runs, and only then answered.
             for (id, launch) in sb.intake.take_launches() {
@@ -636,7 +638,7 @@ pub fn run(mut cfg: Config) -> i32 {
                 sb.intake.answer_launch(&id);
             }
             if let Some(job) = job {
-                let since = since.unwrap_or_else(|| freeze::start_point(&Reader::default()));
+                let since = since.unwrap_or_else(|| freeze::run::start_point(&Reader::default()));
                 do_freeze(sb, &mut reaper, job, since);
                 frozen = true;
                 backlog = reaper.reap();

@@ -16,7 +16,7 @@ fn fatal(msg: impl std::fmt::Display) -> i32 {
 }
 
 /// Everything that can be refused is refused here, before the command runs.
-pub fn run_init(a: cli::InitArgs) -> i32 {
+pub fn run_init(a: cli::args::InitArgs) -> i32 {
     let log_note = logging::init(a.verbose, true);
     if a.command.is_empty() {
         return fatal("no command given: usage: quiesce [OPTIONS] [--] COMMAND [ARG...]");
@@ -26,7 +26,7 @@ pub fn run_init(a: cli::InitArgs) -> i32 {
     if let Err(e) = sys::block_all_signals() {
         return fatal(format!("cannot block signals: {e}"));
     }
-    let grace = match cli::seconds("--grace", a.grace) {
+    let grace = match cli::args::seconds("--grace", a.grace) {
         Ok(d) => d,
         Err(e) => return fatal(e),
     };
@@ -92,7 +92,13 @@ pub fn run_init(a: cli::InitArgs) -> i32 {
         Ok(p) => p.own_pgroup(),
         Err(e) => return fatal(e),
     };
-    init::run(init::Config { plan, pgroup: a.pgroup, remap_exit: a.remap_exit.clone(), grace, sandbox })
+    init::run::run(init::run::Config {
+        plan,
+        pgroup: a.pgroup,
+        remap_exit: a.remap_exit.clone(),
+        grace,
+        sandbox,
+    })
 }
 
 /// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
@@ -120,7 +126,7 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
     true
 }
 
-fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, String> {
+fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
     if sys::geteuid() != 0 {
         return Err(format!(
             "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
@@ -135,27 +141,27 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
             .into());
     }
-    let freeze_signal = cli::freeze_signal(&a.freeze_signal)?;
-    let attest = init::AttestSetup {
+    let freeze_signal = cli::args::freeze_signal(&a.freeze_signal)?;
+    let attest = init::attesting::Setup {
         paths: a.attest.paths.clone(),
         allow: a.attest.allow.clone(),
         bounds: a.attest.bounds(),
     };
-    init::check_attest_setup(&attest)?;
-    let timeout = cli::seconds("--freeze-timeout", a.freeze_timeout)?;
-    let interval = cli::seconds("--track-interval", a.track_interval)?;
-    let state = state::StateDir::create(&a.state.state_dir)?;
-    if let Some(w) = state::parent_warning(&state.path) {
+    init::attesting::check_setup(&attest)?;
+    let timeout = cli::args::seconds("--freeze-timeout", a.freeze_timeout)?;
+    let interval = cli::args::seconds("--track-interval", a.track_interval)?;
+    let state = state::dir::StateDir::create(&a.state.state_dir)?;
+    if let Some(w) = state::dir::parent_warning(&state.path) {
         // Said at every verbosity: it is a setup to fix, and the command has not run yet.
         eprintln!("quiesce: warn: {w}");
     }
     evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = match &a.signing_key {
-        Some(path) => marker::load_private(path)?,
-        None => marker::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
+        Some(path) => marker::jws::load_private(path)?,
+        None => marker::jws::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
-    let pub_pem = marker::public_pem(&key.verifying_key());
-    // Synced once the command runs (init::run): no reader needs more than the rename.
+    let pub_pem = marker::jws::public_pem(&key.verifying_key());
+    // Synced once the command runs (init::run::run): no reader needs more than the rename.
     let mut unsynced = Vec::new();
     let mut write = |name: &str, data: &[u8]| {
         let f = state
@@ -165,18 +171,19 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         Ok::<(), String>(())
     };
     // A marker or status from before this init started proves nothing about this one.
-    for stale in [state::MARKER, state::ATTESTATION, state::STATUS] {
+    for stale in [state::dir::MARKER, state::dir::ATTESTATION, state::dir::STATUS] {
         state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
     }
     let intake = requests::Intake::new(&state)?;
-    write(state::PUBKEY, pub_pem.as_bytes())?;
+    write(state::dir::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = sys::getpid();
     let start_time = procs::Reader::default()
         .start_time(me)
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
         .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
-    let published = state::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
+    let published =
+        state::published::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
     // `quiesce exec` finds this init's state dir here when it is not told it: a launch it cannot
     // record must not run unrecorded beside an init it missed. Written before sandbox.json:
     // whoever waits for that to start the agent finds this too.
@@ -188,7 +195,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
     });
     match located {
         Ok(()) => {}
-        Err(e) if state.path == std::path::Path::new(state::DEFAULT_DIR) => {
+        Err(e) if state.path == std::path::Path::new(state::dir::DEFAULT_DIR) => {
             log::warn!("{e}: quiesce exec finds this init at the default state dir only")
         }
         Err(e) => {
@@ -197,11 +204,11 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
                  or use the default state dir {}",
             state.path.display(),
             state::locator::LOCATOR_DIR,
-            state::DEFAULT_DIR
+            state::dir::DEFAULT_DIR
         ))
         }
     }
-    write(state::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
+    write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
     let no_new_privs =
         sys::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
@@ -215,7 +222,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
              container with no-new-privileges, or where lineage works"
         );
     }
-    Ok(init::Sandbox {
+    Ok(init::run::Sandbox {
         policy: taint::Policy::new(uids, lineage),
         seen: Default::default(),
         state,
@@ -223,7 +230,7 @@ fn setup_sandbox(a: &cli::InitArgs, uids: Vec<u32>) -> Result<init::Sandbox, Str
         intake,
         key,
         freeze_signal,
-        freeze: freeze::Config {
+        freeze: freeze::run::Config {
             cred: cred::Switcher::start()
                 .map_err(|e| format!("cannot start the credential switcher: {e}"))?,
             timeout,

@@ -1,7 +1,7 @@
 //! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
 
-pub use crate::freeze::evidence::Evidence;
-pub use crate::observe::container::Container;
+use crate::freeze::evidence::Evidence;
+use crate::observe::container::Container;
 use crate::state::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
@@ -25,7 +25,7 @@ pub struct Claims {
     /// Processes killed but left out of `processes`, which is capped in size.
     #[serde(default)]
     pub processes_omitted: u64,
-    pub phases_ms: crate::state::Phases,
+    pub phases_ms: crate::state::dir::Phases,
     pub version: String,
     /// Whether a loginuid marked sandbox launches (lineage followed them); absent in markers of
     /// versions before it was carried, which a policy that asks for it refuses.

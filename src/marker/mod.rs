@@ -2,7 +2,5 @@
 //! May use: kernel, state, and the records observe and freeze produce. Never reads /proc: it signs
 //! and checks what it is given.
 
-mod jws;
+pub mod jws;
 pub mod keypem;
-
-pub use jws::*;

@@ -4,8 +4,8 @@
 //! dir other than the default (`init::start`); so an init that runs is found, and a launch beside
 //! one is never left unrecorded without a word.
 
+use crate::state::dir::StateDir;
 use crate::state::files::FileError;
-use crate::state::StateDir;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

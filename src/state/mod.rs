@@ -2,13 +2,10 @@
 //! freeze requests and their results; files read and removed through descriptors only.
 //! May use: kernel. Knows nothing of /proc or of the freeze: it stores what it is given.
 
-mod dir;
+pub mod dir;
 pub mod files;
 pub mod launches;
 pub mod locator;
-mod published;
+pub mod published;
 pub mod removal;
 pub mod requests;
-
-pub use dir::*;
-pub use published::*;

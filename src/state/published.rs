@@ -1,7 +1,7 @@
 //! What the running init publishes in its state dir (sandbox.json) for the subcommands beside it.
 
+use crate::state::dir::StateDir;
 use crate::state::files::FileError;
-use crate::state::StateDir;
 use serde::Serialize;
 use std::path::Path;
 

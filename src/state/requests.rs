@@ -14,7 +14,7 @@
 use crate::kernel::sys::{self, Pid};
 use crate::state::files::FileError;
 use crate::state::launches::Launch;
-use crate::state::{self, StateDir, Status};
+use crate::state::{self, dir::StateDir, dir::Status};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io;
@@ -82,7 +82,7 @@ fn id_nanos(id: &str) -> Option<u64> {
 fn new_request_id(pid: Pid) -> io::Result<String> {
     let mut rnd = [0u8; 4];
     sys::getrandom(&mut rnd)?;
-    Ok(format!("{:016x}{:08x}{}", now_nanos(), pid as u32, state::hex(&rnd)))
+    Ok(format!("{:016x}{:08x}{}", now_nanos(), pid as u32, state::dir::hex(&rnd)))
 }
 
 fn now_nanos() -> u64 {
@@ -174,7 +174,7 @@ pub fn withdraw(state: &StateDir, id: &str) -> Result<(), String> {
 /// The client side: the final result of request `id`, once the init wrote it.
 pub fn read_result(results: &StateDir, id: &str) -> Result<Option<Status>, String> {
     match results.read(&format!("{id}.json")) {
-        Ok(b) => state::parse_status(&b).map(Some),
+        Ok(b) => state::dir::parse_status(&b).map(Some),
         Err(FileError::Missing(_)) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
@@ -351,7 +351,7 @@ impl Intake {
     pub fn answer(&self, st: &Status) {
         let Some(id) = st.request_id.as_deref().filter(|i| valid_id(i)) else { return };
         let name = format!("{id}.json");
-        let written = state::status_json(st).and_then(|b| self.results.write_atomic(&name, &b, 0o644));
+        let written = state::dir::status_json(st).and_then(|b| self.results.write_atomic(&name, &b, 0o644));
         if let Err(e) = written {
             log::error!("cannot write {}: {e}", self.results.file(&name).display());
         }
@@ -392,7 +392,7 @@ impl Intake {
 /// The answer to a request that could not be read.
 fn refusal(request_id: &str, why: &str) -> Status {
     Status {
-        id: state::new_id().unwrap_or_default(),
+        id: state::dir::new_id().unwrap_or_default(),
         request_id: Some(request_id.to_string()),
         nonce: None,
         state: "failed".into(),

@@ -6,10 +6,11 @@
 //! `PROPTEST_CASES=N` sets the number of cases per property (default 256, under a second in all).
 
 use crate::kernel::users;
-use crate::marker::{self, Claims, Container};
+use crate::marker::{self, jws::Claims};
+use crate::observe::container::Container;
 use crate::observe::procs;
 use crate::state::requests::{self, Request};
-use crate::state::{self, Phases, Status, Survivor};
+use crate::state::{self, dir::Phases, dir::Status, dir::Survivor};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -157,7 +158,7 @@ fn token() -> String {
         setuid: Some(false),
         attest: vec![],
     };
-    marker::sign(&key(), &claims).unwrap()
+    marker::jws::sign(&key(), &claims).unwrap()
 }
 
 /// A token changed in one place: a byte replaced, inserted or removed.
@@ -241,7 +242,7 @@ proptest! {
     #[test]
     fn statuses_never_panic_and_refuse_garbage(bytes in prop::collection::vec(any::<u8>(), 0..4096), text in textish()) {
         for input in [&bytes[..], text.as_bytes()] {
-            let (r, used) = allocated_by(|| state::parse_status(input));
+            let (r, used) = allocated_by(|| state::dir::parse_status(input));
             prop_assert!(used <= bounded(input.len()));
             if let Err(e) = r {
                 prop_assert!(one_line(&e), "{e}");
@@ -251,8 +252,8 @@ proptest! {
 
     #[test]
     fn statuses_round_trip(st in status()) {
-        let text = state::status_json(&st).unwrap();
-        prop_assert_eq!(state::parse_status(&text).unwrap(), st);
+        let text = state::dir::status_json(&st).unwrap();
+        prop_assert_eq!(state::dir::parse_status(&text).unwrap(), st);
     }
 
     #[test]
@@ -260,12 +261,12 @@ proptest! {
         let k = key().verifying_key();
         let lossy = String::from_utf8_lossy(&bytes).into_owned();
         for input in [&text, &lossy] {
-            let (r, used) = allocated_by(|| marker::verify(input, &k));
+            let (r, used) = allocated_by(|| marker::jws::verify(input, &k));
             prop_assert!(used <= bounded(input.len()));
             match r {
                 Ok(c) => prop_assert!(false, "accepted {input:?}: {c:?}"),
-                Err(marker::Bad::Malformed(m)) | Err(marker::Bad::Algorithm(m)) => prop_assert!(!m.contains('\n')),
-                Err(marker::Bad::Signature) => {}
+                Err(marker::jws::Bad::Malformed(m)) | Err(marker::jws::Bad::Algorithm(m)) => prop_assert!(!m.contains('\n')),
+                Err(marker::jws::Bad::Signature) => {}
             }
         }
     }
@@ -275,7 +276,7 @@ proptest! {
         let t = token();
         let k = key().verifying_key();
         for bad in [mutate(&t, &m), mutate(&mutate(&t, &m), &m2)] {
-            let (r, used) = allocated_by(|| marker::verify(&bad, &k));
+            let (r, used) = allocated_by(|| marker::jws::verify(&bad, &k));
             prop_assert!(used <= bounded(bad.len()));
             // Only surrounding whitespace may change and still verify.
             if r.is_ok() {
@@ -287,24 +288,24 @@ proptest! {
     #[test]
     fn pem_keys_never_panic_and_round_trip(seed in any::<[u8; 32]>(), text in textish(), m in mutation()) {
         let input = text.as_bytes();
-        let (r, used) = allocated_by(|| marker::parse_private(input));
+        let (r, used) = allocated_by(|| marker::jws::parse_private(input));
         prop_assert!(used <= bounded(input.len()));
         if let Err(e) = r {
             prop_assert!(one_line(&e));
         }
-        let (r, used) = allocated_by(|| marker::parse_public(input));
+        let (r, used) = allocated_by(|| marker::jws::parse_public(input));
         prop_assert!(used <= bounded(input.len()));
         if let Err(e) = r {
             prop_assert!(one_line(&e));
         }
         let k = ed25519_dalek::SigningKey::from_bytes(&seed);
-        let pem = marker::private_pem(&k);
-        prop_assert_eq!(marker::parse_private(pem.as_bytes()).unwrap().to_bytes(), seed);
-        let public = marker::public_pem(&k.verifying_key());
-        prop_assert_eq!(marker::parse_public(public.as_bytes()).unwrap(), k.verifying_key());
+        let pem = marker::jws::private_pem(&k);
+        prop_assert_eq!(marker::jws::parse_private(pem.as_bytes()).unwrap().to_bytes(), seed);
+        let public = marker::jws::public_pem(&k.verifying_key());
+        prop_assert_eq!(marker::jws::parse_public(public.as_bytes()).unwrap(), k.verifying_key());
         // A changed PEM either fails or still names a key: never a panic.
-        let _ = marker::parse_private(mutate(&pem, &m).as_bytes());
-        let _ = marker::parse_public(mutate(&public, &m).as_bytes());
+        let _ = marker::jws::parse_private(mutate(&pem, &m).as_bytes());
+        let _ = marker::jws::parse_public(mutate(&public, &m).as_bytes());
     }
 
     #[test]

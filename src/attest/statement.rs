@@ -3,7 +3,6 @@
 //! and, per named path, everything that is not a regular file's content.
 
 use super::name;
-use super::tree::Collected;
 use super::walk::{Bounds, Entries};
 use crate::observe::container::Container;
 use crate::state::dir::Phases;
@@ -153,16 +152,22 @@ pub fn subjects(mut s: Vec<Subject>) -> Vec<Subject> {
     s
 }
 
-pub fn build(c: Collected, freeze: Freeze, bounds: Bounds) -> Statement {
+/// The statement of one walk: every file's subject and each named path's other entries.
+pub fn build(
+    subject: Vec<Subject>,
+    paths: Vec<(Vec<u8>, Entries)>,
+    freeze: Freeze,
+    bounds: Bounds,
+) -> Statement {
     Statement {
         kind: STATEMENT_TYPE.into(),
-        subject: subjects(c.subjects),
+        subject: subjects(subject),
         predicate_type: PREDICATE_TYPE.into(),
         predicate: Predicate {
             freeze,
             name_encoding: NAME_ENCODING.into(),
             bounds,
-            paths: c.paths.into_iter().map(|(p, e)| facts(&p, e)).collect(),
+            paths: paths.into_iter().map(|(p, e)| facts(&p, e)).collect(),
             version: env!("QUIESCE_VERSION").into(),
         },
     }

@@ -17,7 +17,7 @@ fn run(job: &Job, key: &SigningKey) -> Result<String, String> {
     let c = tree::collect(&paths, &job.bounds, job.threads)?;
     let files = c.subjects.len();
     let bytes: u64 = c.paths.iter().map(|(_, e)| e.bytes).sum();
-    let st = statement::build(c, job.freeze.clone(), job.bounds);
+    let st = statement::build(c.subjects, c.paths, job.freeze.clone(), job.bounds);
     let body = serde_json::to_vec(&st).map_err(|e| format!("cannot write the statement: {e}"))?;
     drop(st);
     let env = dsse::sign(key, &body)?;

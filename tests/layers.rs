@@ -1,5 +1,5 @@
 //! `scripts/layers` fails on an upward use in each form it can take, and on a short name the
-//! crate root no longer keeps; the tree as it is passes.
+//! crate root no longer keeps, and on a re-export; the tree as it is passes.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -42,6 +42,8 @@ fn layers_refuses_every_form_of_an_upward_use() {
         ("fn f() { let _ = crate::init::spawn::Plan::new; }", "uses init/"),
         ("use crate::{\n    state,\n    commands::verify,\n};", "uses commands/"),
         ("use crate::sys;", "crate::sys, which is no folder"),
+        ("pub use crate::kernel::caps;", "re-exports"),
+        ("pub(crate) use super::caps::*;", "re-exports"),
     ] {
         std::fs::write(&victim, format!("{original}\n{planted}\n")).unwrap();
         let (code, said) = layers(&scratch);

@@ -135,6 +135,93 @@ fn escape(timer: libc::timer_t) -> i32 {
     child
 }
 
+/// The events of one inotify read of `n` bytes: each one's mask and name.
+fn inotify_events(buf: &[u8], n: isize) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    while n > 0 && off + 16 <= n as usize {
+        let ev = unsafe { &*(buf.as_ptr().add(off) as *const libc::inotify_event) };
+        let len = ev.len as usize;
+        let raw = &buf[off + 16..off + 16 + len];
+        off += 16 + len;
+        out.push((ev.mask, String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or(&[])).into()));
+    }
+    out
+}
+
+/// A FUSE reply: the out header (length, error, unique), then the body.
+fn fuse_reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
+    let mut out = Vec::with_capacity(16 + body.len());
+    out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+    out.extend_from_slice(&error.to_ne_bytes());
+    out.extend_from_slice(&unique.to_ne_bytes());
+    out.extend_from_slice(body);
+    unsafe { libc::write(fd, out.as_ptr() as *const libc::c_void, out.len()) };
+}
+
+/// fuse_init_out: major, minor, max_readahead, flags (no async read), max_background,
+/// congestion_threshold, max_write, time_gran, then zeros to 64 bytes.
+fn fuse_init_out() -> Vec<u8> {
+    let mut body = Vec::with_capacity(64);
+    for v in [7u32, 31, 65536, 0] {
+        body.extend_from_slice(&v.to_ne_bytes());
+    }
+    body.extend_from_slice(&0u16.to_ne_bytes());
+    body.extend_from_slice(&0u16.to_ne_bytes());
+    body.extend_from_slice(&4096u32.to_ne_bytes());
+    body.extend_from_slice(&1u32.to_ne_bytes());
+    body.resize(64, 0);
+    body
+}
+
+/// A process's start time (clock ticks after boot, field 22 of its stat); None once it is gone.
+fn start_of(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, r)| r.split(' ').nth(19)).and_then(|t| t.parse().ok())
+}
+
+fn unix_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// execve with an empty environment; returns only if it failed.
+fn execve_bare(argv: &[CString]) {
+    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let env: [*const libc::c_char; 1] = [std::ptr::null()];
+    unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
+}
+
+/// Root for good through a setuid-root copy, or the named mode fails.
+fn become_root(mode: &str) {
+    if raw_setresuid(0, 0, 0) != 0 {
+        fail(&format!("setresuid: {mode} needs a setuid-root copy"));
+    }
+}
+
+/// Root for good, then escaped under the init: this process stays (the launch waits on it), and
+/// a grandchild goes on once its parent exited and it was reparented.
+fn escape_as_root(mode: &str) {
+    become_root(mode);
+    match fork() {
+        0 => {}
+        p if p < 0 => fail("fork"),
+        _ => forever(),
+    }
+    let mid = std::process::id() as i32;
+    match fork() {
+        0 => {}
+        p if p < 0 => fail("fork"),
+        _ => unsafe { libc::_exit(0) },
+    }
+    while unsafe { libc::getppid() } == mid {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn arg(i: usize, default: u64) -> u64 {
     std::env::args().nth(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -669,9 +756,7 @@ fn main() {
             use std::os::unix::fs::FileExt;
             let a = |i: usize| std::env::args().nth(i).expect("mem-inject STATE QUIESCE CMD");
             let (state, q, cmd) = (a(2), a(3), a(4));
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: mem-inject needs a setuid-root copy");
-            }
+            become_root("mem-inject");
             let elf = std::fs::read(&q).unwrap_or_else(|_| fail("read the quiesce binary"));
             let u64at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
             let u16at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
@@ -817,9 +902,7 @@ fn main() {
             let q = std::env::args().nth(3).expect("plant-client STATE QUIESCE FILE MODE");
             let out = std::env::args().nth(4).expect("plant-client STATE QUIESCE FILE MODE");
             let mode = std::env::args().nth(5).expect("plant-client STATE QUIESCE FILE MODE");
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: plant-client needs a setuid-root copy");
-            }
+            become_root("plant-client");
             let c = unsafe {
                 libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
             };
@@ -842,16 +925,8 @@ fn main() {
                 }
             }
             let argv: Vec<CString> = if mode == "bare" {
-                let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-                let start: u64 = stat
-                    .rsplit_once(") ")
-                    .and_then(|(_, r)| r.split(' ').nth(19))
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or_else(|| fail("own start time"));
-                let nanos = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0);
+                let start = start_of(me as i32).unwrap_or_else(|| fail("own start time"));
+                let nanos = unix_nanos();
                 let id = format!("{nanos:016x}{me:08x}00c0ffee");
                 let body = format!(
                     r#"{{"nonce":"planted","request_id":"{id}","pid":{me},"start_time":{start},"attest":["/"]}}"#
@@ -866,10 +941,7 @@ fn main() {
                     .map(|a| CString::new(*a).unwrap())
                     .collect()
             };
-            let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-            ptrs.push(std::ptr::null());
-            let env: [*const libc::c_char; 1] = [std::ptr::null()];
-            unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
+            execve_bare(&argv);
             fail("execve the init's binary");
         }
         // A root escapee (a setuid-root copy) makes a `quiesce exec` process its freeze client:
@@ -882,9 +954,7 @@ fn main() {
             let a = |i: usize| std::env::args().nth(i).expect("exec-client STATE QUIESCE FILE NONCE");
             let (state, q, out, nonce) = (a(2), a(3), a(4), a(5));
             let me_exe = std::fs::read_link("/proc/self/exe").unwrap_or_else(|_| fail("read own exe"));
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: exec-client needs a setuid-root copy");
-            }
+            become_root("exec-client");
             let (rd, wr) = pipe_checked();
             let p = unsafe {
                 libc::syscall(libc::SYS_clone, libc::CLONE_PARENT | libc::SIGCHLD, 0, 0, 0, 0) as i32
@@ -915,24 +985,12 @@ fn main() {
                 .iter()
                 .map(|x| CString::new(*x).unwrap())
                 .collect();
-                let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|x| x.as_ptr()).collect();
-                ptrs.push(std::ptr::null());
-                let env: [*const libc::c_char; 1] = [std::ptr::null()];
-                unsafe { libc::execve(ptrs[0], ptrs.as_ptr(), env.as_ptr()) };
+                execve_bare(&argv);
                 unsafe { libc::_exit(4) };
             }
             unsafe { libc::close(rd) };
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            let start: u64 = stat
-                .rsplit_once(") ")
-                .and_then(|(_, r)| r.split(' ').nth(19))
-                .and_then(|t| t.parse().ok())
-                .unwrap_or_else(|| fail("start time of P"));
-            let base = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
-                - 1_000_000;
+            let start = start_of(p).unwrap_or_else(|| fail("start time of P"));
+            let base = unix_nanos() - 1_000_000;
             let put = |i: u64, body: String| {
                 let id = format!("{:016x}{:08x}{:08x}", base + i, p as u32, i as u32);
                 let body = body.replace("@ID@", &id);
@@ -1202,21 +1260,7 @@ fn main() {
                 if opcode != 26 {
                     continue; // FUSE_INIT only; every other request stays unanswered.
                 }
-                let mut out = Vec::with_capacity(80);
-                out.extend_from_slice(&80u32.to_ne_bytes());
-                out.extend_from_slice(&0i32.to_ne_bytes());
-                out.extend_from_slice(&unique.to_ne_bytes());
-                // fuse_init_out: major, minor, max_readahead, flags, max_background,
-                // congestion_threshold, max_write, time_gran, then zeros to 64 bytes.
-                for v in [7u32, 31, 65536, 0] {
-                    out.extend_from_slice(&v.to_ne_bytes());
-                }
-                out.extend_from_slice(&0u16.to_ne_bytes());
-                out.extend_from_slice(&0u16.to_ne_bytes());
-                out.extend_from_slice(&4096u32.to_ne_bytes());
-                out.extend_from_slice(&1u32.to_ne_bytes());
-                out.resize(80, 0);
-                unsafe { libc::write(fd, out.as_ptr() as *const libc::c_void, out.len()) };
+                fuse_reply(fd, unique, 0, &fuse_init_out());
             }
         }
         // Touch PATH (on the silent FUSE mount): blocks in the kernel.
@@ -1256,23 +1300,7 @@ fn main() {
         // (writes its pid to FILE), this process exits. `squat-client FILE [DECOY_UID] [MODE] [WHAT] [STATUS]`
         "squat-client" => {
             let out = std::env::args().nth(2).expect("squat-client FILE");
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: squat-client needs a setuid-root copy");
-            }
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => forever(),
-            }
-            let mid = std::process::id() as i32;
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => unsafe { libc::_exit(0) },
-            }
-            while unsafe { libc::getppid() } == mid {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            escape_as_root("squat-client");
             // A container that has run a while: the counter is past the reserved pids.
             for _ in 0..400 {
                 match fork() {
@@ -1416,34 +1444,13 @@ fn main() {
         "forge-request" => {
             let state = std::env::args().nth(2).expect("forge-request STATE FILE");
             let out = std::env::args().nth(3).expect("forge-request STATE FILE");
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: forge-request needs a setuid-root copy");
-            }
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => forever(),
-            }
-            let mid = std::process::id() as i32;
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => unsafe { libc::_exit(0) },
-            }
-            while unsafe { libc::getppid() } == mid {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            escape_as_root("forge-request");
             let s = match fork() {
                 0 => forever(),
                 p if p < 0 => fail("fork"),
                 p => p,
             };
-            let stat = std::fs::read_to_string(format!("/proc/{s}/stat")).unwrap_or_default();
-            let start: u64 = stat
-                .rsplit_once(") ")
-                .and_then(|(_, r)| r.split(' ').nth(19))
-                .and_then(|t| t.parse().ok())
-                .unwrap_or_else(|| fail("start time of S"));
+            let start = start_of(s).unwrap_or_else(|| fail("start time of S"));
             let _ = std::fs::write(&out, format!("{s} {start} waiting\n"));
             let dir = format!("{state}/requests");
             let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
@@ -1468,15 +1475,8 @@ fn main() {
                 if n <= 0 {
                     continue;
                 }
-                let mut off = 0usize;
-                while off + 16 <= n as usize {
-                    let ev = unsafe { &*(buf.as_ptr().add(off) as *const libc::inotify_event) };
-                    let len = ev.len as usize;
-                    let raw = &buf[off + 16..off + 16 + len];
-                    off += 16 + len;
-                    let name: String =
-                        String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or(&[])).into();
-                    if name.starts_with(".taken.") || ev.mask & libc::IN_CREATE != 0 {
+                for (mask, name) in inotify_events(&buf, n) {
+                    if name.starts_with(".taken.") || mask & libc::IN_CREATE != 0 {
                         continue;
                     }
                     let path = format!("{dir}/{name}");
@@ -1544,23 +1544,7 @@ fn main() {
             let state = std::env::args().nth(2).expect("tick-squat STATE FILE");
             let out = std::env::args().nth(3).expect("tick-squat STATE FILE");
             let pid_max: i32 = std::env::args().nth(4).and_then(|s| s.parse().ok()).unwrap_or(310);
-            if raw_setresuid(0, 0, 0) != 0 {
-                fail("setresuid: tick-squat needs a setuid-root copy");
-            }
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => forever(),
-            }
-            let mid = std::process::id() as i32;
-            match fork() {
-                0 => {}
-                p if p < 0 => fail("fork"),
-                _ => unsafe { libc::_exit(0) },
-            }
-            while unsafe { libc::getppid() } == mid {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            escape_as_root("tick-squat");
             let last = || -> i32 {
                 std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
                     .ok()
@@ -1580,10 +1564,6 @@ fn main() {
                 let _ = std::fs::write(&out, format!("0 0 0 pid_max not written: {e}\n"));
                 std::process::exit(5);
             }
-            let start_of = |pid: i32| -> Option<u64> {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                stat.rsplit_once(") ").and_then(|(_, r)| r.split(' ').nth(19)).and_then(|t| t.parse().ok())
-            };
             let dir = format!("{state}/requests");
             let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
             let dc = path_c(&dir);
@@ -1599,14 +1579,7 @@ fn main() {
                     continue;
                 }
                 let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-                let mut off = 0usize;
-                while n > 0 && off + 16 <= n as usize {
-                    let ev = unsafe { &*(buf.as_ptr().add(off) as *const libc::inotify_event) };
-                    let len = ev.len as usize;
-                    let raw = &buf[off + 16..off + 16 + len];
-                    off += 16 + len;
-                    let name: String =
-                        String::from_utf8_lossy(raw.split(|&b| b == 0).next().unwrap_or(&[])).into();
+                for (_, name) in inotify_events(&buf, n) {
                     if name.starts_with('.') {
                         continue;
                     }
@@ -2019,14 +1992,6 @@ fn main() {
                     out.extend_from_slice(&v.to_ne_bytes());
                 }
             }
-            fn reply(fd: i32, unique: u64, error: i32, body: &[u8]) {
-                let mut out = Vec::with_capacity(16 + body.len());
-                out.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
-                out.extend_from_slice(&error.to_ne_bytes());
-                out.extend_from_slice(&unique.to_ne_bytes());
-                out.extend_from_slice(body);
-                unsafe { libc::write(fd, out.as_ptr() as *const libc::c_void, out.len()) };
-            }
             let mnt = std::env::args().nth(2).expect("fuse-serve MNT [UID]");
             let drop_to = std::env::args().nth(3).and_then(|s| s.parse::<u32>().ok());
             let fd = mount_fuse(&mnt);
@@ -2052,19 +2017,7 @@ fn main() {
                 let nodeid = u64::from_ne_bytes(buf[16..24].try_into().unwrap());
                 let mut body = Vec::with_capacity(128);
                 match opcode {
-                    // INIT: major, minor, max_readahead, flags (no async read), max_background,
-                    // congestion_threshold, max_write, time_gran, zeros to 64 bytes.
-                    26 => {
-                        for v in [7u32, 31, 65536, 0] {
-                            body.extend_from_slice(&v.to_ne_bytes());
-                        }
-                        body.extend_from_slice(&0u16.to_ne_bytes());
-                        body.extend_from_slice(&0u16.to_ne_bytes());
-                        body.extend_from_slice(&4096u32.to_ne_bytes());
-                        body.extend_from_slice(&1u32.to_ne_bytes());
-                        body.resize(64, 0);
-                        reply(fd, unique, 0, &body);
-                    }
+                    26 => fuse_reply(fd, unique, 0, &fuse_init_out()),
                     // LOOKUP: every name is the file, inode 2; valid for an hour.
                     1 => {
                         for v in [2u64, 0, 3600, 3600] {
@@ -2072,7 +2025,7 @@ fn main() {
                         }
                         body.extend_from_slice(&[0u8; 8]);
                         attr(&mut body, 2, 0o100644, 1 << 20);
-                        reply(fd, unique, 0, &body);
+                        fuse_reply(fd, unique, 0, &body);
                     }
                     // GETATTR
                     3 => {
@@ -2083,17 +2036,17 @@ fn main() {
                         } else {
                             attr(&mut body, 2, 0o100644, 1 << 20);
                         }
-                        reply(fd, unique, 0, &body);
+                        fuse_reply(fd, unique, 0, &body);
                     }
                     // OPEN, OPENDIR: file handle 1.
                     14 | 27 => {
                         body.extend_from_slice(&1u64.to_ne_bytes());
                         body.extend_from_slice(&[0u8; 8]);
-                        reply(fd, unique, 0, &body);
+                        fuse_reply(fd, unique, 0, &body);
                     }
                     // READ and INTERRUPT stay unanswered; FORGET and BATCH_FORGET take no answer.
                     15 | 36 | 2 | 42 => {}
-                    _ => reply(fd, unique, -libc::ENOSYS, &[]),
+                    _ => fuse_reply(fd, unique, -libc::ENOSYS, &[]),
                 }
             }
         }
@@ -2127,7 +2080,7 @@ fn main() {
             let path = std::env::args().nth(2).expect("fuse-mmap-victim PATH [mbind]");
             // mbind() waits for the lock without a way out for SIGKILL; mmap() can be killed.
             let unkillable = std::env::args().nth(3).as_deref() == Some("mbind");
-            let anon = unsafe {
+            let anon_page = || unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
                     4096,
@@ -2136,7 +2089,8 @@ fn main() {
                     -1,
                     0,
                 )
-            } as usize;
+            };
+            let anon = anon_page() as usize;
             let f = std::fs::File::open(&path).expect("open the FUSE file");
             let addr = unsafe {
                 libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
@@ -2158,16 +2112,7 @@ fn main() {
                     };
                     eprintln!("fuse-mmap-victim: mbind returned {r}: the lock was free");
                 } else {
-                    let p = unsafe {
-                        libc::mmap(
-                            std::ptr::null_mut(),
-                            4096,
-                            libc::PROT_READ,
-                            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                            -1,
-                            0,
-                        )
-                    };
+                    let p = anon_page();
                     eprintln!("fuse-mmap-victim: mmap returned {p:?}: the lock was free");
                 }
                 forever();

@@ -153,35 +153,37 @@ pub fn verify(token: &str, key: &VerifyingKey) -> Result<Claims, Bad> {
     serde_json::from_slice(&payload).map_err(|e| Bad::Malformed(format!("payload claims: {e}")))
 }
 
+/// Claims of a quiescent freeze, for the tests that sign or parse one.
+#[cfg(test)]
+pub fn sample_claims() -> Claims {
+    Claims {
+        iss: "quiesce".into(),
+        iat: 1,
+        jti: "id".into(),
+        nonce: None,
+        sandbox_uids: vec![4242],
+        result: "quiescent".into(),
+        survivors: 0,
+        container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
+        processes: vec![],
+        processes_omitted: 0,
+        phases_ms: Default::default(),
+        version: "0".into(),
+        lineage: Some(true),
+        setuid: Some(false),
+        attest: vec!["/w".into()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn claims() -> Claims {
-        Claims {
-            iss: "quiesce".into(),
-            iat: 1,
-            jti: "id".into(),
-            nonce: None,
-            sandbox_uids: vec![4242],
-            result: "quiescent".into(),
-            survivors: 0,
-            container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
-            processes: vec![],
-            processes_omitted: 0,
-            phases_ms: Default::default(),
-            version: "0".into(),
-            lineage: Some(true),
-            setuid: Some(false),
-            attest: vec!["/w".into()],
-        }
-    }
-
     #[test]
     fn round_trip_and_refusals() {
         let k = generate().unwrap();
-        let t = sign(&k, &claims()).unwrap();
-        assert_eq!(verify(&t, &k.verifying_key()).unwrap(), claims());
+        let t = sign(&k, &sample_claims()).unwrap();
+        assert_eq!(verify(&t, &k.verifying_key()).unwrap(), sample_claims());
         let other = generate().unwrap();
         assert_eq!(verify(&t, &other.verifying_key()), Err(Bad::Signature));
         let parts: Vec<&str> = t.split('.').collect();

@@ -7,7 +7,6 @@
 
 use crate::kernel::users;
 use crate::marker::{self, jws::Claims};
-use crate::observe::container::Container;
 use crate::observe::procs;
 use crate::state::requests::{self, Request};
 use crate::state::{self, dir::Phases, dir::Status, dir::Survivor};
@@ -142,21 +141,11 @@ fn key() -> ed25519_dalek::SigningKey {
 
 fn token() -> String {
     let claims = Claims {
-        iss: "quiesce".into(),
         iat: 1_700_000_000,
         jti: "0123".into(),
         nonce: Some("n".into()),
-        sandbox_uids: vec![4242],
-        result: "quiescent".into(),
-        survivors: 0,
-        container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
-        processes: vec![],
-        processes_omitted: 0,
-        phases_ms: Default::default(),
-        version: "0".into(),
-        lineage: Some(true),
-        setuid: Some(false),
         attest: vec![],
+        ..crate::marker::jws::sample_claims()
     };
     marker::jws::sign(&key(), &claims).unwrap()
 }

@@ -10,8 +10,9 @@ run_verifier(box, ["./run-tests.sh"], nonce=result.nonce)
 from .attestation import verify_attestation
 from .container import Container, ExecResult
 from .errors import AttestationInvalid, FreezeFailed, MarkerInvalid, QuiesceError, Unreachable
-from .freeze import FreezeResult, Survivor, freeze
+from .freeze import freeze
 from .marker import key_id, verify_marker
+from .result import FreezeResult, Survivor
 from .verifier import GATE_EXIT_CODES, run_verifier
 
 __all__ = [

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from .container import Container
 from .errors import FreezeFailed, MarkerInvalid, Unreachable
-from .freeze import FreezeResult, freeze
+from .freeze import freeze
 from .marker import verify_marker
+from .result import FreezeResult
 
 
 def _add_target(p: argparse.ArgumentParser, required: bool) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .freeze import FreezeResult, Survivor
+from .result import FreezeResult, Survivor
 
 
 class QuiesceError(Exception):

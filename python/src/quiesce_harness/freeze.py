@@ -14,48 +14,17 @@ import base64
 import json
 import secrets
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from .container import Container, ExecResult
 from .errors import FreezeFailed, Unreachable
+from .result import FreezeResult, Survivor
 
 # How often the engine's signal is sent again while no exec can start: a bare signal makes one
 # freeze each, so a freeze that could not finish the bomb gets another.
 _RESIGNAL_S = 2.0
 _POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class Survivor:
-    pid: int
-    uid: int | None
-    state: str | None
-    comm: str | None
-
-
-@dataclass(frozen=True)
-class FreezeResult:
-    """A freeze's final status as the init wrote it (`status.json`'s format, docs/marker.md)."""
-
-    state: str
-    freeze_id: str | None
-    killed: int
-    survivors: list[Survivor]
-    reason: str | None
-    phases_ms: dict[str, int]
-    marker: str | None
-    nonce: str | None = None
-    # True when the engine's signal had to reach the init first (no exec could start).
-    via_signal: bool = False
-    # The status of the signal's freeze, read once an exec started again (via_signal only).
-    signal_status: dict[str, Any] | None = None
-    elapsed_s: float = 0.0
-    status: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def quiescent(self) -> bool:
-        return self.state == "quiescent"
 
 
 def _survivors(status: dict[str, Any]) -> list[Survivor]:

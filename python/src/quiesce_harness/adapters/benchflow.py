@@ -22,7 +22,8 @@ from benchflow.rollout_planes import DefaultRolloutPlanes
 
 from ..container import Container
 from ..errors import Unreachable
-from ..freeze import FreezeResult, freeze
+from ..freeze import freeze
+from ..result import FreezeResult
 
 
 def docker_sandbox_container(env: Any, *, binary: str = "quiesce") -> Container:

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..container import Container
-from ..freeze import FreezeResult, freeze
+from ..freeze import freeze
+from ..result import FreezeResult
 
 
 def trial_container(event: Any, *, binary: str = "quiesce") -> Container:

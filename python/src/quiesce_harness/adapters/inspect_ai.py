@@ -17,7 +17,8 @@ import asyncio
 from typing import Any
 
 from ..container import Container
-from ..freeze import FreezeResult, freeze
+from ..freeze import freeze
+from ..result import FreezeResult
 
 
 def sandbox_container(env: Any, *, binary: str = "quiesce") -> Container:

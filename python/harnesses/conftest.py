@@ -24,15 +24,8 @@ REWARD_FORGER = (
 
 @pytest.fixture(scope="session")
 def client() -> Iterator[docker.DockerClient]:
-    try:
-        c = docker.from_env(timeout=300)
-        c.ping()
-    except docker.errors.DockerException as e:
-        support.skip_log("harnesses", f"no Docker engine answers ({e})")
-        pytest.skip("no Docker engine answers")
-    support.build_images(c)
-    yield c
-    c.close()
+    """A Docker engine that answers, with the kit's test images built on it."""
+    yield from support.docker_client("harnesses")
 
 
 @pytest.fixture

@@ -16,12 +16,13 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
+import pytest
 from docker.models.containers import Container as DockerContainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +54,97 @@ def skip_log(name: str, reason: str) -> None:
     if log:
         with open(log, "a") as f:
             f.write(f"python/{name}: {reason}\n")
+
+
+def need_binary() -> Path:
+    """The release binary; a case that needs it fails without it (a missing build is no skip)."""
+    b = binary()
+    if not b.exists():
+        pytest.fail(f"no quiesce binary at {b}: run `cargo build --release` (or set QUIESCE_BIN)")
+    return b
+
+
+def need_init(skip_as: str) -> Path:
+    """The release binary, where it can run as PID 1 of a new PID namespace here.
+
+    That takes root, unshare(1) and setpriv(1); without them the case is skipped and the skip
+    recorded under `skip_as`.
+    """
+    b = need_binary()
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        skip_log(skip_as, "needs root, unshare(1) and setpriv(1) to run the init")
+        pytest.skip("needs root, unshare(1) and setpriv(1)")
+    return b
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A directory of the case's own, removed with everything in it afterwards."""
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_init(
+    b: Path, state: Path, script: str, *, init_args: Sequence[str] = (), setuid: bool = False
+) -> None:
+    """The init `b` as PID 1 of a new PID namespace, with 4242 as the sandbox user, its state in
+    `state`, running `sh -c script` and exiting after the first freeze (`--after-freeze exit`).
+
+    It runs with no_new_privs, as `--security-opt no-new-privileges` starts it, so that its
+    marker says `setuid: false`; with `setuid`, without it (Docker's default). An init that
+    fails fails the case, with what it said.
+    """
+    try:
+        subprocess.run(
+            [
+                *([] if setuid else NO_NEW_PRIVS),
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                str(b),
+                "--sandbox-user",
+                "4242",
+                "--state-dir",
+                str(state),
+                *init_args,
+                "--after-freeze",
+                "exit",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
+    except subprocess.CalledProcessError as e:
+        pytest.fail(f"the init's freeze failed: {e.stderr.decode(errors='replace')}")
+
+
+def docker_client(skip_as: str) -> Iterator[docker.DockerClient]:
+    """The body of a session's `client` fixture: a Docker engine that answers, with the kit's
+    test images built on it; afterwards the test containers left on it are removed.
+
+    Without an engine the case is skipped and the skip recorded under `skip_as`.
+    """
+    try:
+        c = docker.from_env(timeout=300)
+        c.ping()
+    except docker.errors.DockerException as e:
+        skip_log(skip_as, f"no Docker engine answers ({e}); start one with docker/engine")
+        pytest.skip("no Docker engine answers")
+    need_binary()
+    build_images(c)
+    yield c
+    for ctr in c.containers.list(all=True, filters={"label": LABEL}):
+        if str(ctr.name).startswith(PREFIX):
+            ctr.remove(force=True)
+    c.close()
 
 
 _DOCKERFILE = """FROM debian:bookworm-slim

@@ -5,9 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,59 +36,25 @@ class Attested:
 @pytest.fixture(scope="module")
 def attested() -> Iterator[Attested]:
     """A freeze by the real init as PID 1 of a new PID namespace, with a tree attested."""
-    b = support.binary()
-    if not b.exists():
-        pytest.fail(f"no quiesce binary at {b}: run `cargo build --release` (or set QUIESCE_BIN)")
-    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None:
-        support.skip_log("attestation", "needs root, unshare(1) and setpriv(1) to run the init")
-        pytest.skip("needs root, unshare(1) and setpriv(1)")
-    d = Path(tempfile.mkdtemp(prefix="qhk-attest-"))
-    s, tree = d / "state", d / "tree"
-    tree.mkdir()
-    (tree / "a").write_bytes(b"alpha\n")
-    (tree / b"new\nline".decode()).write_bytes(b"nl\n")
-    script = f"""
+    b = support.need_init("attestation")
+    with support.scratch("qhk-attest-") as d:
+        s, tree = d / "state", d / "tree"
+        tree.mkdir()
+        (tree / "a").write_bytes(b"alpha\n")
+        (tree / b"new\nline".decode()).write_bytes(b"nl\n")
+        script = f"""
 set -e
 while [ ! -s {s}/sandbox.json ]; do sleep 0.01; done
 {b} freeze --state-dir {s} --wait >/dev/null
 cp {s}/quiescence.jws {s}/signing.pub {s}/quiescence.intoto.jsonl {d}/
 """
-    try:
-        subprocess.run(
-            [
-                *support.NO_NEW_PRIVS,
-                "unshare",
-                "--pid",
-                "--fork",
-                "--mount-proc",
-                str(b),
-                "--sandbox-user",
-                "4242",
-                "--state-dir",
-                str(s),
-                "--attest",
-                str(tree),
-                "--after-freeze",
-                "exit",
-                "--",
-                "sh",
-                "-c",
-                script,
-            ],
-            check=True,
-            timeout=60,
-            capture_output=True,
-        )
+        support.run_init(b, s, script, init_args=["--attest", str(tree)])
         yield Attested(
             envelope=(d / "quiescence.intoto.jsonl").read_bytes(),
             marker=(d / "quiescence.jws").read_text().strip(),
             public_pem=(d / "signing.pub").read_bytes(),
             tree=tree,
         )
-    except subprocess.CalledProcessError as e:
-        pytest.fail(f"the init's freeze failed: {e.stderr.decode(errors='replace')}")
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def read(p: bytes) -> bytes:

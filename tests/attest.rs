@@ -171,7 +171,7 @@ fn the_statement_names_every_file_and_verify_refuses_a_changed_tree() {
 
     // Unchanged: the verifier runs.
     let ok = c.verify(&["--attest", &w, "--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify of an unchanged attested tree");
 
     // A write after the freeze, a new file and a removed one: refused, each named, in one line.
     let root_writes = format!("echo beta >> {w}/a && echo n > {w}/new && rm {w}/sub/deeper/f");
@@ -199,7 +199,7 @@ fn the_statement_names_every_file_and_verify_refuses_a_changed_tree() {
         "echo",
         "scored",
     ]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify with --attest naming the tree");
 
     // A symlink retargeted is a change too.
     assert!(c.exec(&["sh", "-c", &format!("ln -sfn elsewhere {w}/loop1")]).status.success());
@@ -239,7 +239,7 @@ fn an_empty_directory_renamed_or_moved_is_a_change() {
     assert_eq!(path["directories"], 2);
     assert_eq!(path["directory_names"], serde_json::json!([format!("{w}/empty"), format!("{w}/sub")]));
     let ok = c.verify(&["--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify of the attested directories");
 
     // Renamed: as many directories and files as attested, every file unchanged.
     assert!(c.exec(&["mv", &format!("{w}/empty"), &format!("{w}/moved")]).status.success());
@@ -258,7 +258,7 @@ fn an_empty_directory_renamed_or_moved_is_a_change() {
     // Named as written on purpose: scored.
     let (e1, e2) = (format!("{w}/empty"), format!("{w}/sub/moved"));
     let ok = c.verify(&["--attest-ignore", &e1, "--attest-ignore", &e2, "--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify with the changed paths ignored by name");
 }
 
 /// `top`, made by the sandbox user, holding `chains` chains of `levels` directories, each named
@@ -629,7 +629,7 @@ fn the_marker_names_the_attested_paths_and_a_missing_envelope_is_refused() {
     let claims = c.marker_claims();
     assert_eq!(claims["attest"], serde_json::json!([w]), "{claims}");
     let ok = c.verify(&["--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify of the attested tree");
 
     // A root process removes the envelope: the marker still says one was made.
     std::fs::remove_file(envelope_path(&c)).unwrap();
@@ -651,7 +651,7 @@ fn without_attest_paths_the_marker_claims_none_and_verify_passes_as_before() {
     let claims = c.marker_claims();
     assert!(claims.get("attest").is_none(), "{claims}");
     let ok = c.verify(&["--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify of a marker with no attestation");
 }
 
 /// A freeze asked without --wait: verify finds the attestation still running and waits for it,
@@ -666,7 +666,7 @@ fn verify_waits_for_an_attestation_still_running() {
     wait_running(&c);
     assert!(!envelope_path(&c).exists());
     let ok = c.verify(&["--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify while the attestation still runs");
     assert_eq!(c.status_file()["attestation"]["state"], "attested");
 }
 
@@ -756,7 +756,7 @@ fn an_entry_the_worker_may_not_read_is_skipped_and_verify_agrees() {
         c.exec(&a)
     };
     let ok = verify_no_dac(&["--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&ok.stdout).trim(), "scored", "{}", stderr(&ok));
+    assert_scored(&ok, "verify without CAP_DAC_OVERRIDE of a tree the worker could not read all of");
     // A verify that may read it sees what the worker could not: not the tree attested.
     let bad = c.verify(&[]);
     assert_eq!(code(&bad), 19, "{}", stderr(&bad));

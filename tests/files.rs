@@ -45,12 +45,7 @@ fn a_signing_key_behind_secret_volume_links_loads_and_a_writable_directory_is_re
     symlink("..data/key.pub", d.join("secret/key.pub")).unwrap();
     let pubkey = d.join("secret/key.pub");
     let out = c.verify(&["--public-key", pubkey.to_str().unwrap(), "--", "echo", "scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify with the public key from a Secret volume");
     c.signal(libc::SIGTERM);
     c.wait_code(T);
 
@@ -94,12 +89,7 @@ fn state_dir_files_that_are_links_or_not_roots_are_refused_by_verify() {
     assert_eq!(code, 0, "{st}");
     let passes = |c: &Container| {
         let out = c.verify(&["--", "echo", "scored"]);
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "scored",
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_scored(&out, "verify");
     };
     let refused = |c: &Container, what: &str, want: &str| {
         let out = c.verify(&["--", "echo", "scored"]);

@@ -49,12 +49,7 @@ fn freeze_clean(c: &Container, uid: u32) -> serde_json::Value {
     }
     args.extend_from_slice(&["--", "echo", "scored"]);
     let out = c.verify(&args);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, &format!("verify {args:?}"));
     st
 }
 

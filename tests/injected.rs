@@ -69,12 +69,7 @@ fn subcommands_work_under_the_path_the_engine_mounts_the_init_at() {
 
         let out =
             output(&mut client(&c, &bin, &env, &["verify", "--nonce", "inj-1", "--", "echo", "scored"]));
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "scored",
-            "{name} verify: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_scored(&out, &format!("{name} verify"));
 
         // The live probe still works through that path: a process started after the freeze fails
         // verify, and the verifier never runs.
@@ -130,12 +125,7 @@ fn in_a_user_namespace_lineage_tags_with_the_mapped_sandbox_uid_and_a_freeze_pro
     assert_eq!(st["state"], "quiescent", "{st}");
     assert_eq!(st["killed"], 6, "{st}");
     let out = c.verify(&["--nonce", "userns-1", "--", "echo", "scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify in a user namespace");
 }
 
 /// `quiesce exec` tells the init about its launch, and runs the command only once the init has

@@ -93,7 +93,7 @@ fn an_emptydir_state_volume_and_a_secret_key_work() {
     let out =
         c.verify(&["--public-key", pubkey.to_str().unwrap(), "--nonce", "n-k8s", "--", "echo", "scored"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+    assert_scored(&out, "verify with the pod's public key");
 
     let (s, moved) = (c.state.to_str().unwrap().to_string(), c.path("moved"));
     let rename_as_agent = || c.exec_as(uid, &["mv", &s, moved.to_str().unwrap()]);

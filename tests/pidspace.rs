@@ -4,6 +4,7 @@
 //! PID namespace) and fills it with sleeping root processes; the namespace ends with the test.
 
 mod common;
+use common::adversary::{knob, knob_set, unfollowed_exec};
 use common::*;
 use std::path::Path;
 use std::time::Duration;
@@ -13,8 +14,8 @@ const PID_MAX: u32 = 600;
 /// Pids from here to pid_max are the ones handed out once the counter has gone past them.
 const RESERVED: u32 = 300;
 
-/// Is pid_max kept per PID namespace here (Linux 6.14)? Before, writing it inside the namespace
-/// would change the host's: the test must not even try.
+/// Is pid_max kept per PID namespace here (Linux 6.14)? On older kernels writing it inside the
+/// namespace would change the host's: the test must not even try.
 fn pid_max_per_namespace() -> bool {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut nums = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
@@ -89,12 +90,26 @@ fn s01_full_but_one_the_pid_counter_stays_still_through_a_thousand_processes() {
 fn hopper_alive(c: &Container, file: &Path) -> bool {
     let a = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
     std::thread::sleep(Duration::from_millis(300));
-    std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) > a
-        || c.pids().into_iter().any(|p| {
+    std::fs::metadata(file).map(|m| m.len()).unwrap_or(0) > a || !live_roots(c).is_empty()
+}
+
+/// Live root processes of the setuid-root copy: what an escapee made.
+fn live_roots(c: &Container) -> Vec<i32> {
+    c.pids()
+        .into_iter()
+        .filter(|&p| {
             c.stat(p).is_some_and(|s| s.live())
                 && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
                 && c.status_line(p, "Uid").is_some_and(|u| u.iter().all(|x| x == "0"))
         })
+        .collect()
+}
+
+/// The adversary's `reaper` mode, a root launcher that reaps whatever dies under it (`delay` µs
+/// after), running the setuid-root copy `suid` with `args` through an unfollowed launch as `uid`.
+fn under_reaper(c: &Container, uid: u32, delay: &str, suid: &str, args: &[&str]) -> Workload {
+    let launcher = [vec![adv(), "reaper".into(), delay.into()], unfollowed_exec(uid, suid, args)].concat();
+    c.start_ready(c.exec_cmd(&launcher), &format!("{args:?} under a reaping root launcher"))
 }
 
 /// A root hopper in a pid space full but for the pids it hops through: a sandbox process that
@@ -114,17 +129,18 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
         return;
     }
     let uid = 4371;
-    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    // The shape that got markers signed before the counter had a witness (3 of 27 freezes; none
-    // of 70 in other shapes: one to eight pids free, a launcher that reaps at once or after 50 µs
-    // to 1 ms): the first hop leads a session, whose id keeps one of the two free pids, so the
-    // hops go round two pids. The knobs are for trying other shapes by hand.
-    let rounds: usize = env("QUIESCE_PIDSPACE_ROUNDS", "8").parse().unwrap();
-    let frees: Vec<usize> =
-        env("QUIESCE_PIDSPACE_FREE", "2").split(',').map(|x| x.parse().unwrap()).collect();
-    let delay = env("QUIESCE_PIDSPACE_REAP_US", "0");
-    let nap = env("QUIESCE_PIDSPACE_NAP_US", "0");
-    let session = env("QUIESCE_PIDSPACE_SESSION", "newsession");
+    // The shape where the counter alone is no witness: the first hop leads a session, whose id
+    // keeps one of the two free pids, so the hops go round two pids and the counter keeps coming
+    // back to where it was. The knobs are for trying other shapes by hand (pids free, how long
+    // the launcher waits before it reaps, how long a hop naps).
+    let rounds: usize = knob("QUIESCE_PIDSPACE_ROUNDS", 8);
+    let frees: Vec<usize> = knob("QUIESCE_PIDSPACE_FREE", "2".to_string())
+        .split(',')
+        .map(|x| x.parse().expect("QUIESCE_PIDSPACE_FREE: numbers separated by commas"))
+        .collect();
+    let delay: String = knob("QUIESCE_PIDSPACE_REAP_US", "0".into());
+    let nap: String = knob("QUIESCE_PIDSPACE_NAP_US", "0".into());
+    let session: String = knob("QUIESCE_PIDSPACE_SESSION", "newsession".into());
     let mut outcomes = Vec::new();
     for round in 0..rounds {
         // Free pids left beside the hopper's own; the counter comes back after that many hops
@@ -138,27 +154,8 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
         let fill_out = c.path("fill");
         let _fill = c.launch_root(&["pidfill", fill_out.to_str().unwrap(), &(free + 3).to_string(), "0"]);
         let file = c.path("hops");
-        let q = quiesce();
-        let u = uid.to_string();
-        let a = adv();
-        let launcher = c.exec_cmd(&[
-            &a,
-            "reaper",
-            &delay,
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--allow-setuid",
-            "--no-lineage",
-            "--",
-            &suid,
-            "parent-hopper",
-            file.to_str().unwrap(),
-            &nap,
-            &session,
-        ]);
-        let _l = c.start_ready(launcher, "a hopper under a reaping root launcher");
+        let _l =
+            under_reaper(&c, uid, &delay, &suid, &["parent-hopper", file.to_str().unwrap(), &nap, &session]);
         let left = free_pids(&c);
         assert!(left.len() <= free + 1, "round {round}: not full: {} pids free: {left:?}", left.len());
         // The hopper goes on through what is left.
@@ -173,8 +170,9 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
             st["state"], st["reason"]
         );
         outcomes.push((free, st["state"].as_str().unwrap_or("?").to_string(), alive));
-        // QUIESCE_PIDSPACE_COUNT: count markers signed beside a live hopper instead of failing.
-        if alive && std::env::var("QUIESCE_PIDSPACE_COUNT").is_err() {
+        // QUIESCE_PIDSPACE_COUNT (any value): count markers signed beside a live hopper instead
+        // of failing.
+        if alive && knob_set::<String>("QUIESCE_PIDSPACE_COUNT").is_none() {
             assert_eq!(
                 st["state"], "failed",
                 "round {round} ({free} free): a marker was signed while the hopper lives: {st}"
@@ -196,7 +194,7 @@ fn s02_a_root_hopper_in_a_full_pid_space_never_gets_a_marker() {
 /// 3,000 threads, slow to read, between R and S in pid order. Once the freeze kills the sandbox
 /// process S exits a few ms later: a table that read R (parent S) before S's exit and S after it
 /// holds R with a parent that is a zombie and no launcher. Such a parent vouches for nothing: R
-/// belongs to the init by then. Before that rule, 11 of 17 freezes signed a marker with R alive.
+/// belongs to the init by then, and no freeze may sign a marker while R lives.
 #[test]
 fn s03_a_root_child_read_under_a_parent_that_died_meanwhile_never_gets_a_marker() {
     let name = "s03_a_root_child_read_under_a_parent_that_died_meanwhile_never_gets_a_marker";
@@ -210,36 +208,9 @@ fn s03_a_root_child_read_under_a_parent_that_died_meanwhile_never_gets_a_marker(
         // Small enough for the sandbox to take the counter round in a moment.
         own_pid_max_of(&c, 6000);
         let suid = setuid_copy(&c);
-        let q = quiesce();
-        let u = uid.to_string();
-        let a = adv();
-        let launcher = c.exec_cmd(&[
-            &a,
-            "reaper",
-            "0",
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--allow-setuid",
-            "--no-lineage",
-            "--",
-            &suid,
-            "stale-parent",
-            "3000",
-            delay,
-        ]);
-        let _l = c.start_ready(launcher, "stale-parent under a reaping root launcher");
+        let _l = under_reaper(&c, uid, "0", &suid, &["stale-parent", "3000", delay]);
         let (st, took) = c.freeze_by_signal(Duration::from_secs(60));
-        let roots: Vec<i32> = c
-            .pids()
-            .into_iter()
-            .filter(|&p| {
-                c.stat(p).is_some_and(|s| s.live())
-                    && c.proc_read(p, "comm").is_some_and(|n| n.trim() == "adversary-suid")
-                    && c.status_line(p, "Uid").is_some_and(|u| u.iter().all(|x| x == "0"))
-            })
-            .collect();
+        let roots = live_roots(&c);
         eprintln!(
             "delay {delay} us: state {} in {took:?}, live root {roots:?}: {}",
             st["state"], st["reason"]

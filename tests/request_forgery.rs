@@ -1,11 +1,12 @@
 //! The freeze client's identity against a root escapee (`--no-lineage`, a setuid launch), which
 //! owns `requests/` as much as the client does: it rewrites the real client's request in place
-//! to name a child of its own (y01, y02: 3 of 3 markers each beside that child when the request
-//! was believed), or kills the client and puts a child on its pid within the client's start tick
-//! (y03: 3 of 10 with the state dir on tmpfs, `TMPDIR=/dev/shm`, when the client was known by pid
-//! and start time alone). The client is the init's own only as the kernel shows it now
+//! to name a child of its own (y01, y02), or kills the client and puts a child on its pid within
+//! the client's start tick (y03; the state dir on tmpfs, `TMPDIR=/dev/shm`, makes that likelier).
+//! A request believed on its word, or a client known by pid and start time alone, would sign a
+//! marker beside that child. The client is the init's own only as the kernel shows it now
 //! (`src/freeze/client.rs`): entered from outside, this binary, untraced, its pidfd held.
 mod common;
+use common::adversary::{knob, report_forged, unfollowed_exec};
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn y01_escapee_rewrites_the_clients_request() {
     // ATK_CONTROL=1: the same run, the request left untouched (S must then be refused).
-    let control = std::env::var("ATK_CONTROL").is_ok_and(|v| v == "1");
+    let control = knob("ATK_CONTROL", 0) == 1;
     forge(4395, true, if control { "control" } else { "-" });
 }
 
@@ -27,34 +28,16 @@ fn y02_escapee_rewrites_the_request_and_kills_the_client() {
 }
 
 fn forge(uid: u32, via_shell: bool, mode: &str) {
-    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let rounds: usize = knob("ATK_ROUNDS", 3);
     let mut forged = 0;
     for round in 0..rounds {
-        let u = uid.to_string();
         let c = sandbox_setuid(uid, &["--no-lineage"]);
         let suid = setuid_copy(&c);
         let file = c.path("forge");
         let st_dir = c.state.to_str().unwrap().to_string();
-        let q = quiesce();
-        let f = file.to_str().unwrap();
-        let mut args: Vec<&str> = vec![];
-        if via_shell {
-            args.extend_from_slice(&["sh", "-c", "\"$@\"; echo launcher done", "sh"]);
-        }
-        args.extend_from_slice(&[
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--allow-setuid",
-            "--no-lineage",
-            "--",
-            &suid,
-            "forge-request",
-            &st_dir,
-            f,
-            mode,
-        ]);
+        let launch = unfollowed_exec(uid, &suid, &["forge-request", &st_dir, file.to_str().unwrap(), mode]);
+        let shell: &[&str] = if via_shell { &["sh", "-c", "\"$@\"; echo launcher done", "sh"] } else { &[] };
+        let args = [shell.iter().map(|a| a.to_string()).collect(), launch].concat();
         let _w = c.start_ready(c.exec_cmd(&args), "forge-request");
         std::thread::sleep(Duration::from_millis(300));
         let started = Instant::now();
@@ -92,41 +75,27 @@ fn forge(uid: u32, via_shell: bool, mode: &str) {
         eprintln!("round {round}: client stdout {}", String::from_utf8_lossy(&out.stdout).trim());
         if alive && st["state"] == "quiescent" {
             forged += 1;
-            let claims = c.marker_claims();
-            let v = c.verify(&["--", "echo", "scored"]);
-            eprintln!(
-                "round {round}: FORGED: nonce {} survivors {}; verify exit {:?} stdout '{}' stderr '{}'",
-                claims["nonce"],
-                claims["survivors"],
-                v.status.code(),
-                String::from_utf8_lossy(&v.stdout).trim(),
-                String::from_utf8_lossy(&v.stderr).trim()
-            );
+            report_forged(&c, round, x);
         }
     }
     assert_eq!(forged, 0, "{forged} of {rounds} freezes signed a marker while the escapee's child lived");
 }
 
-/// Same-tick squat (attack on the fix itself, no request tampering): the escapee shrinks the
-/// namespace's pid_max (root's sysctl file; writable here), kills the client the moment its
-/// request is in place and takes its pid within the client's start tick.
+/// Same-tick squat (no request tampering: an attack on knowing the client by pid and start time):
+/// the escapee shrinks the namespace's pid_max (root's sysctl file; writable here), kills the
+/// client the moment its request is in place and takes its pid within the client's start tick.
 #[test]
 fn y03_escapee_squats_the_client_within_its_start_tick() {
-    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let rounds: usize = knob("ATK_ROUNDS", 3);
     let uid = 4397;
-    let pid_max = std::env::var("ATK_PID_MAX").unwrap_or_else(|_| "310".into());
+    let pid_max: String = knob("ATK_PID_MAX", "310".into());
     let (mut forged, mut same_tick) = (0, 0);
     for round in 0..rounds {
         let c = sandbox_setuid(uid, &["--no-lineage"]);
         let suid = setuid_copy(&c);
         let file = c.path("tick");
         let st_dir = c.state.to_str().unwrap().to_string();
-        let _w = c.launch_bin(
-            uid,
-            &["--allow-setuid", "--no-lineage"],
-            &suid,
-            &["tick-squat", &st_dir, file.to_str().unwrap(), &pid_max],
-        );
+        let _w = c.launch_unfollowed(uid, &suid, &["tick-squat", &st_dir, file.to_str().unwrap(), &pid_max]);
         std::thread::sleep(Duration::from_millis(300));
         let _client = guard(c.freeze_cmd("n-y03", None));
         let mut st = serde_json::Value::Null;
@@ -154,12 +123,7 @@ fn y03_escapee_squats_the_client_within_its_start_tick() {
         );
         if alive && st["state"] == "quiescent" && c.marker_exists() {
             forged += 1;
-            let v = c.verify(&["--", "echo", "scored"]);
-            eprintln!(
-                "round {round}: FORGED: verify exit {:?} stdout '{}'",
-                v.status.code(),
-                String::from_utf8_lossy(&v.stdout).trim()
-            );
+            report_forged(&c, round, x);
         }
     }
     eprintln!("same tick {same_tick} of {rounds}");
@@ -168,8 +132,8 @@ fn y03_escapee_squats_the_client_within_its_start_tick() {
 
 /// The same configuration with nothing forged: a client entered from outside after an unfollowed
 /// launch is not the init's own, with or without CAP_SYS_PTRACE. With it, a root escapee can
-/// write the client's memory through /proc/PID/mem without tracing it (a review ran its own code
-/// in a real `quiesce freeze --wait` that way and got a marker beside a root writer); without it,
+/// write the client's memory through /proc/PID/mem without tracing it, and so run code of its own
+/// in a real `quiesce freeze --wait` that asks for a marker beside a root writer; without it,
 /// the init may not read the undumpable client's executable, and nothing tells it from an
 /// undumpable root process that runs anything. The freeze fails, naming the client and the way
 /// round (a bare signal), which then signs.
@@ -189,21 +153,8 @@ fn y04_a_client_after_an_unfollowed_launch_is_not_the_inits_own() {
             &["sleep", "1000000"],
         );
         c.wait_published();
+        let _w = c.launch_unfollowed(uid, &adv(), &["sleepers", "2"]);
         let q = quiesce();
-        let a = adv();
-        let launch = [
-            q.to_str().unwrap(),
-            "exec",
-            "--user",
-            &u,
-            "--allow-setuid",
-            "--no-lineage",
-            "--",
-            &a,
-            "sleepers",
-            "2",
-        ];
-        let _w = c.start_ready(c.exec_cmd(&launch), "sleepers by an unfollowed launch");
         let st = c.state.to_str().unwrap().to_string();
         let client =
             [&prefix[..], &[q.to_str().unwrap(), "freeze", "--state-dir", &st, "--wait", "--json"]].concat();

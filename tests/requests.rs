@@ -149,12 +149,7 @@ fn freeze_finds_the_init_when_a_shell_is_pid_1() {
     assert_eq!(st["state"], "quiescent");
     assert_eq!(st["killed"], 21, "{st}");
     let out = c.verify(&["--nonce", "n-1", "--", "echo", "scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify with the freeze's nonce");
 }
 
 // The state dir in a parent anyone may write in (a Kubernetes emptyDir is 0777): the sandbox

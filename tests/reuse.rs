@@ -1,20 +1,21 @@
 //! Pids the init frees during a freeze, taken by the sandbox: a root escapee that kills one of
 //! the init's own processes (the freeze client, the command) and puts a child of its own on the
-//! freed pid (x01, x04: refused since the init's own are known by pid and start time; before,
-//! 8 of 9 and 3 of 3 freezes signed a marker beside the squatter), and the proof's reaping at a
-//! pids limit (x02: a root hopper whose hops are the init's zombies; x03: zombies handed to the
-//! init as fast as the limit allows). Each round asserts no marker while a sandbox-made process
-//! lives, and an end within the freeze's budget.
+//! freed pid (x01, x04: the init's own are known by pid and start time, so the squatter is not
+//! taken for one of them), and the proof's reaping at a pids limit (x02: a root hopper whose hops
+//! are the init's zombies; x03: zombies handed to the init as fast as the limit allows). Each
+//! round asserts no marker while a sandbox-made process lives, and an end within the freeze's
+//! budget.
 mod common;
+use common::adversary::{knob, knob_set, report_forged, unfollowed_exec};
 use common::*;
 use std::time::{Duration, Instant};
 
 /// An unfollowed launch (`--no-lineage`, `--allow-setuid`) escapes to root under the init before
 /// the freeze. When the orchestrator's `quiesce freeze` client appears, the escapee kills it
 /// (root may: the client is a root process of the namespace), cycles the pid counter until a
-/// child of its own gets the client's pid, and exits. The freeze counts the requesting client's
-/// pid as the init's own (by number only), so that child is neither a newcomer nor an unfollowed
-/// child: the marker is signed while it lives.
+/// child of its own gets the client's pid, and exits. Were the requesting client's pid counted as
+/// the init's own by number only, that child would be neither a newcomer nor an unfollowed child,
+/// and the marker would be signed while it lives: no freeze may sign one.
 #[test]
 fn x01_escapee_squats_the_freeze_clients_pid() {
     squat(4391, false, "client");
@@ -23,24 +24,22 @@ fn x01_escapee_squats_the_freeze_clients_pid() {
 /// The same with the init not PID 1 (a subreaper, as under a shared PID namespace's pause
 /// process), its command at a pid above the reserved ones: the escapee kills the command (a root
 /// process) once the freeze has begun; the init reaps it inside the proof (after a kill round, or
-/// at a pids limit since 710af18); the escapee takes its pid. The command's pid is the init's own.
+/// at a pids limit); the escapee takes its pid. The command's pid is the init's own, the
+/// squatter on it is not.
 #[test]
 fn x04_escapee_squats_the_commands_pid_once_the_proof_reaps_it() {
     squat(4394, true, "command");
 }
 
 fn squat(uid: u32, subreaper: bool, what: &str) {
-    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let rounds: usize = knob("ATK_ROUNDS", 3);
     let mut forged = 0;
     for round in 0..rounds {
         let u = uid.to_string();
         // ATK_CG_MAX: the container in a pids cgroup of that limit, held by a sandbox bomb, and
-        // no decoys wanted (ATK_DECOY=0): the proof's reaping at the limit (710af18) frees the
-        // pid.
-        let cg: Option<PidsCgroup> = std::env::var("ATK_CG_MAX")
-            .ok()
-            .and_then(|m| m.parse().ok())
-            .map(|m| PidsCgroup::new("squat", m).expect("a pids cgroup"));
+        // no decoys wanted (ATK_DECOY=0): the proof's reaping at the limit frees the pid.
+        let cg: Option<PidsCgroup> =
+            knob_set("ATK_CG_MAX").map(|m| PidsCgroup::new("squat", m).expect("a pids cgroup"));
         let enter = cg.as_ref().map(|g| g.enter()).unwrap_or_default();
         let prefix = if cg.is_some() { vec!["sh", "-c", enter.as_str(), "sh"] } else { vec![] };
         let burn = "i=0; while [ $i -lt 400 ]; do /bin/true; i=$((i+1)); done; exec \"$@\"";
@@ -67,7 +66,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
         };
         // The namespace's pid_max: the host's default here (32768) unless ATK_PID_MAX says
         // otherwise (a child namespace starts at 4194304 on Linux 6.14+).
-        let pid_max = std::env::var("ATK_PID_MAX").unwrap_or_else(|_| "32768".into());
+        let pid_max: String = knob("ATK_PID_MAX", "32768".into());
         let out = c.exec(&[
             "sh",
             "-c",
@@ -80,18 +79,13 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
         );
         let suid = setuid_copy(&c);
         let file = c.path("squat");
-        let w = c.launch_bin(
+        let decoy: String = knob("ATK_DECOY", uid.to_string());
+        let mode: String = knob("ATK_MODE", "-".into());
+        let status = c.state.join("status.json");
+        let w = c.launch_unfollowed(
             uid,
-            &["--allow-setuid", "--no-lineage"],
             &suid,
-            &[
-                "squat-client",
-                file.to_str().unwrap(),
-                &std::env::var("ATK_DECOY").unwrap_or_else(|_| uid.to_string()),
-                &std::env::var("ATK_MODE").unwrap_or_else(|_| "-".into()),
-                what,
-                c.state.join("status.json").to_str().unwrap(),
-            ],
+            &["squat-client", file.to_str().unwrap(), &decoy, &mode, what, status.to_str().unwrap()],
         );
         let _bomb = cg.as_ref().map(|g| {
             let q = quiesce();
@@ -133,19 +127,7 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
         );
         if alive && st["state"] == "quiescent" {
             forged += 1;
-            let claims = c.marker_claims();
-            let v = c.verify(&["--", "echo", "scored"]);
-            eprintln!(
-                "round {round}: FORGED: marker survivors {} processes {}; squatter {x} uid {:?} ppid {:?}; \
-                 verify exit {:?} stdout '{}' stderr '{}'",
-                claims["survivors"],
-                claims["processes"].as_array().map_or(0, |a| a.len()),
-                c.status_line(x, "Uid"),
-                c.stat(x).map(|s| s.ppid),
-                v.status.code(),
-                String::from_utf8_lossy(&v.stdout).trim(),
-                String::from_utf8_lossy(&v.stderr).trim()
-            );
+            report_forged(&c, round, x);
         }
     }
     assert_eq!(forged, 0, "{forged} of {rounds} freezes signed a marker while the squatter lived");
@@ -154,14 +136,14 @@ fn squat(uid: u32, subreaper: bool, what: &str) {
 /// A root hopper (`--no-lineage --allow-setuid`, a plain fork whose parent exits: every hop that
 /// exits is a zombie child of the init) inside the container's pids cgroup. While the init
 /// observes it does not reap, so the hops' zombies fill the limit within a pass: the hopper
-/// stalls and the init's thread gets no pid. The proof then reaps (710af18), which frees pids to
-/// the hopper, and observes again. Every freeze must fail while the hopper lives, and end
-/// within its budget.
+/// stalls and the init's thread gets no pid. The proof then reaps, which frees pids to the
+/// hopper, and observes again. Every freeze must fail while the hopper lives, and end within its
+/// budget.
 #[test]
 fn x02_root_hopper_whose_hops_are_the_inits_zombies_at_a_pids_limit() {
-    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
-    let max: u32 = std::env::var("ATK_PIDS_MAX").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let nap = std::env::var("ATK_NAP_US").unwrap_or_else(|_| "0".into());
+    let rounds: usize = knob("ATK_ROUNDS", 4);
+    let max: u32 = knob("ATK_PIDS_MAX", 60);
+    let nap: String = knob("ATK_NAP_US", "0".into());
     let mut bad = Vec::new();
     for round in 0..rounds {
         let uid = 4392;
@@ -169,27 +151,10 @@ fn x02_root_hopper_whose_hops_are_the_inits_zombies_at_a_pids_limit() {
             skip("x02", "no pids cgroup");
             return;
         };
-        let u = uid.to_string();
         let c = sandbox_in_setuid(&cg, uid, &["--no-lineage", "--freeze-timeout", "5"]);
         let suid = setuid_copy(&c);
         let file = c.path("hops");
-        let q = quiesce();
-        let hopper = c.exec_in(
-            &cg,
-            &[
-                q.to_str().unwrap(),
-                "exec",
-                "--user",
-                &u,
-                "--allow-setuid",
-                "--no-lineage",
-                "--",
-                &suid,
-                "hopper",
-                file.to_str().unwrap(),
-                &nap,
-            ],
-        );
+        let hopper = c.exec_in(&cg, &unfollowed_exec(uid, &suid, &["hopper", file.to_str().unwrap(), &nap]));
         let _h = c.start_ready(hopper, "a root hopper in the cgroup");
         let a0 = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
         wait_for("the hopper to hop", Duration::from_secs(10), || {
@@ -225,7 +190,7 @@ fn x02_root_hopper_whose_hops_are_the_inits_zombies_at_a_pids_limit() {
 /// marker unless nothing of the sandbox lives.
 #[test]
 fn x03_zombie_storm_at_a_pids_limit() {
-    let rounds: usize = std::env::var("ATK_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let rounds: usize = knob("ATK_ROUNDS", 3);
     let mut bad = Vec::new();
     for round in 0..rounds {
         let uid = 4393;

@@ -56,9 +56,9 @@ fn z01_a_marker_signed_where_setuid_works_is_refused_by_default() {
             // Accepted by name, the marker is checked as before (and scores: that is the risk
             // the option names).
             let out = c.verify(&["--nonce", "n1", "--accept-privilege-escalation", "--", "echo", "scored"]);
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored", "{out:?}");
+            assert_scored(&out, "verify with --accept-privilege-escalation");
         } else {
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored", "{said}");
+            assert_scored(&out, "verify of a marker signed with no-new-privileges");
             assert!(!still_written(&file), "the writer was the sandbox user's, and the freeze killed it");
         }
     }

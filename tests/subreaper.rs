@@ -92,10 +92,5 @@ fn a_freeze_without_a_subreaper_still_ends_the_sandbox_and_signs() {
     assert_eq!(st["killed"], 4, "{st}");
     assert!(c.live_of_uid(uid).is_empty());
     let out = c.verify(&["--nonce", "n-nosub", "--", "echo", "scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify of a freeze by an init that is no subreaper");
 }

@@ -119,12 +119,7 @@ fn refused(out: &std::process::Output, want: i32, what: &str) {
 fn end_to_end_and_pyjwt_verifies_the_real_marker() {
     let (c, _key) = frozen(4401, "nonce-42");
     let out = c.verify(&["--nonce", "nonce-42", "--sandbox-user", "4401", "--", "sh", "-c", "echo scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify with the nonce and sandbox user");
 
     let script = r#"
 import sys, jwt
@@ -222,7 +217,7 @@ fn expired_future_nonce_and_uids() {
     refused(&verify_token(&c, &pyjwt_sign(&bad, &key, "EdDSA"), &[]), 13, "survivors");
     // The untouched marker still passes: every refusal above came from its one check.
     let out = c.verify(&["--nonce", "right", "--sandbox-user", "4405", "--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+    assert_scored(&out, "verify of the untouched marker");
 }
 
 /// The marker says what configuration the freeze ran in; a verifier that demands one refuses
@@ -242,7 +237,7 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
     assert!(said.contains("no-new-privileges") && said.contains("--accept-privilege-escalation"), "{said}");
     refused(&c.verify(&["--require-no-setuid", "--", "echo", "scored"]), 18, "setuid");
     let accepted = c.verify(&["--accept-privilege-escalation", "--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&accepted.stdout).trim(), "scored", "{accepted:?}");
+    assert_scored(&accepted, "verify with --accept-privilege-escalation");
     let by_env = c.exec(&[
         "env",
         "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1",
@@ -254,7 +249,7 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
         "echo",
         "scored",
     ]);
-    assert_eq!(String::from_utf8_lossy(&by_env.stdout).trim(), "scored", "{by_env:?}");
+    assert_scored(&by_env, "verify accepting privilege escalation by the environment");
     // The old option still refuses, whatever the variable says (0 or 1).
     for v in ["0", "1"] {
         let out = c.exec(&[
@@ -275,7 +270,7 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
     let with_lineage =
         c.verify(&["--require-lineage", "--accept-privilege-escalation", "--", "echo", "scored"]);
     if lineage {
-        assert_eq!(String::from_utf8_lossy(&with_lineage.stdout).trim(), "scored");
+        assert_scored(&with_lineage, "verify with --require-lineage of a marker with lineage");
     } else {
         refused(&with_lineage, 18, "lineage unavailable here");
     }
@@ -293,15 +288,10 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
     let mut nnp = claims.clone();
     nnp["setuid"] = false.into();
     let out = verify_token(&c, &pyjwt_sign(&nnp, &key, "EdDSA"), &["--require-no-setuid"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify --require-no-setuid of a marker that says setuid: false");
     // A marker that says setuid: false passes without any option.
     let out = verify_token(&c, &pyjwt_sign(&nnp, &key, "EdDSA"), &[]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+    assert_scored(&out, "verify of a marker that says setuid: false");
 
     // An init with no_new_privs (Docker's no-new-privileges): its marker says setuid: false.
     let u = "4409";
@@ -319,12 +309,7 @@ fn a_policy_on_lineage_and_setuid_refuses_markers_from_other_configurations() {
     assert_eq!(code, 0, "{st}");
     assert_eq!(claims_of(&marker(&n))["setuid"], false);
     let out = n.verify(&["--require-no-setuid", "--nonce", "q", "--", "echo", "scored"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "scored",
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_scored(&out, "verify --require-no-setuid of a marker signed with no-new-privileges");
 }
 
 #[test]
@@ -346,7 +331,7 @@ fn live_sandbox_process_at_verify_time() {
     let _w = c.launch(4408, &["pause"]);
     refused(&c.verify(&["--", "echo", "scored"]), 16, "live");
     let out = c.verify(&["--no-live-probe", "--", "echo", "scored"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "scored");
+    assert_scored(&out, "verify with --no-live-probe");
 }
 
 #[test]

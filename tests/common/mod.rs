@@ -3,6 +3,8 @@
 //! read here has a bound, so a broken init fails a test instead of hanging the run.
 #![allow(dead_code)]
 
+pub mod adversary;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -579,7 +581,7 @@ impl Container {
     }
 
     /// Run a command inside the namespace, as `docker exec` would (root unless wrapped).
-    pub fn exec(&self, args: &[&str]) -> Output {
+    pub fn exec<S: AsRef<str>>(&self, args: &[S]) -> Output {
         output(&mut self.exec_cmd(args))
     }
 
@@ -598,11 +600,11 @@ impl Container {
     /// Like `docker exec`: join the namespace's PID and mount namespaces, fork, and have the
     /// outside parent wait for the inside child without mirroring its stops (nsenter mirrors
     /// them, which a freeze would turn into a stopped waiter that never reaps).
-    pub fn exec_cmd(&self, args: &[&str]) -> Command {
+    pub fn exec_cmd<S: AsRef<str>>(&self, args: &[S]) -> Command {
         use std::os::unix::process::CommandExt;
         assert!(self.init > 0, "no namespace to enter: the init exited before the harness saw it");
-        let mut c = Command::new(args[0]);
-        c.args(&args[1..]);
+        let mut c = Command::new(args[0].as_ref());
+        c.args(args[1..].iter().map(AsRef::as_ref));
         // As the image's default state dir would be: `quiesce exec` records its launches there.
         c.env("ADV", adversary())
             .env("Q", quiesce())
@@ -720,10 +722,10 @@ impl Container {
     }
 
     /// `exec_cmd(args)`, moved into the pids cgroup `cg` before it runs `args`.
-    pub fn exec_in(&self, cg: &PidsCgroup, args: &[&str]) -> Command {
+    pub fn exec_in<S: AsRef<str>>(&self, cg: &PidsCgroup, args: &[S]) -> Command {
         let enter = cg.enter();
         let mut full = vec!["sh", "-c", enter.as_str(), "sh"];
-        full.extend_from_slice(args);
+        full.extend(args.iter().map(AsRef::as_ref));
         self.exec_cmd(&full)
     }
 
@@ -1016,6 +1018,19 @@ impl Drop for Container {
 
 pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// `quiesce verify ... -- echo scored` let its command run: it printed "scored". A failure shows
+/// `what` (which verify), and verify's exit code, output and refusal.
+#[track_caller]
+pub fn assert_scored(out: &Output, what: &str) {
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "scored",
+        "{what}: verify did not run the command (exit {:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
 }
 
 /// A Kubernetes Secret volume in `d`: `fill` writes `files` into the real directory

@@ -188,10 +188,11 @@ fn t01b_fork_bomb_while_the_init_tracks_constantly() {
     // With the CPU shared among 2,000 forkers, a history refresh takes seconds; a freeze request
     // must interrupt it rather than wait behind it. The baseline is the same freeze with periodic
     // tracking off. Each freeze runs with its own bomb alone: two bombs at once load whichever
-    // init freezes first with the other's forkers, and under 4,000 forkers the two inits noticed
-    // their signals 9 s apart, so one stop ran beside a live bomb and the other did not (11.8 s
-    // against 2.5 s). Rounds alternate, and each side keeps its fastest: load from outside only
-    // ever slows a freeze, and a regression slows every tracked one.
+    // init freezes first with the other's forkers, and the two inits can notice their signals
+    // seconds apart, so that one stop runs beside a live bomb and the other does not, and the
+    // comparison measures the load instead of the tracking. Rounds alternate, and each side keeps
+    // its fastest: load from outside only ever slows a freeze, and a regression slows every
+    // tracked one.
     let _h = heavy();
     // Each init competes for the CPU with 2,000 forkers: its stop alone can take seconds. The
     // budget is not what this test is about.

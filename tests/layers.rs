@@ -1,5 +1,6 @@
-//! `scripts/layers` fails on an upward use in each form it can take, and on a short name the
-//! crate root no longer keeps, and on a re-export; the tree as it is passes.
+//! `scripts/layers` fails on an upward use in each form it can take, on a short name at the
+//! crate root (which keeps none: every path names its folder), and on a re-export; the tree as
+//! it is passes.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

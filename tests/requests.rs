@@ -341,7 +341,7 @@ mv "$1/requests/.tmp" "$1/requests/$id" && echo "$id" && kill -USR1 1"#;
 
 /// 3. Old results are pruned through the opened state dir: when a link to a directory of root's
 ///    is put at the path while a `quiesce freeze` request is being taken, the answer's pruning
-///    deletes nothing there, and a client at the path now refuses instead of reporting success.
+///    deletes nothing there, and a client at the path refuses rather than report success.
 #[test]
 fn results_are_pruned_in_the_opened_state_dir_not_at_the_path() {
     let uid = 4763;

@@ -213,8 +213,8 @@ fn z05_a_quiesce_exec_process_is_no_freeze_client() {
 /// A root escapee takes over the orchestrator's own `quiesce freeze --wait` through
 /// /proc/PID/mem, without tracing it: at its exit the client forks a root writer. The client runs
 /// this binary as `freeze`, untraced and childless at every check; where a launch can become root
-/// unseen, no client is the init's own, so the client's freeze fails and signs nothing (a review
-/// got 3 of 3 markers accepted beside the writer before).
+/// unseen, no client is the init's own, so the client's freeze fails and signs nothing: no
+/// marker is accepted while the writer lives.
 #[test]
 fn z06_a_client_taken_over_through_its_memory_gets_no_marker() {
     if !cfg!(target_arch = "x86_64") {

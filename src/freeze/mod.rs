@@ -1,5 +1,5 @@
-//! Act and prove: stop, walk, kill (run), signal as a sandbox UID (cred), read the walk's
-//! bounded evidence (evidence), and tell the client that asked for the freeze from a process
+//! Act and prove: stop, walk, kill (run), signal as a sandbox UID (cred), signal one observed
+//! process PID-reuse-safely (target), read the walk's bounded evidence (evidence), and tell the client that asked for the freeze from a process
 //! that claims to be it (client). May use: kernel, state, observe, decide. The freeze is the
 //! conductor of one freeze; it never signs: it returns an outcome for the init to sign.
 
@@ -7,3 +7,4 @@ pub mod client;
 pub mod cred;
 pub mod evidence;
 pub mod run;
+pub mod target;

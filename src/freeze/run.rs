@@ -5,6 +5,7 @@ use crate::decide::newcomers;
 use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::client;
 use crate::freeze::evidence::{self, Gathered};
+use crate::freeze::target;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs::{self, Proc, Reader, Snapshot};
@@ -157,7 +158,7 @@ fn signal_each(
     let mut n = 0;
     let mut pass = reader.pass()?;
     for p in targets {
-        if procs::signal_in(&mut pass, p, sig)? {
+        if target::signal_in(&mut pass, p, sig)? {
             n += 1;
         }
     }
@@ -202,7 +203,7 @@ fn kill_groups(
 ) -> io::Result<usize> {
     let mut n = 0;
     for leader in sandbox_groups(snap, tainted, reach) {
-        let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
+        let h = match target::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
         };
@@ -368,7 +369,7 @@ impl Run<'_> {
             // first pass only what it may have missed needs a pidfd.
             for p in &running {
                 if !first || missable(p, &self.policy.uids) {
-                    procs::signal(self.reader, p, libc::SIGSTOP)
+                    target::signal(self.reader, p, libc::SIGSTOP)
                         .map_err(|e| format!("signal failed: {e}"))?;
                 }
             }

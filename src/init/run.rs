@@ -9,7 +9,7 @@ use crate::init::attesting::{self, Worker};
 use crate::init::spawn::Plan;
 use crate::kernel::sys::{self, Pid, Reaped, SignalFd};
 use crate::marker::{self, jws::Claims};
-use crate::observe::procs::{self, Detail, Reader};
+use crate::observe::procs::{Detail, Reader};
 use crate::state::launches::Launch;
 use crate::state::requests::{self, Request};
 use crate::state::{self, dir::StateDir, dir::Status};
@@ -149,7 +149,7 @@ fn signal_rest(sig: i32) -> usize {
             hops += 1;
         }
         if cur == me && p.pid != me && p.alive() {
-            match procs::signal(&reader, p, sig) {
+            match freeze::target::signal(&reader, p, sig) {
                 Ok(true) => n += 1,
                 Ok(false) => {}
                 Err(e) => log::error!("shutdown: {e}"),

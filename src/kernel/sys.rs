@@ -243,7 +243,7 @@ pub fn wait_child(pid: Pid) -> io::Result<i32> {
 
 /// Signal a process or a process group (negative) with kill(2).
 /// Only the init's forwarding to its own command uses this; everything that acts on observed
-/// processes goes through a pidfd (`procs::Handle`).
+/// processes goes through a pidfd (`freeze::target::Handle`).
 pub fn kill(pid: Pid, sig: i32) -> io::Result<()> {
     // SAFETY: plain syscall.
     check(unsafe { libc::kill(pid, sig) } as _).map(|_| ())

@@ -1,7 +1,6 @@
 //! Observe: what /proc says (procs), whether it can be believed (proctrust), a consistent table
 //! (consistency), waiting for signalled processes to act (settle), the container's identity
-//! (container). May use: kernel. Never decides who is a sandbox process; the signal helpers in
-//! procs only make a signal PID-reuse-safe: whom to signal is decided above.
+//! (container). May use: kernel. Never decides who is a sandbox process, and never signals.
 
 pub mod consistency;
 pub mod container;

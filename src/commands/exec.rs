@@ -5,7 +5,7 @@ use crate::cli::args::ExecArgs;
 use crate::init::spawn::{self, Plan};
 use crate::kernel::sys::{self, Pid};
 use crate::kernel::users;
-use crate::observe::procs::Reader;
+use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
 use crate::state::requests;
 use crate::state::{dir::StateDir, locator, published::published_in, published::Published};

@@ -3,7 +3,7 @@
 use crate::cli::args::FreezeArgs;
 use crate::kernel::sys;
 use crate::marker;
-use crate::observe::procs::Reader;
+use crate::observe::procs::reader::Reader;
 use crate::state::requests;
 use crate::state::{self, dir::StateDir, dir::Status, published::published_in, published::SANDBOX_FILE};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@ use crate::cli::args::PsArgs;
 use crate::decide::taint::{Policy, Tainted};
 use crate::kernel::sys::Pid;
 use crate::kernel::users::{self, resolve_uids};
-use crate::observe::procs::{Detail, Reader, Snapshot};
+use crate::observe::procs::reader::{Detail, Reader, Snapshot};
 use crate::state::published::published;
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -18,7 +18,7 @@
 
 use crate::decide::taint::{Reason, Tainted};
 use crate::kernel::sys::Pid;
-use crate::observe::procs::{Proc, Snapshot};
+use crate::observe::procs::reader::{Proc, Snapshot};
 use crate::state::launches::Launch;
 use std::collections::{HashMap, HashSet};
 
@@ -42,7 +42,7 @@ impl Since {
     /// the start. (The other way round, a process made after the identity but stamped in the tick
     /// before the clock's would count as old.) An unreadable clock makes every process count as
     /// born during the freeze (more refusals, never fewer).
-    pub fn take(reader: &crate::observe::procs::Reader) -> Since {
+    pub fn take(reader: &crate::observe::procs::reader::Reader) -> Since {
         let ticks = crate::kernel::sys::boot_ticks().unwrap_or(0);
         // Where identities exist but none could be had now (no pid free for a thread), every
         // process of the starting tick counts as new.
@@ -354,7 +354,8 @@ mod tests {
 
     #[test]
     fn in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one() {
-        let Some(order) = Since::take(&crate::observe::procs::Reader::default()).order.filter(|&o| o > 0)
+        let Some(order) =
+            Since::take(&crate::observe::procs::reader::Reader::default()).order.filter(|&o| o > 0)
         else {
             crate::observe::consistency::skip_test(
                 "in_the_freezes_first_tick_a_processs_identity_decides_where_the_kernel_gives_one",
@@ -362,7 +363,7 @@ mod tests {
             );
             return;
         };
-        let reader = crate::observe::procs::Reader::default();
+        let reader = crate::observe::procs::reader::Reader::default();
         let me = crate::kernel::sys::getpid();
         let mine = reader.start_time(me).unwrap().unwrap();
         let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();

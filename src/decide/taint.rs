@@ -1,7 +1,7 @@
 //! Who counts as a sandbox process. Any one reason is enough; names are never looked at.
 
 use crate::kernel::sys::Pid;
-use crate::observe::procs::{Proc, Snapshot};
+use crate::observe::procs::reader::{Proc, Snapshot};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -234,7 +234,7 @@ fn tainted_ancestors(snap: &Snapshot, direct: &[Reasons], me: Pid) -> Vec<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::Thread;
+    use crate::observe::procs::reader::Thread;
 
     fn p(pid: Pid, ppid: Pid, uid: u32) -> Proc {
         Proc::fixture(pid, ppid, pid as u64 * 10, uid)

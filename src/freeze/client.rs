@@ -14,7 +14,7 @@
 
 use crate::decide::newcomers::Own;
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::{Reader, Snapshot};
+use crate::observe::procs::reader::{Reader, Snapshot};
 use std::os::fd::OwnedFd;
 
 /// The subcommand a client runs as.

@@ -14,7 +14,7 @@
 //! keep it from existing at freeze time.
 
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::Reader;
+use crate::observe::procs::reader::Reader;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;

@@ -22,7 +22,7 @@
 
 use crate::decide::taint::Reasons;
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::{Proc, Reader, CMDLINE_READ};
+use crate::observe::procs::reader::{Proc, Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -464,7 +464,7 @@ impl Walk<'_> {
     /// Use a second lane when the walk is large, there is a second core and its reader runs or
     /// can be started now (within the same limits); otherwise the first lane takes everything.
     fn widen(&mut self, targets: usize) {
-        if targets < LANES_FROM || !crate::observe::procs::several_cores() {
+        if targets < LANES_FROM || !crate::observe::procs::reader::several_cores() {
             return;
         }
         if self.pool.workers[1].is_none() {
@@ -673,8 +673,10 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
-        let me =
-            Reader::default().read(sys::getpid(), crate::observe::procs::Detail::Light).unwrap().unwrap();
+        let me = Reader::default()
+            .read(sys::getpid(), crate::observe::procs::reader::Detail::Light)
+            .unwrap()
+            .unwrap();
         let got = gather(
             [Target::of(&me, Reasons::of(&[crate::decide::taint::Reason::Uid]))].into_iter(),
             1,
@@ -689,8 +691,10 @@ mod tests {
 
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
-        let me =
-            Reader::default().read(sys::getpid(), crate::observe::procs::Detail::Light).unwrap().unwrap();
+        let me = Reader::default()
+            .read(sys::getpid(), crate::observe::procs::reader::Detail::Light)
+            .unwrap()
+            .unwrap();
         let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);
         assert_eq!(got.processes.len(), 3);
         assert!(got.processes.iter().all(|e| e.unreadable && e.cmdline.is_none()));

@@ -8,7 +8,10 @@ use crate::freeze::evidence::{self, Gathered};
 use crate::freeze::target;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
-use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::procs::{
+    self,
+    reader::{Proc, Reader, Snapshot},
+};
 use crate::observe::settle;
 use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::{BTreeMap, HashSet};
@@ -38,7 +41,7 @@ pub struct Context<'a> {
 /// The freeze's start point (`newcomers::Since::take`: what orders the starting tick's processes,
 /// then the clock); a process of the starting tick made after it is new. Unreadable clock: every
 /// process counts as born during the freeze (more refusals, never fewer).
-pub fn start_point(reader: &procs::Reader) -> newcomers::Since {
+pub fn start_point(reader: &procs::reader::Reader) -> newcomers::Since {
     newcomers::Since::take(reader)
 }
 
@@ -651,7 +654,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::Thread;
+    use crate::observe::procs::reader::Thread;
 
     fn stopped(mut p: Proc) -> Proc {
         p.state = 'T';

@@ -9,7 +9,7 @@ use crate::init::attesting::{self, Worker};
 use crate::init::spawn::Plan;
 use crate::kernel::sys::{self, Pid, Reaped, SignalFd};
 use crate::marker::{self, jws::Claims};
-use crate::observe::procs::{Detail, Reader};
+use crate::observe::procs::reader::{Detail, Reader};
 use crate::state::launches::Launch;
 use crate::state::requests::{self, Request};
 use crate::state::{self, dir::StateDir, dir::Status};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct Sandbox {
     pub policy: Policy,
     /// The last tracking observation.
-    pub seen: crate::observe::procs::Snapshot,
+    pub seen: crate::observe::procs::reader::Snapshot,
     pub state: StateDir,
     /// Start-time files not yet synced (see `StateDir::write_atomic_deferred`).
     pub unsynced: Vec<std::fs::File>,

@@ -109,7 +109,7 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
         log::info!("lineage off (--no-lineage): tracking relies on uid, ancestry and history");
         return false;
     }
-    if let Some(inherited) = procs::own_loginuid() {
+    if let Some(inherited) = procs::reader::own_loginuid() {
         log::info!(
             "lineage unavailable: this init inherited loginuid {inherited} (started from a login \
              session), which every process here carries; tracking relies on uid, ancestry and history"
@@ -178,7 +178,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
     write(state::dir::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = sys::getpid();
-    let start_time = procs::Reader::default()
+    let start_time = procs::reader::Reader::default()
         .start_time(me)
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
         .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;

@@ -44,7 +44,7 @@
 //! lack by default).
 
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::{Detail, Pass, Proc, Reader, Snapshot};
+use crate::observe::procs::reader::{Detail, Pass, Proc, Reader, Snapshot};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -383,8 +383,8 @@ pub(crate) fn skip_test(name: &str, reason: &str) {
 mod tests {
     #[test]
     fn an_observation_past_its_budget_fails_rather_than_goes_on() {
-        let reader = crate::observe::procs::Reader::default();
-        let mut snap = reader.snapshot(crate::observe::procs::Detail::Light).unwrap();
+        let reader = crate::observe::procs::reader::Reader::default();
+        let mut snap = reader.snapshot(crate::observe::procs::reader::Detail::Light).unwrap();
         let past = std::time::Instant::now();
         match super::observe(&reader, &mut snap, past) {
             Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}"),

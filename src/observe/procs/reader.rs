@@ -1,7 +1,5 @@
-//! The process table as /proc shows it.
-//!
-//! A process that vanished between listing and reading has exited. Any other failure is
-//! *unknown* and is returned as an error: it is never read as "no such process".
+//! The reader: every process of the namespace read into a table, after proctrust says /proc
+//! can be believed. May use: kernel, observe.
 
 use crate::kernel::sys::{self, Pid};
 use std::fs;

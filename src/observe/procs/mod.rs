@@ -1,0 +1,7 @@
+//! The process table as /proc shows it.
+//!
+//! A process that vanished between listing and reading has exited. Any other failure is
+//! *unknown* and is returned as an error: it is never read as "no such process".
+//! May use: kernel, observe (proctrust). Never decides who is a sandbox process, never signals.
+
+pub mod reader;

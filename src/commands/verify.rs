@@ -4,7 +4,8 @@
 use crate::cli::args::VerifyArgs;
 use crate::decide::taint::Policy;
 use crate::marker::{self, jws::Bad, jws::Claims};
-use crate::observe::procs::reader::{Detail, Reader};
+use crate::observe::procs::model::Detail;
+use crate::observe::procs::reader::Reader;
 use crate::state::files::{self, FileError};
 use crate::state::{self, dir::StateDir};
 use serde::Serialize;

@@ -18,7 +18,8 @@
 
 use crate::decide::taint::{Reason, Tainted};
 use crate::kernel::sys::Pid;
-use crate::observe::procs::reader::{Proc, Snapshot};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::Snapshot;
 use crate::state::launches::Launch;
 use std::collections::{HashMap, HashSet};
 

@@ -1,7 +1,8 @@
 //! Who counts as a sandbox process. Any one reason is enough; names are never looked at.
 
 use crate::kernel::sys::Pid;
-use crate::observe::procs::reader::{Proc, Snapshot};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -234,7 +235,7 @@ fn tainted_ancestors(snap: &Snapshot, direct: &[Reasons], me: Pid) -> Vec<bool> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::reader::Thread;
+    use crate::observe::procs::model::Thread;
 
     fn p(pid: Pid, ppid: Pid, uid: u32) -> Proc {
         Proc::fixture(pid, ppid, pid as u64 * 10, uid)

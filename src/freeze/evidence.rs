@@ -22,7 +22,8 @@
 
 use crate::decide::taint::Reasons;
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::reader::{Proc, Reader, CMDLINE_READ};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::{Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io::{self, Read};
@@ -674,7 +675,7 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default()
-            .read(sys::getpid(), crate::observe::procs::reader::Detail::Light)
+            .read(sys::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather(
@@ -692,7 +693,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default()
-            .read(sys::getpid(), crate::observe::procs::reader::Detail::Light)
+            .read(sys::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);

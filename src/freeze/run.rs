@@ -8,10 +8,9 @@ use crate::freeze::evidence::{self, Gathered};
 use crate::freeze::target;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
-use crate::observe::procs::{
-    self,
-    reader::{Proc, Reader, Snapshot},
-};
+use crate::observe::procs;
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::{Reader, Snapshot};
 use crate::observe::settle;
 use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::{BTreeMap, HashSet};
@@ -654,7 +653,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::reader::Thread;
+    use crate::observe::procs::model::Thread;
 
     fn stopped(mut p: Proc) -> Proc {
         p.state = 'T';

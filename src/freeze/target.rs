@@ -3,7 +3,8 @@
 //! signal is decided by the caller. May use: kernel, observe.
 
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::reader::{Pass, Proc, Reader};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::{Pass, Reader};
 use std::io;
 use std::os::fd::OwnedFd;
 
@@ -100,7 +101,7 @@ pub fn signal_in(pass: &mut Pass, p: &Proc, sig: i32) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::reader::Detail;
+    use crate::observe::procs::model::Detail;
 
     #[test]
     fn never_signal_special_pids() {

@@ -44,7 +44,8 @@
 //! lack by default).
 
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::reader::{Detail, Pass, Proc, Reader, Snapshot};
+use crate::observe::procs::model::{Detail, Proc};
+use crate::observe::procs::reader::{Pass, Reader, Snapshot};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -384,7 +385,7 @@ mod tests {
     #[test]
     fn an_observation_past_its_budget_fails_rather_than_goes_on() {
         let reader = crate::observe::procs::reader::Reader::default();
-        let mut snap = reader.snapshot(crate::observe::procs::reader::Detail::Light).unwrap();
+        let mut snap = reader.snapshot(crate::observe::procs::model::Detail::Light).unwrap();
         let past = std::time::Instant::now();
         match super::observe(&reader, &mut snap, past) {
             Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}"),

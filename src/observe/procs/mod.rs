@@ -4,4 +4,5 @@
 //! *unknown* and is returned as an error: it is never read as "no such process".
 //! May use: kernel, observe (proctrust). Never decides who is a sandbox process, never signals.
 
+pub mod model;
 pub mod reader;

@@ -19,7 +19,7 @@
 use crate::decide::taint::{Reason, Tainted};
 use crate::kernel::sys::Pid;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::Snapshot;
+use crate::observe::procs::table::Snapshot;
 use crate::state::launches::Launch;
 use std::collections::{HashMap, HashSet};
 

@@ -2,7 +2,7 @@
 
 use crate::kernel::sys::Pid;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::Snapshot;
+use crate::observe::procs::table::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

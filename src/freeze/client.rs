@@ -14,7 +14,8 @@
 
 use crate::decide::newcomers::Own;
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::reader::{Reader, Snapshot};
+use crate::observe::procs::reader::Reader;
+use crate::observe::procs::table::Snapshot;
 use std::os::fd::OwnedFd;
 
 /// The subcommand a client runs as.

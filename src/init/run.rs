@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub struct Sandbox {
     pub policy: Policy,
     /// The last tracking observation.
-    pub seen: crate::observe::procs::reader::Snapshot,
+    pub seen: crate::observe::procs::table::Snapshot,
     pub state: StateDir,
     /// Start-time files not yet synced (see `StateDir::write_atomic_deferred`).
     pub unsynced: Vec<std::fs::File>,

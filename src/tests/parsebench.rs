@@ -78,9 +78,9 @@ fn parse_cost() {
     let hand = median_us(|| {
         ok = (0, 0);
         for (stat, status) in &files {
-            ok.0 += procs::reader::parse_stat(stat).is_ok() as usize;
+            ok.0 += procs::parse::parse_stat(stat).is_ok() as usize;
             ok.0 +=
-                std::str::from_utf8(status).ok().and_then(|s| procs::reader::parse_status(s).ok()).is_some()
+                std::str::from_utf8(status).ok().and_then(|s| procs::parse::parse_status(s).ok()).is_some()
                     as usize;
         }
     });

@@ -322,7 +322,7 @@ proptest! {
     #[test]
     fn stat_lines_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..2048), text in textish()) {
         for input in [&bytes[..], text.as_bytes()] {
-            let (r, used) = allocated_by(|| procs::reader::parse_stat(input));
+            let (r, used) = allocated_by(|| procs::parse::parse_stat(input));
             prop_assert!(used <= bounded(input.len()));
             if let Err(e) = r {
                 prop_assert!(one_line(&e), "{e}");
@@ -344,7 +344,7 @@ proptest! {
         let mut line = format!("{pid} (").into_bytes();
         line.extend_from_slice(&comm);
         line.extend_from_slice(format!(") {state} {ppid} {pgid} {sid} 34816 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 {start} 1000 100 18446744073709551615\n").as_bytes());
-        let st = procs::reader::parse_stat(&line).unwrap();
+        let st = procs::parse::parse_stat(&line).unwrap();
         prop_assert_eq!(st.pid, pid);
         prop_assert_eq!(st.comm, String::from_utf8_lossy(&comm).into_owned());
         prop_assert_eq!(st.state.to_string(), state);
@@ -361,7 +361,7 @@ proptest! {
             !["State:", "Uid:", "Gid:", "Threads:", "Tgid:"].iter().any(|k| n.starts_with(k))
         }),
     ) {
-        let (r, used) = allocated_by(|| procs::reader::parse_status(&text));
+        let (r, used) = allocated_by(|| procs::parse::parse_status(&text));
         prop_assert!(used <= bounded(text.len()));
         if let Err(e) = r {
             prop_assert!(one_line(&e), "{e}");
@@ -370,7 +370,7 @@ proptest! {
             "Name:\tx\n{noise}\nState:\t{state} (sleeping)\nUid:\t{}\t{}\t{}\t{}\nGid:\t{}\t{}\t{}\t{}\nThreads:\t1\n",
             uids[0], uids[1], uids[2], uids[3], gids[0], gids[1], gids[2], gids[3]
         );
-        let (s, u, g) = procs::reader::parse_status(&doc).unwrap();
+        let (s, u, g) = procs::parse::parse_status(&doc).unwrap();
         prop_assert_eq!((s.to_string(), u, g), (state, uids, gids));
     }
 

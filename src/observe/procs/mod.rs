@@ -5,5 +5,6 @@
 //! May use: kernel, observe (proctrust). Never decides who is a sandbox process, never signals.
 
 pub mod model;
+pub mod parse;
 pub mod reader;
 pub mod table;

@@ -6,5 +6,6 @@
 
 pub mod model;
 pub mod parse;
+pub mod read;
 pub mod reader;
 pub mod table;

@@ -4,6 +4,7 @@
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::model::{exited, Detail, Named, Proc, Thread, Threads};
 use crate::observe::procs::parse::{parse_stat, parse_status, parse_status_threads, stat_state, Stat};
+use crate::observe::procs::read::{is_gone, read_prefix, unknown, Read};
 use crate::observe::procs::table::{Snapshot, Table, GONE};
 use std::fs;
 use std::io;
@@ -27,31 +28,6 @@ pub fn several_cores() -> bool {
 
 /// Bytes of a stat, status or loginuid file read at most: far more than the kernel writes.
 const FILE_MAX: usize = 64 * 1024;
-
-enum Read<T> {
-    Ok(T),
-    Gone,
-}
-
-/// The error for anything that is not "this process exited".
-fn unknown(path: &Path, e: io::Error) -> io::Error {
-    io::Error::new(e.kind(), format!("cannot read {}: {e} (the process table is unknown)", path.display()))
-}
-
-fn is_gone(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
-}
-
-fn read_prefix(path: &Path, max: usize) -> io::Result<Read<Vec<u8>>> {
-    use std::io::Read as _;
-    let mut b = Vec::new();
-    let r = fs::File::open(path).and_then(|f| f.take(max as u64).read_to_end(&mut b));
-    match r {
-        Ok(_) => Ok(Read::Ok(b)),
-        Err(e) if is_gone(&e) => Ok(Read::Gone),
-        Err(e) => Err(unknown(path, e)),
-    }
-}
 
 pub struct Reader {
     root: PathBuf,

@@ -4,7 +4,8 @@
 
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::{Pass, Reader};
+use crate::observe::procs::pass::Pass;
+use crate::observe::procs::reader::Reader;
 use std::io;
 use std::os::fd::OwnedFd;
 

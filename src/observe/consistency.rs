@@ -45,7 +45,8 @@
 
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::model::{Detail, Proc};
-use crate::observe::procs::reader::{Pass, Reader};
+use crate::observe::procs::pass::Pass;
+use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;
 use std::io;
 use std::os::fd::OwnedFd;

@@ -10,7 +10,8 @@
 //! again, or a pid reused) is seen there, and a read that fails only ends the wait.
 
 use crate::kernel::sys::Pid;
-use crate::observe::procs::reader::{Pass, Reader};
+use crate::observe::procs::pass::Pass;
+use crate::observe::procs::reader::Reader;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

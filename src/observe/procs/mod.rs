@@ -6,6 +6,7 @@
 
 pub mod model;
 pub mod parse;
+pub mod pass;
 pub mod read;
 pub mod reader;
 pub mod table;

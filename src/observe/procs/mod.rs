@@ -9,4 +9,5 @@ pub mod parse;
 pub mod pass;
 pub mod read;
 pub mod reader;
+pub mod refresh;
 pub mod table;

@@ -1,5 +1,5 @@
 //! What reading and parsing /proc stat and status cost at 1,000 processes: the hand parsers
-//! (procs.rs) against procfs-core's over the same bytes, and reads as the observation does them
+//! (observe/procs/parse.rs) against procfs-core's over the same bytes, and reads as the observation does them
 //! against reads into one reused buffer. A measurement, not a check (timings are never
 //! asserted); bench/bench.py runs it:
 //! `cargo test --release --bin quiesce -- --ignored --nocapture parse_cost`.

@@ -6,5 +6,6 @@
 pub mod client;
 pub mod cred;
 pub mod evidence;
+mod progress;
 pub mod run;
 pub mod target;

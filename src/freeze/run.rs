@@ -5,7 +5,7 @@ use crate::decide::newcomers;
 use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::client;
 use crate::freeze::evidence::{self, Gathered};
-use crate::freeze::target;
+use crate::freeze::progress::{live, ms, survivors, Run};
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs;
@@ -65,15 +65,6 @@ pub struct Outcome {
 
 /// kill(-1, SIGSTOP) sweeps per stop pass that follows one still seeing running processes.
 const STOP_SWEEPS: u32 = 8;
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
-/// The live sandbox processes of a snapshot.
-fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'a Proc> + 'a {
-    tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
-}
 
 /// Observe into `table` (the observation before, read again in its own room: its loginuids that
 /// were set are reused) and classify; the policy remembers what it saw, so an escape later does
@@ -225,45 +216,7 @@ fn kill_groups(
     Ok(n)
 }
 
-fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
-    live(snap, tainted)
-        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
-        .collect()
-}
-
-struct Run<'a> {
-    cred: &'a mut crate::freeze::cred::Switcher,
-    reader: &'a Reader,
-    policy: &'a mut Policy,
-    reap: &'a mut dyn FnMut() -> bool,
-    start: Instant,
-    deadline: Instant,
-    phases: Phases,
-    evidence: Gathered,
-    /// Every (pid, start time) the evidence recorded after the walk, kept or only counted (the
-    /// walk's own are the live sandbox processes of the stop's observation).
-    late: HashSet<(Pid, u64)>,
-    unstopped: Vec<Pid>,
-    /// The pid counter before the last stop observation (None: unreadable).
-    since: Option<Pid>,
-    /// Who may vouch for a process born during the freeze, from every observation of it.
-    ancestry: newcomers::Ancestry,
-}
-
 impl Run<'_> {
-    fn fail(self, reason: String, survivors: Vec<Survivor>) -> Outcome {
-        let mut phases = self.phases;
-        phases.total = ms(self.start.elapsed());
-        Outcome {
-            ok: false,
-            reason: Some(reason),
-            survivors,
-            evidence: self.evidence,
-            phases,
-            unstopped: self.unstopped,
-        }
-    }
-
     /// Every channel: the kernel-atomic kill(-1) as each sandbox UID, then pidfds and process
     /// groups for the processes `reach` names.
     fn kill_channels(&mut self, snap: &Snapshot, tainted: &Tainted, reach: Reach) -> Result<(), String> {

@@ -1,0 +1,64 @@
+//! One freeze in progress: what it carries from step to step (its budget, its phases, the
+//! evidence so far, who may vouch for a newcomer) and how it ends when a step fails.
+
+use crate::decide::newcomers;
+use crate::decide::taint::{Policy, Tainted};
+use crate::freeze::evidence::Gathered;
+use crate::freeze::run::Outcome;
+use crate::kernel::sys::Pid;
+use crate::observe::procs::{Proc, Reader, Snapshot};
+use crate::state::{dir::Phases, dir::Survivor};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// Milliseconds, as the phases count them.
+pub fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The live sandbox processes of a snapshot.
+pub fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'a Proc> + 'a {
+    tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
+}
+
+/// The live sandbox processes of a snapshot, as the status names them.
+pub fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
+    live(snap, tainted)
+        .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
+        .collect()
+}
+
+/// One freeze as it goes from step to step.
+pub struct Run<'a> {
+    pub cred: &'a mut crate::freeze::cred::Switcher,
+    pub reader: &'a Reader,
+    pub policy: &'a mut Policy,
+    pub reap: &'a mut dyn FnMut() -> bool,
+    pub start: Instant,
+    pub deadline: Instant,
+    pub phases: Phases,
+    pub evidence: Gathered,
+    /// Every (pid, start time) the evidence recorded after the walk, kept or only counted (the
+    /// walk's own are the live sandbox processes of the stop's observation).
+    pub late: HashSet<(Pid, u64)>,
+    pub unstopped: Vec<Pid>,
+    /// The pid counter before the last stop observation (None: unreadable).
+    pub since: Option<Pid>,
+    /// Who may vouch for a process born during the freeze, from every observation of it.
+    pub ancestry: newcomers::Ancestry,
+}
+
+impl Run<'_> {
+    pub fn fail(self, reason: String, survivors: Vec<Survivor>) -> Outcome {
+        let mut phases = self.phases;
+        phases.total = ms(self.start.elapsed());
+        Outcome {
+            ok: false,
+            reason: Some(reason),
+            survivors,
+            evidence: self.evidence,
+            phases,
+            unstopped: self.unstopped,
+        }
+    }
+}

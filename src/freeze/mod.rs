@@ -6,6 +6,7 @@
 pub mod client;
 pub mod cred;
 pub mod evidence;
+mod kill;
 mod progress;
 pub mod run;
 pub mod target;

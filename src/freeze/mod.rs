@@ -9,4 +9,4 @@ pub mod evidence;
 mod kill;
 mod progress;
 pub mod run;
-pub mod target;
+mod stop;

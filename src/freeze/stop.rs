@@ -1,0 +1,122 @@
+//! The stop: SIGSTOP every sandbox process (kill(-1) as each sandbox UID, swept again while any
+//! still runs, and a pidfd for what it may miss) and observe until every one shows stopped or the
+//! stop's wait runs out.
+
+use crate::decide::taint::{Policy, Tainted};
+use crate::freeze::kill::missable;
+use crate::freeze::progress::{live, ms, Run};
+use crate::kernel::sys;
+use crate::observe::consistency;
+use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::settle;
+use std::io;
+use std::time::{Duration, Instant};
+
+/// kill(-1, SIGSTOP) sweeps per stop pass that follows one still seeing running processes.
+const STOP_SWEEPS: u32 = 8;
+
+/// Observe into `table` (the observation before, read again in its own room: its loginuids that
+/// were set are reused) and classify; the policy remembers what it saw, so an escape later does
+/// not help.
+fn observe(reader: &Reader, policy: &mut Policy, table: &mut Snapshot) -> io::Result<Tainted> {
+    reader.refresh(table, &policy.uids, None)?;
+    let tainted = policy.classify(table);
+    policy.remember(table, &tainted);
+    Ok(tainted)
+}
+
+impl Run<'_> {
+    /// Stop everything; returns the last observation, in which every sandbox process is
+    /// stopped (or the wait ran out). Every pass that still sees a running sandbox process sends
+    /// the kernel-side kill(-1, SIGSTOP) again: processes that SIGCONT each other undo any
+    /// one-by-one stop, but not a stop that reaches all of them at once.
+    /// The stop starts from `table`, the freeze's copy of the init's last tracking observation,
+    /// and reads each of its own observations into it.
+    pub fn stop(&mut self, stop_wait: Duration, table: &mut Snapshot) -> Result<Tainted, String> {
+        let t = Instant::now();
+        let until = (t + stop_wait).min(self.deadline);
+        let mut first = true;
+        let mut waiting: Vec<settle::Target> = Vec::new();
+        let last = loop {
+            // After the first pass, sweep several times back to back within one switch: a process
+            // caught in the middle of its own SIGCONT sweep undoes the part of ours that came
+            // before it, while one woken with a stop of ours pending stops again before it runs
+            // any code; the next sweep re-stops what the last SIGCONT undid.
+            let sweeps = if first { 1 } else { STOP_SWEEPS };
+            let swept = Instant::now();
+            self.cred
+                .kill_all_as_repeated(&self.policy.uids, libc::SIGSTOP, sweeps)
+                .map_err(|e| format!("credential switch failed: {e}"))?;
+            let settle = Instant::now();
+            if first {
+                // What to wait for before the first full observation, listed while the first sweep
+                // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
+                // init's last tracking observation. Anything else is found by the observation.
+                let seen = &*table;
+                let tainted = self.policy.classify(seen);
+                self.ancestry.note(seen, &tainted, sys::getpid());
+                // In pid order; a pid both lists name keeps the observation's start time.
+                let mut w: Vec<settle::Target> =
+                    live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+                let from_seen = w.len();
+                for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
+                    if w[..from_seen].binary_search_by_key(&pid, |t| t.0).is_err() {
+                        w.push((pid, start));
+                    }
+                }
+                w.sort_by_key(|t| t.0);
+                w.dedup_by_key(|t| t.0);
+                waiting = w;
+                log::debug!(
+                    "stop: {} processes to wait for, listed in {:?}",
+                    waiting.len(),
+                    settle.elapsed()
+                );
+            }
+            let left = settle::wait(self.reader, &waiting, settle::Goal::Stopped, until);
+            let pass = Instant::now();
+            self.since = consistency::last_pid(self.reader.root()).ok();
+            let tainted =
+                observe(self.reader, self.policy, table).map_err(|e| format!("/proc unreadable: {e}"))?;
+            let snap = &*table;
+            self.ancestry.note(snap, &tainted, sys::getpid());
+            let running: Vec<&Proc> = live(snap, &tainted).filter(|p| !p.stopped()).collect();
+            log::debug!(
+                "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \
+                 in {:?}, {} sandbox, {} not yet stopped",
+                settle - swept,
+                pass - settle,
+                waiting.len(),
+                snap.procs.len(),
+                pass.elapsed(),
+                tainted.len(),
+                running.len()
+            );
+            if running.is_empty() {
+                self.unstopped.clear();
+                break tainted;
+            }
+            if Instant::now() >= until {
+                self.unstopped = running.iter().map(|p| p.pid).collect();
+                log::warn!(
+                    "freeze: {} sandbox process(es) not stopped after {:?}; killing anyway",
+                    running.len(),
+                    stop_wait
+                );
+                break tainted;
+            }
+            // kill(-1) reached the rest already and they are on their way to stopping; on the
+            // first pass only what it may have missed needs a pidfd.
+            for p in &running {
+                if !first || missable(p, &self.policy.uids) {
+                    procs::signal(self.reader, p, libc::SIGSTOP)
+                        .map_err(|e| format!("signal failed: {e}"))?;
+                }
+            }
+            waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
+            first = false;
+        };
+        self.phases.stop = ms(t.elapsed());
+        Ok(last)
+    }
+}

@@ -10,3 +10,4 @@ mod kill;
 mod progress;
 pub mod run;
 mod stop;
+mod walk;

@@ -2,17 +2,14 @@
 //! observation taken after the last kill that none is alive. Bounded by one budget.
 
 use crate::decide::newcomers;
-use crate::decide::taint::{Policy, Tainted};
+use crate::decide::taint::Policy;
 use crate::freeze::client;
-use crate::freeze::evidence::{self, Gathered};
+use crate::freeze::evidence::Gathered;
 use crate::freeze::kill::Reach;
 use crate::freeze::progress::{live, ms, survivors, Run};
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
-use crate::observe::procs;
-use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::{self, Reader, Snapshot};
 use crate::observe::settle;
 use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::HashSet;
@@ -62,31 +59,6 @@ pub struct Outcome {
     pub phases: Phases,
     /// Processes that never showed stopped (e.g. uninterruptible sleep).
     pub unstopped: Vec<Pid>,
-}
-
-impl Run<'_> {
-    /// Add to the evidence every live sandbox process not in it yet: those created after the
-    /// walk (injected, or hopping) are killed too, and the marker lists what the freeze killed.
-    /// They are recorded from the observation alone (no command line: they are running).
-    /// `walked`: the identities the walk recorded, sorted.
-    fn late_evidence(&mut self, snap: &Snapshot, tainted: &Tainted, walked: &[(Pid, u64)]) {
-        let in_walk = |p: &Proc| walked.binary_search(&(p.pid, p.start_time)).is_ok();
-        for p in live(snap, tainted) {
-            if !in_walk(p) && self.late.insert((p.pid, p.start_time)) {
-                evidence::add_late(&mut self.evidence, evidence::Target::of(p, tainted[&p.pid]));
-            }
-        }
-    }
-
-    /// Record the evidence of every sandbox process after the stop. The reads that can wait on
-    /// the target run on a reader thread with a deadline, within a share of the budget.
-    fn walk(&mut self, snap: &Snapshot, tainted: &Tainted) {
-        let t = Instant::now();
-        let n = live(snap, tainted).count();
-        let targets = live(snap, tainted).map(|p| evidence::Target::of(p, tainted[&p.pid]));
-        self.evidence = evidence::gather(targets, n, evidence::walk_deadline(t, self.deadline), self.since);
-        self.phases.walk = ms(t.elapsed());
-    }
 }
 
 /// How long the kill waits, at most, for the processes it killed to exit before the proof's

@@ -3,11 +3,13 @@
 //! must reach.
 
 use crate::decide::taint::Tainted;
-use crate::freeze::progress::{live, Run};
+use crate::freeze::progress::{live, ms, Run};
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::settle;
 use std::collections::BTreeMap;
 use std::io;
+use std::time::{Duration, Instant};
 
 /// Depth of every process in the tree, in the table's order, each computed once: a 4,096-deep
 /// chain must not cost a walk up the chain per comparison.
@@ -149,7 +151,37 @@ fn kill_groups(
     Ok(n)
 }
 
+/// How long the kill waits, at most, for the processes it killed to exit before the proof's
+/// observation (which then finds what is left, kills it again and looks again).
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
 impl Run<'_> {
+    /// The first kill, of what the stop observed: every channel at once, then a short wait for
+    /// the killed processes to exit.
+    pub fn kill(&mut self, snap: &Snapshot, tainted: &Tainted) -> Result<(), String> {
+        let t = Instant::now();
+        // kill(-1) reaches every stopped process it can reach, and anything one of them forks
+        // before dying; the other channels go to the rest. A process some SIGCONT restarted after
+        // the stop observation and that left kill(-1)'s reach meanwhile is the proof's to find.
+        let uids = self.policy.uids.clone();
+        let reach = if self.unstopped.is_empty() { Reach::Unsettled(&uids) } else { Reach::All };
+        self.kill_channels(snap, tainted, reach)?;
+        let sent = Instant::now();
+        let killed: Vec<settle::Target> = live(snap, tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+        let left =
+            settle::wait(self.reader, &killed, settle::Goal::Dead, (sent + EXIT_WAIT).min(self.deadline));
+        let exited = Instant::now();
+        // The zombies are left for after the proof: each costs it one stat read (a dead process's
+        // line says all there is), no more than reaping it costs here, and the kill is over sooner.
+        log::debug!(
+            "kill: signals sent in {:?}, waited {:?} for exits ({left} of a sample left)",
+            sent - t,
+            exited - sent,
+        );
+        self.phases.kill = ms(t.elapsed());
+        Ok(())
+    }
+
     /// Every channel: the kernel-atomic kill(-1) as each sandbox UID, then pidfds and process
     /// groups for the processes `reach` names.
     pub fn kill_channels(&mut self, snap: &Snapshot, tainted: &Tainted, reach: Reach) -> Result<(), String> {

@@ -49,12 +49,27 @@ pub struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// The freeze failed: why, and what it names as alive.
     pub fn fail(self, reason: String, survivors: Vec<Survivor>) -> Outcome {
         let mut phases = self.phases;
         phases.total = ms(self.start.elapsed());
         Outcome {
             ok: false,
             reason: Some(reason),
+            survivors,
+            evidence: self.evidence,
+            phases,
+            unstopped: self.unstopped,
+        }
+    }
+
+    /// The freeze proved: no sandbox process is alive and a parent vouches for every newcomer.
+    pub fn succeed(self, survivors: Vec<Survivor>) -> Outcome {
+        let mut phases = self.phases;
+        phases.total = ms(self.start.elapsed());
+        Outcome {
+            ok: true,
+            reason: None,
             survivors,
             evidence: self.evidence,
             phases,

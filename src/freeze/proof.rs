@@ -1,0 +1,173 @@
+//! The proof: an observation taken after the last kill, consistent (no process created while it
+//! was taken escapes it), that finds no sandbox process alive; what it still finds is killed again
+//! and the freeze looks again, within the budget. The failure texts here are status reasons that
+//! callers and tests match on: they stay word for word.
+
+use crate::freeze::kill::Reach;
+use crate::freeze::orphans::Vouched;
+use crate::freeze::progress::{ms, survivors, Run};
+use crate::freeze::run::{Context, Outcome};
+use crate::kernel::sys::{self, Pid};
+use crate::observe::consistency::{self, Churn};
+use crate::observe::procs::Snapshot;
+use crate::state::dir::Survivor;
+use std::io;
+use std::time::{Duration, Instant};
+
+/// The pause between two looks of the proof: 1 ms at first, doubled after each look up to 20 ms.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_millis(1))
+    }
+
+    fn sleep(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// A look of the proof that found no consistent table.
+enum Unproven {
+    /// Look again after a pause.
+    Again,
+    /// The freeze fails: why, and what the last complete observation found alive.
+    Fails(String, Vec<Survivor>),
+}
+
+impl Run<'_> {
+    /// Look, and kill again what is still alive, until a look finds no sandbox process alive and
+    /// a parent that vouches for every process born during the freeze, or the budget runs out.
+    /// `walked`: the identities the walk recorded, sorted. `budget`: the freeze's, as its failure
+    /// texts name it.
+    pub fn prove(
+        mut self,
+        table: &mut Snapshot,
+        walked: &[(Pid, u64)],
+        ctx: &Context,
+        budget: Duration,
+    ) -> Outcome {
+        let t = Instant::now();
+        let mut pause = Backoff::new();
+        let mut rounds = 0u32;
+        let mut first_orphans: Option<Instant> = None;
+        // The survivors of the last complete observation, for a pass the budget cuts off.
+        let mut last_left: Vec<Survivor> = Vec::new();
+        loop {
+            // The proof: a consistent observation taken after the last kill, read into the table.
+            let observed = consistency::observe(self.reader, table, self.deadline);
+            let passes = match self.consistent(observed, budget, rounds, &mut last_left) {
+                Ok(passes) => passes,
+                Err(Unproven::Again) => {
+                    pause.sleep();
+                    continue;
+                }
+                Err(Unproven::Fails(why, named)) => {
+                    self.phases.probe = ms(t.elapsed());
+                    return self.fail(why, named);
+                }
+            };
+            let snap = &*table;
+            let tainted = self.policy.classify(snap);
+            self.policy.remember(snap, &tainted);
+            self.ancestry.note(snap, &tainted, sys::getpid());
+            if passes > 1 {
+                log::debug!("proof: consistent after {passes} passes");
+            }
+            let left = survivors(snap, &tainted);
+            if left.is_empty() {
+                self.phases.probe = ms(t.elapsed());
+                match self.vouched(snap, &tainted, ctx, &mut first_orphans) {
+                    Vouched::All => return self.succeed(left),
+                    Vouched::Again => {
+                        pause.sleep();
+                        continue;
+                    }
+                    Vouched::Refused(why, found) => return self.fail(why, found),
+                }
+            }
+            self.late_evidence(snap, &tainted, walked);
+            last_left = left.clone();
+            rounds += 1;
+            if Instant::now() >= self.deadline {
+                self.phases.probe = ms(t.elapsed());
+                return self.fail(still_alive(left.len(), budget, rounds), left);
+            }
+            if let Err(e) = self.kill_channels(snap, &tainted, Reach::All) {
+                return self.fail(e, left);
+            }
+            (self.reap)();
+            pause.sleep();
+        }
+    }
+
+    /// The passes of a consistent observation; or, where the observation is not one, whether to
+    /// look again (after reaping: nothing could hold the pid counter) or fail, and why.
+    fn consistent(
+        &mut self,
+        observed: io::Result<Result<usize, Churn>>,
+        budget: Duration,
+        rounds: u32,
+        last_left: &mut Vec<Survivor>,
+    ) -> Result<usize, Unproven> {
+        match observed {
+            Ok(Ok(x)) => Ok(x),
+            Ok(Err(churn)) if churn.unheld && Instant::now() < self.deadline => {
+                // No pid free for a thread to hold the counter with: the sandbox held a pids
+                // limit, and what the kill left holds those pids as zombies until the init reaps
+                // them. Reaping frees them; the next observation starts over from a full listing.
+                let mut more = true;
+                for _ in 0..64 {
+                    if !more || Instant::now() >= self.deadline {
+                        break;
+                    }
+                    more = (self.reap)();
+                }
+                Err(Unproven::Again)
+            }
+            Ok(Err(churn)) if churn.unheld => Err(Unproven::Fails(unheld(budget), Vec::new())),
+            Ok(Err(churn)) => Err(Unproven::Fails(churned(churn.created, churn.passes, budget), Vec::new())),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                // What the last complete observation found alive is what is known of now.
+                if !last_left.is_empty() {
+                    let why = still_alive(last_left.len(), budget, rounds);
+                    return Err(Unproven::Fails(why, std::mem::take(last_left)));
+                }
+                Err(Unproven::Fails(cut_off(&e, budget), Vec::new()))
+            }
+            Err(e) => Err(Unproven::Fails(format!("/proc unreadable: {e}"), Vec::new())),
+        }
+    }
+}
+
+/// Sandbox processes alive when the budget ran out.
+fn still_alive(n: usize, budget: Duration, rounds: u32) -> String {
+    format!("{n} sandbox process(es) still alive after the {budget:?} budget ({rounds} kill rounds)")
+}
+
+/// No observation could be shown consistent: nothing could hold the pid counter until the end.
+fn unheld(budget: Duration) -> String {
+    format!(
+        "no pid was free to hold the pid counter with (a pids limit reached; the init \
+         reaped its exited children meanwhile) within the {budget:?} budget: the final \
+         observation cannot be shown consistent, and what is alive is unknown"
+    )
+}
+
+/// Processes kept being created through the last pass of the final observation.
+fn churned(created: u64, passes: usize, budget: Duration) -> String {
+    let n = if created == u64::MAX { "many".to_string() } else { created.to_string() };
+    format!(
+        "processes kept appearing: {n} pid(s) created during the last of {passes} passes \
+             of the final observation, within the {budget:?} budget"
+    )
+}
+
+/// The final observation was cut off by the budget before it ended.
+fn cut_off(e: &io::Error, budget: Duration) -> String {
+    format!(
+        "the final observation did not end within the {budget:?} budget ({e}): what is alive is \
+         unknown; freeze again once the machine is less loaded, or raise --freeze-timeout"
+    )
+}

@@ -8,7 +8,7 @@ use crate::freeze::orphans::Vouched;
 use crate::freeze::progress::{ms, survivors, Run};
 use crate::freeze::run::{Context, Outcome};
 use crate::kernel::sys::{self, Pid};
-use crate::observe::consistency::{self, Churn};
+use crate::observe::consistency::{self, Observed};
 use crate::observe::procs::Snapshot;
 use crate::state::dir::Survivor;
 use std::io;
@@ -106,14 +106,14 @@ impl Run<'_> {
     /// look again (after reaping: nothing could hold the pid counter) or fail, and why.
     fn consistent(
         &mut self,
-        observed: io::Result<Result<usize, Churn>>,
+        observed: io::Result<Observed>,
         budget: Duration,
         rounds: u32,
         last_left: &mut Vec<Survivor>,
     ) -> Result<usize, Unproven> {
         match observed {
-            Ok(Ok(x)) => Ok(x),
-            Ok(Err(churn)) if churn.unheld && Instant::now() < self.deadline => {
+            Ok(Observed::Consistent { passes }) => Ok(passes),
+            Ok(Observed::Unheld) if Instant::now() < self.deadline => {
                 // No pid free for a thread to hold the counter with: the sandbox held a pids
                 // limit, and what the kill left holds those pids as zombies until the init reaps
                 // them. Reaping frees them; the next observation starts over from a full listing.
@@ -126,8 +126,10 @@ impl Run<'_> {
                 }
                 Err(Unproven::Again)
             }
-            Ok(Err(churn)) if churn.unheld => Err(Unproven::Fails(unheld(budget), Vec::new())),
-            Ok(Err(churn)) => Err(Unproven::Fails(churned(churn.created, churn.passes, budget), Vec::new())),
+            Ok(Observed::Unheld) => Err(Unproven::Fails(unheld(budget), Vec::new())),
+            Ok(Observed::Churn { created, passes }) => {
+                Err(Unproven::Fails(churned(created, passes, budget), Vec::new()))
+            }
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
                 // What the last complete observation found alive is what is known of now.
                 if !last_left.is_empty() {
@@ -155,9 +157,10 @@ fn unheld(budget: Duration) -> String {
     )
 }
 
-/// Processes kept being created through the last pass of the final observation.
-fn churned(created: u64, passes: usize, budget: Duration) -> String {
-    let n = if created == u64::MAX { "many".to_string() } else { created.to_string() };
+/// Processes kept being created through the last pass of the final observation (`created`:
+/// None when the counter went round).
+fn churned(created: Option<u64>, passes: usize, budget: Duration) -> String {
+    let n = created.map_or_else(|| "many".to_string(), |c| c.to_string());
     format!(
         "processes kept appearing: {n} pid(s) created during the last of {passes} passes \
              of the final observation, within the {budget:?} budget"

@@ -57,15 +57,21 @@ use std::time::Instant;
 /// listing is cheaper.
 const PROBE_MAX: u64 = 256;
 
-/// Why no consistent table could be had in time.
+/// What one observation came to.
 #[derive(Debug)]
-pub struct Churn {
-    /// Pids handed out during the last pass.
-    pub created: u64,
-    pub passes: usize,
+pub enum Observed {
+    /// A consistent table, read into the snapshot, after this many passes.
+    Consistent { passes: usize },
+    /// Processes kept being created until the deadline: no consistent table in time.
+    Churn {
+        /// Pids handed out during the last pass; None: the counter went round, more than any
+        /// count worth probing.
+        created: Option<u64>,
+        passes: usize,
+    },
     /// Nothing could hold the counter's value: its pid was free and no thread could be started
     /// to take one (a pids limit reached). The caller may free pids (reap) and observe again.
-    pub unheld: bool,
+    Unheld,
 }
 
 /// The last pid allocated in the reader's own PID namespace.
@@ -93,13 +99,10 @@ pub fn allocated_between(from: Pid, to: Pid, pid: Pid) -> bool {
     }
 }
 
-fn distance(from: Pid, to: Pid) -> u64 {
-    if to >= from {
-        (to - from) as u64
-    } else {
-        // Wrapped: at least this many, and more than any probe is worth.
-        u64::MAX
-    }
+/// Pids handed out after `from` up to `to`; None when the counter wrapped: at least that many,
+/// and more than any probe is worth.
+fn distance(from: Pid, to: Pid) -> Option<u64> {
+    (to >= from).then(|| (to - from) as u64)
 }
 
 /// What holds the counter's value while a window lasts: nothing can be handed that pid meanwhile.
@@ -284,8 +287,8 @@ impl Table<'_> {
 
 /// A consistent table of the whole PID namespace, read into `snap` (an earlier observation, whose
 /// loginuids that were set are reused: its room is the new table's), with the number of passes it
-/// took; or Churn when processes kept being created until `deadline`.
-pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Result<usize, Churn>> {
+/// took; or Churn when processes kept being created until `deadline`; or Unheld.
+pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Observed> {
     // No pass outlives the budget: under load one listing of a large namespace took twice it.
     let bounded = reader.bounded(deadline);
     let reader = &bounded;
@@ -293,7 +296,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
     let mut pass = reader.pass()?;
     let mut window = Window::open(&root, &mut pass)?;
     if window.holder.is_none() {
-        return Ok(Err(Churn { created: 0, passes: 1, unheld: true }));
+        return Ok(Observed::Unheld);
     }
     reader.refresh(snap, &[], None)?;
     let mut table = Table { snap, moved: false, init: sys::getpid(), batch: Vec::new() };
@@ -315,7 +318,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
                 reader.pids()?.into_iter().filter(|pid| !table.snap.procs.contains_key(pid)).collect();
             if missing.is_empty() {
                 if last_pid(&root)? == window.covered && window.held() {
-                    return Ok(Ok(passes));
+                    return Ok(Observed::Consistent { passes });
                 }
             } else {
                 passes += 1;
@@ -324,7 +327,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
                 }
                 table.flush();
                 if Instant::now() >= deadline {
-                    return Ok(Err(Churn { created: 0, passes, unheld: false }));
+                    return Ok(Observed::Churn { created: Some(0), passes });
                 }
                 continue;
             }
@@ -332,21 +335,21 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
             // out again.
         }
         if Instant::now() >= deadline {
-            return Ok(Err(Churn { created: distance(window.covered, now), passes, unheld: false }));
+            return Ok(Observed::Churn { created: distance(window.covered, now), passes });
         }
         passes += 1;
         let next = Window::open(&root, &mut pass)?;
         if next.holder.is_none() {
             // Nothing can hold the counter's value (no free pid for a thread): the caller may
             // free some and start over.
-            return Ok(Err(Churn { created: distance(window.covered, now), passes, unheld: true }));
+            return Ok(Observed::Unheld);
         }
         table.moved = true;
         // Every pid in (covered, next.covered] was handed out before `next` opened, if the
         // counter went less than once round: read those now. That is only quicker: anything new
         // that this misses is in the final listing, anything reused is read again at the end.
         let (from, to) = (window.covered, next.covered);
-        if distance(from, to) <= PROBE_MAX {
+        if distance(from, to).is_some_and(|d| d <= PROBE_MAX) {
             let mut pid = from;
             while pid != to {
                 pid += 1;
@@ -391,12 +394,15 @@ mod tests {
         let past = std::time::Instant::now();
         match super::observe(&reader, &mut snap, past) {
             Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}"),
-            Ok(Err(churn)) => assert!(churn.unheld, "no pid free for the holder thread here"),
-            Ok(Ok(passes)) => panic!("a whole observation of {passes} pass(es) ran past its budget"),
+            Ok(Observed::Unheld) => {}
+            Ok(churn @ Observed::Churn { .. }) => panic!("no pid free for the holder thread here: {churn:?}"),
+            Ok(Observed::Consistent { passes }) => {
+                panic!("a whole observation of {passes} pass(es) ran past its budget")
+            }
         }
         // With time left it completes.
         let later = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        assert!(matches!(super::observe(&reader, &mut snap, later), Ok(Ok(_))));
+        assert!(matches!(super::observe(&reader, &mut snap, later), Ok(super::Observed::Consistent { .. })));
     }
 
     use super::*;
@@ -410,8 +416,8 @@ mod tests {
         assert!(allocated_between(32000, 305, 32001));
         assert!(allocated_between(32000, 305, 300));
         assert!(!allocated_between(32000, 305, 306));
-        assert_eq!(distance(10, 20), 10);
-        assert_eq!(distance(20, 10), u64::MAX);
+        assert_eq!(distance(10, 20), Some(10));
+        assert_eq!(distance(20, 10), None);
     }
 
     /// A child that sleeps, its pid, and its start time once it is readable.
@@ -505,7 +511,7 @@ mod tests {
                 let deadline = Instant::now() + std::time::Duration::from_secs(5);
                 let mut snap = Snapshot::default();
                 match observe(&r, &mut snap, deadline) {
-                    Ok(Ok(_)) => Some(snap),
+                    Ok(Observed::Consistent { .. }) => Some(snap),
                     other => {
                         eprintln!("not quiet here: {other:?}");
                         None

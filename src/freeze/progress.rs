@@ -4,7 +4,7 @@
 use crate::decide::newcomers;
 use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::evidence::Gathered;
-use crate::freeze::run::Outcome;
+use crate::freeze::run::{Outcome, Reap};
 use crate::kernel::sys::Pid;
 use crate::observe::procs::{Proc, Reader, Snapshot};
 use crate::state::{dir::Phases, dir::Survivor};
@@ -33,7 +33,7 @@ pub struct Run<'a> {
     pub cred: &'a mut crate::freeze::cred::Switcher,
     pub reader: &'a Reader,
     pub policy: &'a mut Policy,
-    pub reap: &'a mut dyn FnMut() -> bool,
+    pub reap: &'a mut dyn Reap,
     pub start: Instant,
     pub deadline: Instant,
     pub phases: Phases,

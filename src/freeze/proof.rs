@@ -97,7 +97,7 @@ impl Run<'_> {
             if let Err(e) = self.kill_channels(snap, &tainted, Reach::All) {
                 return self.fail(e, left);
             }
-            (self.reap)();
+            self.reap.reap_batch();
             pause.sleep();
         }
     }
@@ -122,7 +122,7 @@ impl Run<'_> {
                     if !more || Instant::now() >= self.deadline {
                         break;
                     }
-                    more = (self.reap)();
+                    more = self.reap.reap_batch();
                 }
                 Err(Unproven::Again)
             }

@@ -62,17 +62,25 @@ pub struct Outcome {
     pub unstopped: Vec<Pid>,
 }
 
+/// What the freeze asks of the init that runs it: reap the init's exited children, a batch at a
+/// time, as the init always does (it alone knows which child is its command and records its
+/// status). The proof asks between its looks: what the kill left holds its pids as zombies until
+/// reaped, and where a pids limit was reached the proof needs those pids free again.
+pub trait Reap {
+    /// Reap one batch without waiting; true when more may be waiting.
+    fn reap_batch(&mut self) -> bool;
+}
+
 /// Run one freeze. `seen`: the init's last tracking observation, left as it is (the next freeze
-/// within the interval starts from it again, as from any tracking refresh). `reap` reaps a batch
-/// of zombie children of the init (and records the command's status); true when more may be
-/// waiting.
+/// within the interval starts from it again, as from any tracking refresh). `reap`: the init,
+/// which reaps for it (see `Reap`).
 pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,
     reader: &Reader,
     seen: &Snapshot,
     ctx: Context,
-    reap: &mut dyn FnMut() -> bool,
+    reap: &mut dyn Reap,
 ) -> Outcome {
     let start = Instant::now();
     let mut ancestry = newcomers::Ancestry::from_launchers(ctx.launchers);

@@ -164,6 +164,13 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// The freeze reaps through the init's own reaper: a reaped command's status is recorded as always.
+impl freeze::run::Reap for Reaper {
+    fn reap_batch(&mut self) -> bool {
+        self.reap()
+    }
+}
+
 /// One freeze. `born_since`: its start point, taken before its request was taken (see `run`).
 fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Request>, born_since: Since) {
     let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
@@ -261,8 +268,7 @@ fn do_freeze(sb: &mut Sandbox, reaper: &mut Reaper, pending_request: Option<Requ
     };
     // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
     // refresh, which the next freeze within the interval starts from.
-    let mut out =
-        freeze::run::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, &mut || reaper.reap());
+    let mut out = freeze::run::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, reaper);
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();

@@ -4,8 +4,11 @@
 
 use crate::decide::taint::Tainted;
 use crate::freeze::progress::{live, ms, Run};
+use crate::freeze::target;
 use crate::kernel::sys::{self, Pid};
-use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::Reader;
+use crate::observe::procs::table::Snapshot;
 use crate::observe::settle;
 use std::collections::BTreeMap;
 use std::io;
@@ -87,7 +90,7 @@ fn signal_each(
     let mut n = 0;
     let mut pass = reader.pass()?;
     for p in targets {
-        if procs::signal_in(&mut pass, p, sig)? {
+        if target::signal_in(&mut pass, p, sig)? {
             n += 1;
         }
     }
@@ -132,7 +135,7 @@ fn kill_groups(
 ) -> io::Result<usize> {
     let mut n = 0;
     for leader in sandbox_groups(snap, tainted, reach) {
-        let h = match procs::Handle::open(reader, leader.pid, leader.start_time)? {
+        let h = match target::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
         };
@@ -198,7 +201,7 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::procs::Thread;
+    use crate::observe::procs::model::Thread;
 
     fn stopped(mut p: Proc) -> Proc {
         p.state = 'T';

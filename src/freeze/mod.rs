@@ -1,8 +1,9 @@
 //! Act and prove: one freeze conducted by run through its steps, stop, walk, kill, proof and
 //! orphans (progress: the freeze as it goes from step to step), signal as a sandbox UID (cred),
-//! read the walk's bounded evidence (evidence), and tell the client that asked for the freeze
-//! from a process that claims to be it (client). May use: kernel, state, observe, decide. The freeze is the
-//! conductor of one freeze; it never signs: it returns an outcome for the init to sign.
+//! signal one observed process PID-reuse-safely (target), read the walk's bounded evidence
+//! (evidence), and tell the client that asked for the freeze from a process that claims to be it
+//! (client). May use: kernel, state, observe, decide. The freeze is the conductor of one freeze;
+//! it never signs: it returns an outcome for the init to sign.
 
 pub mod client;
 pub mod cred;
@@ -13,4 +14,5 @@ mod progress;
 mod proof;
 pub mod run;
 mod stop;
+pub mod target;
 mod walk;

@@ -9,7 +9,8 @@ use crate::freeze::progress::Run;
 use crate::freeze::run::Context;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency;
-use crate::observe::procs::{Proc, Snapshot};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::table::Snapshot;
 use crate::state::dir::Survivor;
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@ use crate::freeze::progress::{ms, survivors, Run};
 use crate::freeze::run::{Context, Outcome};
 use crate::kernel::sys::{self, Pid};
 use crate::observe::consistency::{self, Observed};
-use crate::observe::procs::Snapshot;
+use crate::observe::procs::table::Snapshot;
 use crate::state::dir::Survivor;
 use std::io;
 use std::time::{Duration, Instant};

@@ -5,9 +5,12 @@
 use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::kill::missable;
 use crate::freeze::progress::{live, ms, Run};
+use crate::freeze::target;
 use crate::kernel::sys;
 use crate::observe::consistency;
-use crate::observe::procs::{self, Proc, Reader, Snapshot};
+use crate::observe::procs::model::Proc;
+use crate::observe::procs::reader::Reader;
+use crate::observe::procs::table::Snapshot;
 use crate::observe::settle;
 use std::io;
 use std::time::{Duration, Instant};
@@ -109,7 +112,7 @@ impl Run<'_> {
             // first pass only what it may have missed needs a pidfd.
             for p in &running {
                 if !first || missable(p, &self.policy.uids) {
-                    procs::signal(self.reader, p, libc::SIGSTOP)
+                    target::signal(self.reader, p, libc::SIGSTOP)
                         .map_err(|e| format!("signal failed: {e}"))?;
                 }
             }

@@ -4,6 +4,7 @@
 
 pub mod attesting;
 pub mod logging;
+mod reaper;
 pub mod run;
 pub mod spawn;
 pub mod start;

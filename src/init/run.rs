@@ -6,8 +6,9 @@ use crate::decide::newcomers::{self, Since};
 use crate::decide::taint::Policy;
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
+use crate::init::reaper::Reaper;
 use crate::init::spawn::Plan;
-use crate::kernel::sys::{self, Pid, Reaped, SignalFd};
+use crate::kernel::sys::{self, Pid, SignalFd};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
@@ -53,65 +54,6 @@ pub struct Config {
     pub remap_exit: Vec<u8>,
     pub grace: Duration,
     pub sandbox: Option<Sandbox>,
-}
-
-struct Reaper {
-    main: Pid,
-    /// The command's start time, read once it ran (None: unreadable).
-    main_start: Option<u64>,
-    status: Option<i32>,
-    /// waitpid said ECHILD: the init has no child at all.
-    childless: bool,
-    /// The attestation worker's pid, and its exit code once reaped: never the command's.
-    watch: Option<Pid>,
-    watched: Option<i32>,
-}
-
-/// Children reaped per call at most: a sandbox process that hands the init zombies as fast as
-/// a pids limit lets it (clone(CLONE_PARENT) from a process reparented to PID 1) would otherwise
-/// keep it in this loop for as long as it likes, away from a pending freeze or SIGTERM.
-const REAP_BATCH: usize = 256;
-
-impl Reaper {
-    /// Reap a batch of exited children; true when more may be waiting. The batch ends early
-    /// when a signal other than SIGCHLD is pending: the main loop handles that first, then
-    /// comes back for the rest without sleeping.
-    fn reap(&mut self) -> bool {
-        for i in 0..REAP_BATCH {
-            if i % 4 == 3 && sys::other_signal_pending(libc::SIGCHLD) {
-                return true;
-            }
-            match sys::reap_one() {
-                Ok(Some(r)) => {
-                    self.childless = false;
-                    let (pid, code) = match r {
-                        Reaped::Exited(p, c) => (p, c),
-                        Reaped::Signaled(p, s) => (p, 128 + s),
-                    };
-                    if Some(pid) == self.watch {
-                        self.watch = None;
-                        self.watched = Some(code);
-                    } else if pid == self.main && self.status.is_none() {
-                        log::debug!("command (pid {pid}) ended with status {code}");
-                        self.status = Some(code);
-                    }
-                }
-                Ok(None) => {
-                    self.childless = false;
-                    return false;
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
-                    self.childless = true;
-                    return false;
-                }
-                Err(e) => {
-                    log::error!("waitpid failed: {e}; retrying on the next signal");
-                    return false;
-                }
-            }
-        }
-        true
-    }
 }
 
 enum Shutdown {

@@ -6,5 +6,6 @@ pub mod attesting;
 pub mod logging;
 mod reaper;
 pub mod run;
+mod shutdown;
 pub mod spawn;
 pub mod start;

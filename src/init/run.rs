@@ -7,10 +7,10 @@ use crate::decide::taint::Policy;
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::init::reaper::Reaper;
+use crate::init::shutdown::{remap, signal_rest, Shutdown};
 use crate::init::spawn::Plan;
 use crate::kernel::sys::{self, Pid, SignalFd};
 use crate::marker::{self, jws::Claims};
-use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
 use crate::state::requests::{self, Request};
@@ -54,52 +54,6 @@ pub struct Config {
     pub remap_exit: Vec<u8>,
     pub grace: Duration,
     pub sandbox: Option<Sandbox>,
-}
-
-enum Shutdown {
-    None,
-    Terminating { kill_at: Instant },
-    Killing { give_up_at: Instant },
-}
-
-/// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
-fn signal_rest(sig: i32) -> usize {
-    if sys::getpid() == 1 {
-        return match sys::kill_all(sig) {
-            Ok(()) => 1,
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => 0,
-            Err(e) => {
-                log::error!("kill(-1, {}) failed: {e}", sys::signal_name(sig));
-                0
-            }
-        };
-    }
-    let reader = Reader::default();
-    let snap = match reader.snapshot(Detail::Light) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error!("shutdown cannot list descendants: {e}");
-            return 0;
-        }
-    };
-    let me = sys::getpid();
-    let mut n = 0;
-    for p in snap.procs.values() {
-        let mut cur = p.ppid;
-        let mut hops = 0;
-        while cur > 1 && cur != me && hops < snap.procs.len() {
-            cur = snap.procs.get(&cur).map(|q| q.ppid).unwrap_or(0);
-            hops += 1;
-        }
-        if cur == me && p.pid != me && p.alive() {
-            match freeze::target::signal(&reader, p, sig) {
-                Ok(true) => n += 1,
-                Ok(false) => {}
-                Err(e) => log::error!("shutdown: {e}"),
-            }
-        }
-    }
-    n
 }
 
 fn now_unix() -> u64 {
@@ -644,13 +598,5 @@ pub fn run(mut cfg: Config) -> i32 {
         if reaper.childless {
             return remap(code, &cfg.remap_exit);
         }
-    }
-}
-
-fn remap(code: i32, map: &[u8]) -> i32 {
-    if map.iter().any(|&c| c as i32 == code) {
-        0
-    } else {
-        code
     }
 }

@@ -1,0 +1,62 @@
+//! The shutdown once the command has ended: SIGTERM to every process left, SIGKILL after the
+//! grace, and the exit code the command's status maps to. May use: kernel, observe.
+
+use crate::freeze;
+use crate::kernel::sys;
+use crate::observe::procs::model::Detail;
+use crate::observe::procs::reader::Reader;
+use std::time::Instant;
+
+pub(super) enum Shutdown {
+    None,
+    Terminating { kill_at: Instant },
+    Killing { give_up_at: Instant },
+}
+
+/// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
+pub(super) fn signal_rest(sig: i32) -> usize {
+    if sys::getpid() == 1 {
+        return match sys::kill_all(sig) {
+            Ok(()) => 1,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => 0,
+            Err(e) => {
+                log::error!("kill(-1, {}) failed: {e}", sys::signal_name(sig));
+                0
+            }
+        };
+    }
+    let reader = Reader::default();
+    let snap = match reader.snapshot(Detail::Light) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("shutdown cannot list descendants: {e}");
+            return 0;
+        }
+    };
+    let me = sys::getpid();
+    let mut n = 0;
+    for p in snap.procs.values() {
+        let mut cur = p.ppid;
+        let mut hops = 0;
+        while cur > 1 && cur != me && hops < snap.procs.len() {
+            cur = snap.procs.get(&cur).map(|q| q.ppid).unwrap_or(0);
+            hops += 1;
+        }
+        if cur == me && p.pid != me && p.alive() {
+            match freeze::target::signal(&reader, p, sig) {
+                Ok(true) => n += 1,
+                Ok(false) => {}
+                Err(e) => log::error!("shutdown: {e}"),
+            }
+        }
+    }
+    n
+}
+
+pub(super) fn remap(code: i32, map: &[u8]) -> i32 {
+    if map.iter().any(|&c| c as i32 == code) {
+        0
+    } else {
+        code
+    }
+}

@@ -9,3 +9,4 @@ pub mod run;
 mod shutdown;
 pub mod spawn;
 pub mod start;
+mod tracking;

@@ -9,10 +9,10 @@ use crate::init::attesting::{self, Worker};
 use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, signal_rest, Shutdown};
 use crate::init::spawn::Plan;
+use crate::init::tracking::{take_launch, track};
 use crate::kernel::sys::{self, Pid, SignalFd};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::reader::Reader;
-use crate::state::launches::Launch;
 use crate::state::requests::{self, Request};
 use crate::state::{self, dir::StateDir, dir::Status};
 use ed25519_dalek::SigningKey;
@@ -303,97 +303,6 @@ fn attestation_ended(sb: &mut Sandbox, code: i32) {
     if let Some(mut last) = sb.last.take() {
         last.attestation = Some(state::dir::Attestation { state: st, reason });
         publish(sb, &last);
-    }
-}
-
-/// Refresh the history table: remember every sandbox process seen now. Processes already seen
-/// are re-read from their stat line only, which keeps the periodic cost small.
-///
-/// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
-/// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
-/// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
-/// Returns whether the refresh completed.
-fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
-    let reader = Reader::default();
-    // Read into the last table's room, which stays the last complete observation until this one
-    // completes: the freeze starts from it, and decides from it who may vouch.
-    match reader.refresh(&mut sb.seen, &[], Some(abort)) {
-        Ok(true) => {
-            let tainted = sb.policy.classify(&sb.seen);
-            sb.policy.remember(&sb.seen, &tainted);
-            sb.launchers.prune(&sb.seen);
-            sb.tracked_at = Some(Instant::now());
-            return true;
-        }
-        Ok(false) => log::debug!("tracking interrupted"),
-        Err(e) => log::warn!("tracking: {e}"),
-    }
-    sb.tracked_at = None;
-    false
-}
-
-/// Hold a launch record: its process is the sandbox's from its first instruction (history), and
-/// its launcher is noted. For an unfollowed launch every process above it now is noted too: a
-/// child the launch leaves behind goes to the nearest subreaper above it when its parent exits,
-/// and any of them may be one. The chain above a live process only shrinks later (its members
-/// exit; orphans go further up, to what is noted already), so one walk now covers it.
-fn take_launch(sb: &mut Sandbox, l: &Launch) {
-    log::debug!("launch recorded: pid {} by {}", l.pid, l.ppid);
-    sb.policy.history.insert((l.pid, l.start_time));
-    sb.launchers.add(l);
-    if !l.unfollowed() || l.ppid == 0 {
-        return;
-    }
-    let reader = Reader::default();
-    let mut pass = match reader.pass() {
-        Ok(p) => p,
-        Err(e) => {
-            // Only the launcher is known then; what is above it is the init's own note.
-            log::warn!("cannot read the processes above launcher {}: {e}", l.ppid);
-            return;
-        }
-    };
-    let me = sys::getpid();
-    // From the launch itself, alive and waiting for this answer: a launcher that exited since it
-    // wrote the record has handed it to a process above, which is noted through the live chain.
-    let first = match pass.stat(l.pid) {
-        Ok(Some(p)) if p.start_time == l.start_time => l.pid,
-        _ => l.ppid,
-    };
-    let unknown = |pid: Pid, e: std::io::Error| {
-        // Not "gone": what is above it stays unnoted, and the init's own note is all there is.
-        log::warn!("cannot read process {pid} above launch {}: {e}", l.pid);
-    };
-    // A process of the chain that is gone by the time it is read (a launcher that exits while
-    // this walks) has handed its children up already, maybe to a subreaper between it and the
-    // init: the walk starts again from the launch, whose parent link says where they went.
-    // Bounded: no chain of live processes is longer than a pids limit lets anyone build, and a
-    // chain that keeps changing is walked again a few times only.
-    let (mut cur, mut restarts) = (first, 0);
-    for _ in 0..4096 {
-        let p = match pass.stat(cur) {
-            Ok(Some(p)) => p,
-            Ok(None) if cur != first && restarts < 64 => {
-                (cur, restarts) = (first, restarts + 1);
-                continue;
-            }
-            Ok(None) => return,
-            Err(e) => return unknown(cur, e),
-        };
-        if p.ppid <= 1 || p.ppid == me {
-            return;
-        }
-        let parent = match pass.stat(p.ppid) {
-            Ok(Some(p)) => p,
-            Ok(None) if restarts < 64 => {
-                (cur, restarts) = (first, restarts + 1);
-                continue;
-            }
-            Ok(None) => return,
-            Err(e) => return unknown(p.ppid, e),
-        };
-        sb.launchers.add_above(parent.pid, parent.start_time, l.start_time);
-        cur = parent.pid;
     }
 }
 

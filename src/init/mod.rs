@@ -3,6 +3,7 @@
 //! May use every folder below it. Once the command runs, nothing here may end the init by error.
 
 pub mod attesting;
+mod freezing;
 pub mod logging;
 mod reaper;
 pub mod run;

@@ -35,46 +35,16 @@ pub(super) fn do_freeze(
     born_since: Since,
 ) {
     let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
+    let reader = Reader::default();
     // The last freeze's attestation ends here: what it would sign is no longer the tree's state.
     reaper.watch = None;
     reaper.watched = None;
     let lingering = sb.worker.take().and_then(Worker::end_for_freeze);
     let nonce = pending_request.as_ref().and_then(|r| r.nonce.clone());
     let asked: Vec<String> = pending_request.as_ref().map(|r| r.attest.clone()).unwrap_or_default();
-    // The init's own command is the init's, whenever it was born (the same pid with the same
-    // start time: a later process with its pid is another one), unless it is the sandbox's own
-    // launch (--run-as), which history holds from its start.
-    let command = reaper
-        .main_start
-        .filter(|_| !sb.command_is_sandbox)
-        .filter(|&t| Reader::default().start_time(reaper.main).ok().flatten() == Some(t));
-    // The client only as the kernel shows it: the request is a file any root process of the
-    // namespace may have rewritten. The worker is an unreaped child: its pid is its own until
-    // the init reaps it.
-    let mut client_refused = None;
-    // Where a launch can become root unseen, no client is the init's own: a root process of the
-    // container that may read a client's executable may also write its memory (/proc/PID/mem,
-    // no tracer to see), and one that may not leaves nothing to tell the client by. The client
-    // matters only there (it is no newcomer otherwise).
-    let unseen_root = sb.launchers.any_unfollowed() || (!sb.policy.lineage && !sb.no_new_privs);
-    let client = pending_request.as_ref().and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
-        if unseen_root {
-            client_refused = Some((
-                pid,
-                "where a launch can become root unseen, a root process of the container can take over any \
-                 client (its memory is writable through /proc/PID/mem without a tracer)"
-                    .to_string(),
-            ));
-            return None;
-        }
-        freeze::client::Client::check(&Reader::default(), pid, t)
-            .map_err(|e| {
-                log::info!("freeze client {pid} is not taken for the init's own: {e}");
-                client_refused = Some((pid, e));
-            })
-            .ok()
-    });
-    let lingering = lingering.and_then(|pid| Some((pid, Reader::default().start_time(pid).ok().flatten()?)));
+    let command = own_command(sb, reaper, &reader);
+    let (client, client_refused) = own_client(sb, &reader, pending_request.as_ref());
+    let lingering = lingering.and_then(|pid| Some((pid, reader.start_time(pid).ok().flatten()?)));
     let own: Vec<(Pid, u64)> = command.map(|t| (reaper.main, t)).into_iter().chain(lingering).collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
@@ -90,35 +60,11 @@ pub(super) fn do_freeze(
         history: sb.policy.history.len(),
         attestation: None,
     };
-    // The old marker and attestation go before any signal is sent: a failed freeze must not
-    // leave one behind.
-    for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {
-        if let Err(e) = sb.state.remove(file) {
-            log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
-            status.state = "failed".into();
-            status.reason = Some(format!("cannot remove the old {what}: {e}"));
-            publish(sb, &status);
-            return;
-        }
-    }
-    if let Err(e) = sb.state.write_status(&status) {
-        log::error!("cannot write status: {e}");
+    if !announce(sb, &mut status) {
+        return;
     }
     log::info!("freeze {id}: starting");
-    // The stop starts from the last refresh: one that is older than the interval, or was cut off
-    // (a fork storm, a signal), may not have seen a sandbox process that lives now, nor where it
-    // came from. Look again first, within a bound: a storm must not hold the freeze back.
-    let stale = match (sb.tracked_at, sb.track_interval) {
-        (Some(at), Some(every)) => at.elapsed() > every,
-        _ => true,
-    };
-    if stale {
-        let until = Instant::now() + FRESH_LOOK;
-        if !track(sb, &|| Instant::now() >= until) {
-            log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
-        }
-    }
-    let reader = Reader::default();
+    look_again(sb, &id);
     let ctx = freeze::run::Context {
         since: born_since,
         launchers: &sb.launchers,
@@ -137,79 +83,179 @@ pub(super) fn do_freeze(
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
-    let mut facts = None;
     if out.ok {
-        // Known before the marker is signed: the marker names what this freeze attests.
-        let (attest_claim, refused) = attesting::paths_for(&sb.attest, &asked);
-        let attest_paths = match refused {
-            None => Ok(attest_claim.clone()),
-            Some(e) => Err(e),
-        };
-        let signed = crate::observe::container::this_container().and_then(|container| {
-            facts = Some(Freeze {
-                id: id.clone(),
-                jti: id.clone(),
-                nonce: nonce.clone(),
-                container: container.clone(),
-                sandbox_uids: sb.policy.uids.clone(),
-                killed: status.killed as u64,
-                phases_ms: out.phases.clone(),
-            });
-            let claims = Claims {
-                iss: "quiesce".into(),
-                iat: now_unix(),
-                jti: id.clone(),
-                nonce,
-                sandbox_uids: sb.policy.uids.clone(),
-                result: "quiescent".into(),
-                survivors: 0,
-                container,
-                // Moved, not copied: it may be a megabyte.
-                processes: std::mem::take(&mut out.evidence.processes),
-                processes_omitted: out.evidence.omitted,
-                phases_ms: out.phases.clone(),
-                version: env!("QUIESCE_VERSION").into(),
-                lineage: Some(sb.policy.lineage),
-                setuid: Some(!sb.no_new_privs),
-                attest: attest_claim,
-            };
-            marker::jws::sign(&sb.key, &claims)
-        });
-        match signed.and_then(|jws| sb.state.write_atomic(state::dir::MARKER, jws.as_bytes(), 0o644)) {
-            Ok(()) => {
-                status.state = "quiescent".into();
-                log::info!(
-                    "freeze {id}: quiescent, {} process(es) killed in {} ms",
-                    status.killed,
-                    out.phases.total
-                );
-            }
-            Err(e) => {
-                status.state = "failed".into();
-                status.reason = Some(format!("cannot write the marker: {e}"));
-                log::error!("freeze {id} failed: cannot write the marker: {e}");
-            }
-        }
-        if status.state == "quiescent" {
-            status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, attest_paths));
-        }
+        sign(sb, reaper, &mut status, &mut out, nonce, &asked);
     } else {
-        status.state = "failed".into();
-        status.reason = out.reason.clone();
-        status.survivors = out.survivors.clone();
-        let names: Vec<String> =
-            out.survivors.iter().map(|s| format!("{} uid {} {} {}", s.pid, s.uid, s.state, s.comm)).collect();
-        log::error!(
-            "freeze {id} failed: {}; survivors: [{}]",
-            out.reason.as_deref().unwrap_or("unknown"),
-            names.join(", ")
-        );
+        failed(&mut status, &out);
     }
     publish(sb, &status);
 }
 
+/// The command's start time when it is the init's own: the same pid with the same start time (a
+/// later process with its pid is another one), whenever it was born, unless it is the sandbox's
+/// own launch (--run-as), which history holds from its start.
+fn own_command(sb: &Sandbox, reaper: &Reaper, reader: &Reader) -> Option<u64> {
+    reaper
+        .main_start
+        .filter(|_| !sb.command_is_sandbox)
+        .filter(|&t| reader.start_time(reaper.main).ok().flatten() == Some(t))
+}
+
+/// The client that asked for this freeze, when it is the init's own; else the process the
+/// request named, and why it is not.
+fn own_client(
+    sb: &Sandbox,
+    reader: &Reader,
+    request: Option<&Request>,
+) -> (Option<freeze::client::Client>, Option<(Pid, String)>) {
+    // The client only as the kernel shows it: the request is a file any root process of the
+    // namespace may have rewritten. The worker is an unreaped child: its pid is its own until
+    // the init reaps it.
+    let mut client_refused = None;
+    // Where a launch can become root unseen, no client is the init's own: a root process of the
+    // container that may read a client's executable may also write its memory (/proc/PID/mem,
+    // no tracer to see), and one that may not leaves nothing to tell the client by. The client
+    // matters only there (it is no newcomer otherwise).
+    let unseen_root = sb.launchers.any_unfollowed() || (!sb.policy.lineage && !sb.no_new_privs);
+    let client = request.and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
+        if unseen_root {
+            client_refused = Some((
+                pid,
+                "where a launch can become root unseen, a root process of the container can take over any \
+                 client (its memory is writable through /proc/PID/mem without a tracer)"
+                    .to_string(),
+            ));
+            return None;
+        }
+        freeze::client::Client::check(reader, pid, t)
+            .map_err(|e| {
+                log::info!("freeze client {pid} is not taken for the init's own: {e}");
+                client_refused = Some((pid, e));
+            })
+            .ok()
+    });
+    (client, client_refused)
+}
+
+/// The old marker and attestation go before any signal is sent: a failed freeze must not leave
+/// one behind. Then "freezing" in status.json. False: the freeze failed, its status published.
+fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
+    let id = status.id.clone();
+    for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {
+        if let Err(e) = sb.state.remove(file) {
+            log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
+            status.state = "failed".into();
+            status.reason = Some(format!("cannot remove the old {what}: {e}"));
+            publish(sb, status);
+            return false;
+        }
+    }
+    if let Err(e) = sb.state.write_status(status) {
+        log::error!("cannot write status: {e}");
+    }
+    true
+}
+
+/// The stop starts from the last refresh: one that is older than the interval, or was cut off
+/// (a fork storm, a signal), may not have seen a sandbox process that lives now, nor where it
+/// came from. Look again first, within a bound: a storm must not hold the freeze back.
+fn look_again(sb: &mut Sandbox, id: &str) {
+    let stale = match (sb.tracked_at, sb.track_interval) {
+        (Some(at), Some(every)) => at.elapsed() > every,
+        _ => true,
+    };
+    if stale {
+        let until = Instant::now() + FRESH_LOOK;
+        if !track(sb, &|| Instant::now() >= until) {
+            log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
+        }
+    }
+}
+
+/// A quiescent freeze: sign its marker, then start its attestation.
+fn sign(
+    sb: &mut Sandbox,
+    reaper: &mut Reaper,
+    status: &mut Status,
+    out: &mut freeze::run::Outcome,
+    nonce: Option<String>,
+    asked: &[String],
+) {
+    let id = status.id.clone();
+    let mut facts = None;
+    // Known before the marker is signed: the marker names what this freeze attests.
+    let (attest_claim, refused) = attesting::paths_for(&sb.attest, asked);
+    let attest_paths = match refused {
+        None => Ok(attest_claim.clone()),
+        Some(e) => Err(e),
+    };
+    let signed = crate::observe::container::this_container().and_then(|container| {
+        facts = Some(Freeze {
+            id: id.clone(),
+            jti: id.clone(),
+            nonce: nonce.clone(),
+            container: container.clone(),
+            sandbox_uids: sb.policy.uids.clone(),
+            killed: status.killed as u64,
+            phases_ms: out.phases.clone(),
+        });
+        let claims = Claims {
+            iss: "quiesce".into(),
+            iat: now_unix(),
+            jti: id.clone(),
+            nonce,
+            sandbox_uids: sb.policy.uids.clone(),
+            result: "quiescent".into(),
+            survivors: 0,
+            container,
+            // Moved, not copied: it may be a megabyte.
+            processes: std::mem::take(&mut out.evidence.processes),
+            processes_omitted: out.evidence.omitted,
+            phases_ms: out.phases.clone(),
+            version: env!("QUIESCE_VERSION").into(),
+            lineage: Some(sb.policy.lineage),
+            setuid: Some(!sb.no_new_privs),
+            attest: attest_claim,
+        };
+        marker::jws::sign(&sb.key, &claims)
+    });
+    match signed.and_then(|jws| sb.state.write_atomic(state::dir::MARKER, jws.as_bytes(), 0o644)) {
+        Ok(()) => {
+            status.state = "quiescent".into();
+            log::info!(
+                "freeze {id}: quiescent, {} process(es) killed in {} ms",
+                status.killed,
+                out.phases.total
+            );
+        }
+        Err(e) => {
+            status.state = "failed".into();
+            status.reason = Some(format!("cannot write the marker: {e}"));
+            log::error!("freeze {id} failed: cannot write the marker: {e}");
+        }
+    }
+    if status.state == "quiescent" {
+        status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, attest_paths));
+    }
+}
+
+/// A failed freeze: its reason and survivors, said.
+fn failed(status: &mut Status, out: &freeze::run::Outcome) {
+    let id = status.id.clone();
+    status.state = "failed".into();
+    status.reason = out.reason.clone();
+    status.survivors = out.survivors.clone();
+    let names: Vec<String> =
+        out.survivors.iter().map(|s| format!("{} uid {} {} {}", s.pid, s.uid, s.state, s.comm)).collect();
+    log::error!(
+        "freeze {id} failed: {}; survivors: [{}]",
+        out.reason.as_deref().unwrap_or("unknown"),
+        names.join(", ")
+    );
+}
+
 /// The final status: in status.json, and where the client that asked for this freeze looks.
-pub(super) fn publish(sb: &mut Sandbox, status: &Status) {
+fn publish(sb: &mut Sandbox, status: &Status) {
     if let Err(e) = sb.state.write_status(status) {
         log::error!("cannot write status: {e}");
     }
@@ -268,6 +314,24 @@ pub(super) fn attestation_ended(sb: &mut Sandbox, code: i32) {
     if let Some(mut last) = sb.last.take() {
         last.attestation = Some(state::dir::Attestation { state: st, reason });
         publish(sb, &last);
+    }
+}
+
+/// The attestation worker outlived its time bound: killed, and the last freeze's status says so.
+pub(super) fn attestation_overdue(sb: &mut Sandbox) {
+    if let Some(w) = sb.worker.as_mut().filter(|w| Instant::now() >= w.deadline) {
+        let why = format!(
+            "the time bound of {} s ran out: raise --attest-timeout or attest a smaller tree",
+            sb.attest.bounds.seconds
+        );
+        w.kill(why.clone());
+        // Said now: a worker stuck in the kernel (a FUSE mount that never answers) may
+        // not die of SIGKILL, and its reaping may never come.
+        log::error!("attestation failed (worker pid {}): {why}", w.pid);
+        if let Some(mut last) = sb.last.take() {
+            last.attestation = Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) });
+            publish(sb, &last);
+        }
     }
 }
 

@@ -1,19 +1,25 @@
-//! The init: start the command, reap everything, forward signals, freeze on request,
-//! shut down cleanly. Once the command runs, nothing here may end the init by error.
+//! PID 1's loop: one event at a time (a child exited, a freeze was asked for, a signal to forward,
+//! a tick), in the manner of catatonit's `switch` on the signal; what each event asks for is done
+//! by the module of that job (reaper, freezing, tracking, shutdown). May use every folder below
+//! the init.
+//!
+//! Before the command runs, a failure to set up ends the init (exit code 2). Once it runs,
+//! `run` returns only through the shutdown, with the command's exit code: every error after that
+//! point is logged and the loop goes on.
 
 use crate::decide::newcomers;
 use crate::decide::taint::Policy;
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
-use crate::init::freezing::{attestation_ended, do_freeze, publish};
+use crate::init::freezing::{attestation_ended, attestation_overdue, do_freeze};
 use crate::init::reaper::Reaper;
-use crate::init::shutdown::{remap, signal_rest, Shutdown};
+use crate::init::shutdown::{remap, Shutdown};
 use crate::init::spawn::Plan;
-use crate::init::tracking::{take_launch, track};
+use crate::init::tracking::{take_launch, track, Schedule};
 use crate::kernel::sys::{self, Pid, SignalFd};
 use crate::observe::procs::reader::Reader;
+use crate::state::dir::{StateDir, Status};
 use crate::state::requests;
-use crate::state::{self, dir::StateDir, dir::Status};
 use ed25519_dalek::SigningKey;
 use std::time::{Duration, Instant};
 
@@ -55,6 +61,41 @@ pub struct Config {
     pub sandbox: Option<Sandbox>,
 }
 
+/// What wakes PID 1: each signal read from the signalfd, then one tick for the turn.
+enum Event {
+    /// SIGCHLD: children exited.
+    Child,
+    /// The freeze signal, from the pid that sent it.
+    Freeze(Pid),
+    /// Any other signal: the command's, forwarded to it.
+    Forward(i32),
+    /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
+    Tick,
+}
+
+/// Freeze signals kept per turn at most: their senders are looked for among the requests.
+const SENDERS: usize = 64;
+
+/// What one turn's signals asked for, done at its tick.
+#[derive(Default)]
+struct Turn {
+    child: bool,
+    freeze_senders: Vec<Pid>,
+}
+
+/// The loop's state from one turn to the next.
+struct Pid1 {
+    reaper: Reaper,
+    shutdown: Shutdown,
+    /// A freeze ran: the init stays once the command ended, unless told to exit after a freeze.
+    frozen: bool,
+    /// SIGTERM or SIGINT came after a freeze: the container may end.
+    term_after_freeze: bool,
+    schedule: Schedule,
+    /// Children left to reap after a full batch: the next turn does not wait.
+    backlog: bool,
+}
+
 /// Run the init; returns the exit code.
 pub fn run(mut cfg: Config) -> i32 {
     let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
@@ -71,37 +112,85 @@ pub fn run(mut cfg: Config) -> i32 {
             return 2;
         }
     };
-    log::debug!("command started as pid {main}");
-    let main_start = Reader::default().start_time(main).ok().flatten();
-    let mut reaper = Reaper { main, main_start, status: None, childless: false, watch: None, watched: None };
-    if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
-        if sb.command_is_sandbox {
-            // The init's own launch: the sandbox's from its first instruction, seen or not.
-            sb.policy.history.insert((main, t));
+    // The command runs: from here on the init never dies of its own error.
+    let mut pid1 = Pid1::start(&mut cfg, main);
+    loop {
+        pid1.wait(&sfd, &cfg);
+        let mut turn = Turn::default();
+        for event in events(&sfd, cfg.sandbox.as_ref().map(|sb| sb.freeze_signal)) {
+            match event {
+                Event::Child => turn.child = true,
+                Event::Freeze(sender) => {
+                    log::info!("freeze requested by pid {sender}");
+                    if turn.freeze_senders.len() < SENDERS {
+                        turn.freeze_senders.push(sender);
+                    }
+                }
+                Event::Forward(sig) => pid1.forward(&cfg, sig),
+                Event::Tick => {
+                    if let Some(code) = pid1.tick(&mut cfg, &turn) {
+                        return code;
+                    }
+                }
+            }
         }
     }
-    let mut shutdown = Shutdown::None;
-    let mut frozen = false;
-    let mut term_after_freeze = false;
-    let mut next_track: Option<Instant> = None;
-    let mut last_track = Instant::now();
-    // Children left to reap after a full batch: the next turn does not wait.
-    let mut backlog = false;
-    if let Some(sb) = cfg.sandbox.as_mut() {
-        if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
-            log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
+}
+
+/// The signals pending now, then the tick.
+fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Event> + '_ {
+    // Bounded: standard signals coalesce, so at most one of each plus queued RT signals.
+    let signals = (0..4096).map_while(move |_| match sfd.read() {
+        Ok(x) => x,
+        Err(e) => {
+            log::error!("reading signals failed: {e}");
+            None
         }
-        track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
-        next_track = sb.track_interval.map(|i| Instant::now() + i);
+    });
+    signals
+        .map(move |(sig, sender)| match sig {
+            libc::SIGCHLD => Event::Child,
+            s if Some(s) == freeze_signal => Event::Freeze(sender),
+            s => Event::Forward(s),
+        })
+        .chain(std::iter::once(Event::Tick))
+}
+
+impl Pid1 {
+    /// The command started as `main`: hold it, make the start-time files durable, take the first
+    /// tracking observation.
+    fn start(cfg: &mut Config, main: Pid) -> Pid1 {
+        log::debug!("command started as pid {main}");
+        let main_start = Reader::default().start_time(main).ok().flatten();
+        let reaper = Reaper { main, main_start, status: None, childless: false, watch: None, watched: None };
+        if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
+            if sb.command_is_sandbox {
+                // The init's own launch: the sandbox's from its first instruction, seen or not.
+                sb.policy.history.insert((main, t));
+            }
+        }
+        let mut schedule = Schedule::new();
+        if let Some(sb) = cfg.sandbox.as_mut() {
+            if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
+                log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
+            }
+            track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
+            schedule.start(sb.track_interval);
+        }
+        Pid1 {
+            reaper,
+            shutdown: Shutdown::None,
+            frozen: false,
+            term_after_freeze: false,
+            schedule,
+            backlog: false,
+        }
     }
 
-    loop {
+    /// Wait for a signal, until the next thing due at most.
+    fn wait(&self, sfd: &SignalFd, cfg: &Config) {
         let now = Instant::now();
-        let deadline = match shutdown {
-            Shutdown::Terminating { kill_at } => Some(kill_at),
-            Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
-            Shutdown::None => next_track,
-        };
+        let deadline = self.shutdown.deadline(now).or(self.schedule.next);
         let worker_due = cfg.sandbox.as_ref().and_then(|sb| sb.worker.as_ref()).map(|w| w.deadline);
         let deadline = match (deadline, worker_due) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -110,148 +199,92 @@ pub fn run(mut cfg: Config) -> i32 {
         let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
         // Children left to reap, or freeze requests waiting (one freeze per pass): come back at
         // once, with signals read in between.
-        if backlog || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy()) {
+        if self.backlog || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy()) {
             timeout = Some(Duration::ZERO);
         }
         if let Err(e) = sfd.wait(timeout) {
             log::error!("waiting for signals failed: {e}");
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
 
-        let mut got_chld = false;
-        let mut freeze_senders: Vec<Pid> = Vec::new();
-        // Bounded: standard signals coalesce, so at most one of each plus queued RT signals.
-        for _ in 0..4096 {
-            let (sig, sender) = match sfd.read() {
-                Ok(Some(x)) => x,
-                Ok(None) => break,
-                Err(e) => {
-                    log::error!("reading signals failed: {e}");
-                    break;
-                }
-            };
-            if sig == libc::SIGCHLD {
-                got_chld = true;
-                continue;
-            }
-            if let Some(sb) = cfg.sandbox.as_ref() {
-                if sig == sb.freeze_signal {
-                    log::info!("freeze requested by pid {sender}");
-                    if freeze_senders.len() < 64 {
-                        freeze_senders.push(sender);
-                    }
-                    continue;
-                }
-            }
-            if frozen && (sig == libc::SIGTERM || sig == libc::SIGINT) {
-                // After a freeze the init waits for this to end the container.
-                term_after_freeze = true;
-            }
-            if reaper.status.is_none() {
-                let target = if cfg.pgroup { -main } else { main };
-                log::debug!("forwarding {} to {target}", sys::signal_name(sig));
-                if let Err(e) = sys::kill(target, sig) {
-                    log::debug!("forwarding {} failed: {e}", sys::signal_name(sig));
-                }
+    /// A signal for the command: sent on to it (or its process group) while it runs.
+    fn forward(&mut self, cfg: &Config, sig: i32) {
+        if self.frozen && (sig == libc::SIGTERM || sig == libc::SIGINT) {
+            // After a freeze the init waits for this to end the container.
+            self.term_after_freeze = true;
+        }
+        if self.reaper.status.is_none() {
+            let main = self.reaper.main;
+            let target = if cfg.pgroup { -main } else { main };
+            log::debug!("forwarding {} to {target}", sys::signal_name(sig));
+            if let Err(e) = sys::kill(target, sig) {
+                log::debug!("forwarding {} failed: {e}", sys::signal_name(sig));
             }
         }
+    }
 
+    /// The end of a turn: reap, then the sandbox's work, then the shutdown once the command
+    /// ended. Some: the init's exit code.
+    fn tick(&mut self, cfg: &mut Config, turn: &Turn) -> Option<i32> {
         // A freeze request goes first: one batch of reaping costs milliseconds when the init has
         // thousands of children (each waitpid walks them all). The freeze reaps as it kills.
         let freeze_waiting =
-            !freeze_senders.is_empty() || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy());
-        backlog = freeze_waiting || reaper.reap();
-
+            !turn.freeze_senders.is_empty() || cfg.sandbox.as_ref().is_some_and(|sb| sb.intake.busy());
+        self.backlog = freeze_waiting || self.reaper.reap();
         if let Some(sb) = cfg.sandbox.as_mut() {
-            if let Some(code) = reaper.watched.take() {
+            if let Some(code) = self.reaper.watched.take() {
                 attestation_ended(sb, code);
             }
-            if let Some(w) = sb.worker.as_mut().filter(|w| Instant::now() >= w.deadline) {
-                let why = format!(
-                    "the time bound of {} s ran out: raise --attest-timeout or attest a smaller tree",
-                    sb.attest.bounds.seconds
-                );
-                w.kill(why.clone());
-                // Said now: a worker stuck in the kernel (a FUSE mount that never answers) may
-                // not die of SIGKILL, and its reaping may never come.
-                log::error!("attestation failed (worker pid {}): {why}", w.pid);
-                if let Some(mut last) = sb.last.take() {
-                    last.attestation =
-                        Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) });
-                    publish(sb, &last);
-                }
-            }
-            // The start point comes before anything a sandbox process can tell a freeze by: the
-            // request's rename in `requests/` (root's alone, 0700, so only a root process could),
-            // the launch chains walked, the old marker's removal, "freezing" in status.json. A
-            // process that waits for those makes what it makes after this point, where the proof
-            // looks for newcomers. A request queued by an earlier take gets the point of the pass
-            // that runs it: its rename was in that root-only directory, and nothing since told.
-            let since = (!freeze_senders.is_empty() || sb.intake.busy())
-                .then(|| freeze::run::start_point(&Reader::default()));
-            let job = sb.intake.next(&freeze_senders);
-            // Launch records taken with it are held before any freeze runs, and only then answered.
-            for (id, launch) in sb.intake.take_launches() {
-                take_launch(sb, &launch);
-                sb.intake.answer_launch(&id);
-            }
-            if let Some(job) = job {
-                let since = since.unwrap_or_else(|| freeze::run::start_point(&Reader::default()));
-                do_freeze(sb, &mut reaper, job, since);
-                frozen = true;
-                backlog = reaper.reap();
-            }
-            let now = Instant::now();
-            let periodic = next_track.is_some_and(|t| now >= t);
-            // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
-            let on_child = got_chld && now.duration_since(last_track) >= Duration::from_millis(100);
-            // Queued freeze requests come first (each freeze makes its own observation), and so
-            // does a signal that came in meanwhile: a refresh lists all of /proc before it can
-            // notice one.
-            if matches!(shutdown, Shutdown::None)
-                && !sb.intake.busy()
-                && (periodic || on_child)
-                && !sys::other_signal_pending(libc::SIGCHLD)
-            {
-                track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
-                last_track = now;
-                next_track = sb.track_interval.map(|i| now + i);
-            }
+            attestation_overdue(sb);
+            self.take_requests(sb, &turn.freeze_senders);
+            self.track_if_due(sb, turn.child);
         }
+        let code = self.reaper.status?;
+        let stay = self.frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.after_freeze_exit);
+        if stay && !self.term_after_freeze {
+            return None;
+        }
+        self.shutdown.step(self.reaper.childless, cfg.grace).then(|| remap(code, &cfg.remap_exit))
+    }
 
-        let Some(code) = reaper.status else { continue };
-        let stay = frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.after_freeze_exit);
-        if stay && !term_after_freeze {
-            continue;
+    /// Take the freeze requests and launch records waiting, and run one freeze.
+    fn take_requests(&mut self, sb: &mut Sandbox, senders: &[Pid]) {
+        // The start point comes before anything a sandbox process can tell a freeze by: the
+        // request's rename in `requests/` (root's alone, 0700, so only a root process could),
+        // the launch chains walked, the old marker's removal, "freezing" in status.json. A
+        // process that waits for those makes what it makes after this point, where the proof
+        // looks for newcomers. A request queued by an earlier take gets the point of the pass
+        // that runs it: its rename was in that root-only directory, and nothing since told.
+        let since =
+            (!senders.is_empty() || sb.intake.busy()).then(|| freeze::run::start_point(&Reader::default()));
+        let job = sb.intake.next(senders);
+        // Launch records taken with it are held before any freeze runs, and only then answered.
+        for (id, launch) in sb.intake.take_launches() {
+            take_launch(sb, &launch);
+            sb.intake.answer_launch(&id);
         }
+        if let Some(job) = job {
+            let since = since.unwrap_or_else(|| freeze::run::start_point(&Reader::default()));
+            do_freeze(sb, &mut self.reaper, job, since);
+            self.frozen = true;
+            self.backlog = self.reaper.reap();
+        }
+    }
+
+    /// Refresh the tracking table when it is due and nothing comes first.
+    fn track_if_due(&mut self, sb: &mut Sandbox, child: bool) {
         let now = Instant::now();
-        match shutdown {
-            Shutdown::None => {
-                if reaper.childless && sys::getpid() != 1 {
-                    return remap(code, &cfg.remap_exit);
-                }
-                if signal_rest(libc::SIGTERM) == 0 && reaper.childless {
-                    return remap(code, &cfg.remap_exit);
-                }
-                log::debug!("command ended; terminating the rest with a {:?} grace", cfg.grace);
-                shutdown = Shutdown::Terminating { kill_at: now + cfg.grace };
-            }
-            Shutdown::Terminating { kill_at } if now >= kill_at => {
-                log::info!("grace over; killing what is left");
-                signal_rest(libc::SIGKILL);
-                shutdown = Shutdown::Killing { give_up_at: now + Duration::from_secs(5) };
-            }
-            Shutdown::Killing { give_up_at } if now >= give_up_at => {
-                log::error!("processes survived SIGKILL for 5 s (uninterruptible?); exiting anyway");
-                return remap(code, &cfg.remap_exit);
-            }
-            Shutdown::Killing { .. } => {
-                signal_rest(libc::SIGKILL);
-            }
-            _ => {}
-        }
-        if reaper.childless {
-            return remap(code, &cfg.remap_exit);
+        // Queued freeze requests come first (each freeze makes its own observation), and so
+        // does a signal that came in meanwhile: a refresh lists all of /proc before it can
+        // notice one.
+        if matches!(self.shutdown, Shutdown::None)
+            && !sb.intake.busy()
+            && self.schedule.due(now, child)
+            && !sys::other_signal_pending(libc::SIGCHLD)
+        {
+            track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
+            self.schedule.done(now, sb.track_interval);
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::freeze;
 use crate::kernel::sys;
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(super) enum Shutdown {
     None,
@@ -13,8 +13,51 @@ pub(super) enum Shutdown {
     Killing { give_up_at: Instant },
 }
 
+impl Shutdown {
+    /// When the loop must come round again for the shutdown; None before it began.
+    pub(super) fn deadline(&self, now: Instant) -> Option<Instant> {
+        match *self {
+            Shutdown::Terminating { kill_at } => Some(kill_at),
+            Shutdown::Killing { give_up_at } => Some(give_up_at.min(now + Duration::from_millis(50))),
+            Shutdown::None => None,
+        }
+    }
+
+    /// One turn of the shutdown once the command ended: true when the init may exit now.
+    /// `childless`: the reaper found no child left at all.
+    pub(super) fn step(&mut self, childless: bool, grace: Duration) -> bool {
+        let now = Instant::now();
+        match *self {
+            Shutdown::None => {
+                if childless && sys::getpid() != 1 {
+                    return true;
+                }
+                if signal_rest(libc::SIGTERM) == 0 && childless {
+                    return true;
+                }
+                log::debug!("command ended; terminating the rest with a {grace:?} grace");
+                *self = Shutdown::Terminating { kill_at: now + grace };
+            }
+            Shutdown::Terminating { kill_at } if now >= kill_at => {
+                log::info!("grace over; killing what is left");
+                signal_rest(libc::SIGKILL);
+                *self = Shutdown::Killing { give_up_at: now + Duration::from_secs(5) };
+            }
+            Shutdown::Killing { give_up_at } if now >= give_up_at => {
+                log::error!("processes survived SIGKILL for 5 s (uninterruptible?); exiting anyway");
+                return true;
+            }
+            Shutdown::Killing { .. } => {
+                signal_rest(libc::SIGKILL);
+            }
+            _ => {}
+        }
+        childless
+    }
+}
+
 /// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
-pub(super) fn signal_rest(sig: i32) -> usize {
+fn signal_rest(sig: i32) -> usize {
     if sys::getpid() == 1 {
         return match sys::kill_all(sig) {
             Ok(()) => 1,

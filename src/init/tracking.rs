@@ -5,7 +5,39 @@ use crate::init::run::Sandbox;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// When the next refresh is due: every interval, and on SIGCHLD at most every 100 ms.
+pub(super) struct Schedule {
+    /// The next periodic refresh; None: no interval.
+    pub(super) next: Option<Instant>,
+    last: Instant,
+}
+
+impl Schedule {
+    pub(super) fn new() -> Schedule {
+        Schedule { next: None, last: Instant::now() }
+    }
+
+    /// The first refresh is done: the next one is an interval away.
+    pub(super) fn start(&mut self, interval: Option<Duration>) {
+        self.next = interval.map(|i| Instant::now() + i);
+    }
+
+    /// A refresh is due at `now`; `child`: SIGCHLD came this turn.
+    pub(super) fn due(&self, now: Instant, child: bool) -> bool {
+        let periodic = self.next.is_some_and(|t| now >= t);
+        // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
+        let on_child = child && now.duration_since(self.last) >= Duration::from_millis(100);
+        periodic || on_child
+    }
+
+    /// A refresh began at `now`.
+    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>) {
+        self.last = now;
+        self.next = interval.map(|i| now + i);
+    }
+}
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
 /// are re-read from their stat line only, which keeps the periodic cost small.

@@ -8,7 +8,7 @@ use crate::kernel::users;
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
 use crate::state::requests;
-use crate::state::{dir::StateDir, locator, published::published_in, published::Published};
+use crate::state::{dir::FreezeState, dir::StateDir, locator, published::published_in, published::Published};
 use std::time::{Duration, Instant};
 
 /// How long the launch waits, at most, for the init to take its record (a freeze in progress
@@ -137,7 +137,7 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
             if let Err(e) = results.remove(&format!("{id}.json")) {
                 log::debug!("cannot remove the answer {id}.json: {e}");
             }
-            if st.state == requests::LAUNCH_TAKEN {
+            if st.state == FreezeState::LaunchRecorded {
                 return Ok(());
             }
             return Err(format!("the init answered the launch record with '{}'", st.state));

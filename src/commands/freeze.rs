@@ -4,8 +4,9 @@ use crate::cli::args::FreezeArgs;
 use crate::kernel::sys;
 use crate::marker;
 use crate::observe::procs::reader::Reader;
+use crate::state::dir::{AttestationState, FreezeState, StateDir, Status};
 use crate::state::requests;
-use crate::state::{self, dir::StateDir, dir::Status, published::published_in, published::SANDBOX_FILE};
+use crate::state::{self, published::published_in, published::SANDBOX_FILE};
 use std::time::{Duration, Instant};
 
 /// Signal the init wherever it runs: PID 1, or the pid it published in sandbox.json when it is
@@ -97,7 +98,7 @@ fn own_marker(dir: &StateDir, st: &Status) -> Result<String, String> {
 /// `--json`'s object: the status, and `marker` (the JWS text, or null when the freeze was not
 /// quiescent or its marker could not be read as verify would read it).
 fn json_with_marker(dir: &StateDir, st: &Status) -> String {
-    let marker = if st.state == "quiescent" {
+    let marker = if st.state == FreezeState::Quiescent {
         match own_marker(dir, st) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -176,7 +177,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
             // The init answers again when the attestation ends; its result is waited for within
             // the same bound, and never changes this command's exit status.
             Ok(Some(st))
-                if st.attestation.as_ref().is_some_and(|a| a.state == "running")
+                if st.attestation.as_ref().is_some_and(|a| a.state == AttestationState::Running)
                     && Instant::now() + Duration::from_millis(10) < until => {}
             Ok(Some(st)) => {
                 if args.json {
@@ -200,7 +201,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
                             .unwrap_or_default()
                     );
                 }
-                return if st.state == "quiescent" { 0 } else { 1 };
+                return if st.state == FreezeState::Quiescent { 0 } else { 1 };
             }
             Ok(None) => {}
             Err(e) => {

@@ -6,8 +6,9 @@ use crate::decide::taint::Policy;
 use crate::marker::{self, jws::Bad, jws::Claims};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
+use crate::state;
+use crate::state::dir::{AttestationState, FreezeState, StateDir};
 use crate::state::files::{self, FileError};
-use crate::state::{self, dir::StateDir};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -88,8 +89,8 @@ fn check_attestation(
                     .and_then(|b| state::dir::parse_status(&b).ok());
                 let running = st.as_ref().is_some_and(|s| {
                     s.id == claims.jti
-                        && (s.state == "freezing"
-                            || s.attestation.as_ref().is_some_and(|a| a.state == "running"))
+                        && (s.state == FreezeState::Freezing
+                            || s.attestation.as_ref().is_some_and(|a| a.state == AttestationState::Running))
                 });
                 if let (true, Some(d), None) = (running && Instant::now() < until, dir, &args.attestation) {
                     std::thread::sleep(Duration::from_millis(100));

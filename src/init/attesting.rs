@@ -6,6 +6,7 @@
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
 use crate::kernel::sys::{self, Pid};
+use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -178,16 +179,16 @@ impl Worker {
     }
 
     /// The attestation's state and reason once the worker was reaped with `code`.
-    pub fn finish(self, code: i32) -> (String, Option<String>) {
+    pub fn finish(self, code: i32) -> (AttestationState, Option<String>) {
         let mut buf = [0u8; job::SAID_MAX + 1];
         let n = sys::read_some(&self.out, &mut buf).unwrap_or(0);
         let said = String::from_utf8_lossy(&buf[..n]).trim().to_string();
         if code == 0 && self.killed_for.is_none() {
-            return ("attested".into(), (!said.is_empty()).then_some(said));
+            return (AttestationState::Attested, (!said.is_empty()).then_some(said));
         }
         let why = self.killed_for.or_else(|| (code == 1 && !said.is_empty()).then_some(said));
         (
-            "failed".into(),
+            AttestationState::Failed,
             Some(why.unwrap_or_else(|| format!("the attestation worker ended with status {code}"))),
         )
     }

@@ -12,8 +12,9 @@ use crate::init::tracking::track;
 use crate::kernel::sys::{self, Pid};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::reader::Reader;
+use crate::state;
+use crate::state::dir::{AttestationState, FreezeState, Status};
 use crate::state::requests::Request;
-use crate::state::{self, dir::Status};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn now_unix() -> u64 {
@@ -51,13 +52,13 @@ pub(super) fn do_freeze(
         id: id.clone(),
         request_id,
         nonce: nonce.clone(),
-        state: "freezing".into(),
+        state: FreezeState::Freezing,
         reason: None,
         survivors: vec![],
         killed: 0,
         unstopped: 0,
         phases_ms: Default::default(),
-        history: sb.policy.history.len(),
+        history: sb.tracking.policy.history.len(),
         attestation: None,
     };
     if !announce(sb, &mut status) {
@@ -67,19 +68,26 @@ pub(super) fn do_freeze(
     look_again(sb, &id);
     let ctx = freeze::run::Context {
         since: born_since,
-        launchers: &sb.launchers,
+        launchers: &sb.tracking.launchers,
         own,
         client,
         client_refused,
-        outside_unseen: !sb.policy.lineage && !sb.no_new_privs,
+        outside_unseen: !sb.tracking.policy.lineage && !sb.settings.no_new_privs,
     };
-    // The freeze reads its observations into a table of its own: `sb.seen` stays the last tracking
-    // refresh, which the next freeze within the interval starts from.
-    let mut out = freeze::run::run(&mut sb.freeze, &mut sb.policy, &reader, &sb.seen, ctx, reaper);
+    // The freeze reads its observations into a table of its own: `sb.tracking.seen` stays the
+    // last tracking refresh, which the next freeze within the interval starts from.
+    let mut out = freeze::run::run(
+        &mut sb.settings.freeze,
+        &mut sb.tracking.policy,
+        &reader,
+        &sb.tracking.seen,
+        ctx,
+        &mut || reaper.reap(),
+    );
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();
     status.unstopped = out.unstopped.len();
-    status.history = sb.policy.history.len();
+    status.history = sb.tracking.policy.history.len();
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
@@ -97,7 +105,7 @@ pub(super) fn do_freeze(
 fn own_command(sb: &Sandbox, reaper: &Reaper, reader: &Reader) -> Option<u64> {
     reaper
         .main_start
-        .filter(|_| !sb.command_is_sandbox)
+        .filter(|_| !sb.settings.command_is_sandbox)
         .filter(|&t| reader.start_time(reaper.main).ok().flatten() == Some(t))
 }
 
@@ -116,7 +124,8 @@ fn own_client(
     // container that may read a client's executable may also write its memory (/proc/PID/mem,
     // no tracer to see), and one that may not leaves nothing to tell the client by. The client
     // matters only there (it is no newcomer otherwise).
-    let unseen_root = sb.launchers.any_unfollowed() || (!sb.policy.lineage && !sb.no_new_privs);
+    let unseen_root =
+        sb.tracking.launchers.any_unfollowed() || (!sb.tracking.policy.lineage && !sb.settings.no_new_privs);
     let client = request.and_then(|r| r.pid.zip(r.start_time)).and_then(|(pid, t)| {
         if unseen_root {
             client_refused = Some((
@@ -144,7 +153,7 @@ fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
     for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {
         if let Err(e) = sb.state.remove(file) {
             log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
-            status.state = "failed".into();
+            status.state = FreezeState::Failed;
             status.reason = Some(format!("cannot remove the old {what}: {e}"));
             publish(sb, status);
             return false;
@@ -160,13 +169,13 @@ fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
 /// (a fork storm, a signal), may not have seen a sandbox process that lives now, nor where it
 /// came from. Look again first, within a bound: a storm must not hold the freeze back.
 fn look_again(sb: &mut Sandbox, id: &str) {
-    let stale = match (sb.tracked_at, sb.track_interval) {
+    let stale = match (sb.tracking.tracked_at, sb.settings.track_interval) {
         (Some(at), Some(every)) => at.elapsed() > every,
         _ => true,
     };
     if stale {
         let until = Instant::now() + FRESH_LOOK;
-        if !track(sb, &|| Instant::now() >= until) {
+        if !track(&mut sb.tracking, &|| Instant::now() >= until) {
             log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
         }
     }
@@ -184,7 +193,7 @@ fn sign(
     let id = status.id.clone();
     let mut facts = None;
     // Known before the marker is signed: the marker names what this freeze attests.
-    let (attest_claim, refused) = attesting::paths_for(&sb.attest, asked);
+    let (attest_claim, refused) = attesting::paths_for(&sb.settings.attest, asked);
     let attest_paths = match refused {
         None => Ok(attest_claim.clone()),
         Some(e) => Err(e),
@@ -195,7 +204,7 @@ fn sign(
             jti: id.clone(),
             nonce: nonce.clone(),
             container: container.clone(),
-            sandbox_uids: sb.policy.uids.clone(),
+            sandbox_uids: sb.tracking.policy.uids.clone(),
             killed: status.killed as u64,
             phases_ms: out.phases.clone(),
         });
@@ -204,7 +213,7 @@ fn sign(
             iat: now_unix(),
             jti: id.clone(),
             nonce,
-            sandbox_uids: sb.policy.uids.clone(),
+            sandbox_uids: sb.tracking.policy.uids.clone(),
             result: "quiescent".into(),
             survivors: 0,
             container,
@@ -213,15 +222,15 @@ fn sign(
             processes_omitted: out.evidence.omitted,
             phases_ms: out.phases.clone(),
             version: env!("QUIESCE_VERSION").into(),
-            lineage: Some(sb.policy.lineage),
-            setuid: Some(!sb.no_new_privs),
+            lineage: Some(sb.tracking.policy.lineage),
+            setuid: Some(!sb.settings.no_new_privs),
             attest: attest_claim,
         };
-        marker::jws::sign(&sb.key, &claims)
+        marker::jws::sign(&sb.settings.key, &claims)
     });
     match signed.and_then(|jws| sb.state.write_atomic(state::dir::MARKER, jws.as_bytes(), 0o644)) {
         Ok(()) => {
-            status.state = "quiescent".into();
+            status.state = FreezeState::Quiescent;
             log::info!(
                 "freeze {id}: quiescent, {} process(es) killed in {} ms",
                 status.killed,
@@ -229,12 +238,12 @@ fn sign(
             );
         }
         Err(e) => {
-            status.state = "failed".into();
+            status.state = FreezeState::Failed;
             status.reason = Some(format!("cannot write the marker: {e}"));
             log::error!("freeze {id} failed: cannot write the marker: {e}");
         }
     }
-    if status.state == "quiescent" {
+    if status.state == FreezeState::Quiescent {
         status.attestation = facts.and_then(|f| start_attestation(sb, reaper, f, attest_paths));
     }
 }
@@ -242,7 +251,7 @@ fn sign(
 /// A failed freeze: its reason and survivors, said.
 fn failed(status: &mut Status, out: &freeze::run::Outcome) {
     let id = status.id.clone();
-    status.state = "failed".into();
+    status.state = FreezeState::Failed;
     status.reason = out.reason.clone();
     status.survivors = out.survivors.clone();
     let names: Vec<String> =
@@ -273,7 +282,7 @@ fn start_attestation(
     let id = freeze.id.clone();
     let failed = |why: String| {
         log::error!("freeze {id}: attestation failed: {why}");
-        Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) })
+        Some(state::dir::Attestation { state: AttestationState::Failed, reason: Some(why) })
     };
     let paths = match paths {
         Ok(p) if p.is_empty() => return None,
@@ -283,10 +292,10 @@ fn start_attestation(
     let job = Job {
         state_dir: sb.state.path.clone(),
         paths,
-        bounds: sb.attest.bounds,
+        bounds: sb.settings.attest.bounds,
         threads: sys::cpus().clamp(1, 2),
         freeze,
-        seed: state::dir::hex(sb.key.as_bytes()),
+        seed: state::dir::hex(sb.settings.key.as_bytes()),
     };
     let started = attesting::start(&job);
     let mut seed = job.seed;
@@ -296,7 +305,7 @@ fn start_attestation(
             log::info!("freeze {id}: attestation started (worker pid {})", w.pid);
             reaper.watch = Some(w.pid);
             sb.worker = Some(w);
-            Some(state::dir::Attestation { state: "running".into(), reason: None })
+            Some(state::dir::Attestation { state: AttestationState::Running, reason: None })
         }
         Err(e) => failed(e),
     }
@@ -308,7 +317,9 @@ pub(super) fn attestation_ended(sb: &mut Sandbox, code: i32) {
     let pid = w.pid;
     let (st, reason) = w.finish(code);
     match &reason {
-        Some(r) if st == "failed" => log::error!("attestation failed (worker pid {pid}): {r}"),
+        Some(r) if st == AttestationState::Failed => {
+            log::error!("attestation failed (worker pid {pid}): {r}")
+        }
         r => log::info!("attestation {st}: {}", r.as_deref().unwrap_or("")),
     }
     if let Some(mut last) = sb.last.take() {
@@ -322,14 +333,15 @@ pub(super) fn attestation_overdue(sb: &mut Sandbox) {
     if let Some(w) = sb.worker.as_mut().filter(|w| Instant::now() >= w.deadline) {
         let why = format!(
             "the time bound of {} s ran out: raise --attest-timeout or attest a smaller tree",
-            sb.attest.bounds.seconds
+            sb.settings.attest.bounds.seconds
         );
         w.kill(why.clone());
         // Said now: a worker stuck in the kernel (a FUSE mount that never answers) may
         // not die of SIGKILL, and its reaping may never come.
         log::error!("attestation failed (worker pid {}): {why}", w.pid);
         if let Some(mut last) = sb.last.take() {
-            last.attestation = Some(state::dir::Attestation { state: "failed".into(), reason: Some(why) });
+            last.attestation =
+                Some(state::dir::Attestation { state: AttestationState::Failed, reason: Some(why) });
             publish(sb, &last);
         }
     }

@@ -10,4 +10,4 @@ pub mod run;
 mod shutdown;
 pub mod spawn;
 pub mod start;
-mod tracking;
+pub mod tracking;

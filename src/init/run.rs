@@ -7,30 +7,37 @@
 //! `run` returns only through the shutdown, with the command's exit code: every error after that
 //! point is logged and the loop goes on.
 
-use crate::decide::newcomers;
-use crate::decide::taint::Policy;
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::init::freezing::{attestation_ended, attestation_overdue, do_freeze};
 use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, Shutdown};
 use crate::init::spawn::Plan;
-use crate::init::tracking::{take_launch, track, Schedule};
+use crate::init::tracking::{take_launch, track, Schedule, Tracking};
 use crate::kernel::sys::{self, Pid, SignalFd};
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{StateDir, Status};
-use crate::state::requests;
+use crate::state::requests::{self, Job};
 use ed25519_dalek::SigningKey;
 use std::time::{Duration, Instant};
 
+/// The sandbox's side of the init: its fixed settings, what tracking has learnt, and the state
+/// dir with what passes through it.
 pub struct Sandbox {
-    pub policy: Policy,
-    /// The last tracking observation.
-    pub seen: crate::observe::procs::table::Snapshot,
+    pub settings: Settings,
+    pub tracking: Tracking,
     pub state: StateDir,
     /// Start-time files not yet synced (see `StateDir::write_atomic_deferred`).
     pub unsynced: Vec<std::fs::File>,
     pub intake: requests::Intake,
+    /// The attestation worker of the last freeze, while it runs.
+    pub worker: Option<Worker>,
+    /// The last freeze's final status, rewritten when its attestation ends.
+    pub last: Option<Status>,
+}
+
+/// What the command line and the start-up fixed: no freeze or refresh changes it.
+pub struct Settings {
     pub key: SigningKey,
     pub freeze_signal: i32,
     pub freeze: freeze::run::Config,
@@ -38,19 +45,11 @@ pub struct Sandbox {
     pub track_interval: Option<Duration>,
     /// The command is a sandbox launch (--run-as).
     pub command_is_sandbox: bool,
-    /// What the launch records of `quiesce exec` said so far.
-    pub launchers: newcomers::Launchers,
     /// The init runs with no_new_privs (so does everything entered into the container): no
     /// setuid binary makes any process root.
     pub no_new_privs: bool,
-    /// When the last tracking refresh completed; None: the last one was cut off.
-    pub tracked_at: Option<Instant>,
     /// What to attest after a quiescent freeze.
     pub attest: attesting::Setup,
-    /// The attestation worker of the last freeze, while it runs.
-    pub worker: Option<Worker>,
-    /// The last freeze's final status, rewritten when its attestation ends.
-    pub last: Option<Status>,
 }
 
 pub struct Config {
@@ -117,7 +116,7 @@ pub fn run(mut cfg: Config) -> i32 {
     loop {
         pid1.wait(&sfd, &cfg);
         let mut turn = Turn::default();
-        for event in events(&sfd, cfg.sandbox.as_ref().map(|sb| sb.freeze_signal)) {
+        for event in events(&sfd, cfg.sandbox.as_ref().map(|sb| sb.settings.freeze_signal)) {
             match event {
                 Event::Child => turn.child = true,
                 Event::Freeze(sender) => {
@@ -164,9 +163,9 @@ impl Pid1 {
         let main_start = Reader::default().start_time(main).ok().flatten();
         let reaper = Reaper { main, main_start, status: None, childless: false, watch: None, watched: None };
         if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
-            if sb.command_is_sandbox {
+            if sb.settings.command_is_sandbox {
                 // The init's own launch: the sandbox's from its first instruction, seen or not.
-                sb.policy.history.insert((main, t));
+                sb.tracking.policy.history.insert((main, t));
             }
         }
         let mut schedule = Schedule::new();
@@ -174,8 +173,8 @@ impl Pid1 {
             if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
                 log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
             }
-            track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
-            schedule.start(sb.track_interval);
+            track(&mut sb.tracking, &|| sys::other_signal_pending(libc::SIGCHLD));
+            schedule.start(sb.settings.track_interval);
         }
         Pid1 {
             reaper,
@@ -241,7 +240,7 @@ impl Pid1 {
             self.track_if_due(sb, turn.child);
         }
         let code = self.reaper.status?;
-        let stay = self.frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.after_freeze_exit);
+        let stay = self.frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.settings.after_freeze_exit);
         if stay && !self.term_after_freeze {
             return None;
         }
@@ -261,15 +260,18 @@ impl Pid1 {
         let job = sb.intake.next(senders);
         // Launch records taken with it are held before any freeze runs, and only then answered.
         for (id, launch) in sb.intake.take_launches() {
-            take_launch(sb, &launch);
+            take_launch(&mut sb.tracking, &launch);
             sb.intake.answer_launch(&id);
         }
-        if let Some(job) = job {
-            let since = since.unwrap_or_else(|| freeze::run::start_point(&Reader::default()));
-            do_freeze(sb, &mut self.reaper, job, since);
-            self.frozen = true;
-            self.backlog = self.reaper.reap();
-        }
+        let request = match job {
+            Job::Idle => return,
+            Job::Bare => None,
+            Job::Request(r) => Some(r),
+        };
+        let since = since.unwrap_or_else(|| freeze::run::start_point(&Reader::default()));
+        do_freeze(sb, &mut self.reaper, request, since);
+        self.frozen = true;
+        self.backlog = self.reaper.reap();
     }
 
     /// Refresh the tracking table when it is due and nothing comes first.
@@ -283,8 +285,8 @@ impl Pid1 {
             && self.schedule.due(now, child)
             && !sys::other_signal_pending(libc::SIGCHLD)
         {
-            track(sb, &|| sys::other_signal_pending(libc::SIGCHLD));
-            self.schedule.done(now, sb.track_interval);
+            track(&mut sb.tracking, &|| sys::other_signal_pending(libc::SIGCHLD));
+            self.schedule.done(now, sb.settings.track_interval);
         }
     }
 }

@@ -223,26 +223,30 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
         );
     }
     Ok(init::run::Sandbox {
-        policy: taint::Policy::new(uids, lineage),
-        seen: Default::default(),
+        settings: init::run::Settings {
+            key,
+            freeze_signal,
+            freeze: freeze::run::Config {
+                cred: cred::Switcher::start()
+                    .map_err(|e| format!("cannot start the credential switcher: {e}"))?,
+                timeout,
+                stop_wait: Duration::from_millis(500),
+            },
+            after_freeze_exit: a.after_freeze == "exit",
+            track_interval: (interval > Duration::ZERO).then_some(interval),
+            command_is_sandbox: a.run_as.is_some(),
+            no_new_privs,
+            attest,
+        },
+        tracking: init::tracking::Tracking {
+            policy: taint::Policy::new(uids, lineage),
+            seen: Default::default(),
+            launchers,
+            tracked_at: None,
+        },
         state,
         unsynced,
         intake,
-        key,
-        freeze_signal,
-        freeze: freeze::run::Config {
-            cred: cred::Switcher::start()
-                .map_err(|e| format!("cannot start the credential switcher: {e}"))?,
-            timeout,
-            stop_wait: Duration::from_millis(500),
-        },
-        after_freeze_exit: a.after_freeze == "exit",
-        track_interval: (interval > Duration::ZERO).then_some(interval),
-        command_is_sandbox: a.run_as.is_some(),
-        launchers,
-        no_new_privs,
-        tracked_at: None,
-        attest,
         worker: None,
         last: None,
     })

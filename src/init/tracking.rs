@@ -1,11 +1,24 @@
 //! Tracking: the periodic refresh of the sandbox's history table, and the launch records of
 //! `quiesce exec` held before their commands run. May use: kernel, state, observe, decide.
 
-use crate::init::run::Sandbox;
+use crate::decide::newcomers;
+use crate::decide::taint::Policy;
 use crate::kernel::sys::{self, Pid};
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
 use std::time::{Duration, Instant};
+
+/// What the init has learnt of the sandbox so far: it changes with every refresh and launch
+/// record, and a freeze starts from it.
+pub struct Tracking {
+    pub policy: Policy,
+    /// The last tracking observation.
+    pub seen: crate::observe::procs::table::Snapshot,
+    /// What the launch records of `quiesce exec` said so far.
+    pub launchers: newcomers::Launchers,
+    /// When the last tracking refresh completed; None: the last one was cut off.
+    pub tracked_at: Option<Instant>,
+}
 
 /// When the next refresh is due: every interval, and on SIGCHLD at most every 100 ms.
 pub(super) struct Schedule {
@@ -46,22 +59,22 @@ impl Schedule {
 /// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
 /// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
 /// Returns whether the refresh completed.
-pub(super) fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
+pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool) -> bool {
     let reader = Reader::default();
     // Read into the last table's room, which stays the last complete observation until this one
     // completes: the freeze starts from it, and decides from it who may vouch.
-    match reader.refresh(&mut sb.seen, &[], Some(abort)) {
+    match reader.refresh(&mut t.seen, &[], Some(abort)) {
         Ok(true) => {
-            let tainted = sb.policy.classify(&sb.seen);
-            sb.policy.remember(&sb.seen, &tainted);
-            sb.launchers.prune(&sb.seen);
-            sb.tracked_at = Some(Instant::now());
+            let tainted = t.policy.classify(&t.seen);
+            t.policy.remember(&t.seen, &tainted);
+            t.launchers.prune(&t.seen);
+            t.tracked_at = Some(Instant::now());
             return true;
         }
         Ok(false) => log::debug!("tracking interrupted"),
         Err(e) => log::warn!("tracking: {e}"),
     }
-    sb.tracked_at = None;
+    t.tracked_at = None;
     false
 }
 
@@ -70,10 +83,10 @@ pub(super) fn track(sb: &mut Sandbox, abort: &dyn Fn() -> bool) -> bool {
 /// child the launch leaves behind goes to the nearest subreaper above it when its parent exits,
 /// and any of them may be one. The chain above a live process only shrinks later (its members
 /// exit; orphans go further up, to what is noted already), so one walk now covers it.
-pub(super) fn take_launch(sb: &mut Sandbox, l: &Launch) {
+pub(super) fn take_launch(t: &mut Tracking, l: &Launch) {
     log::debug!("launch recorded: pid {} by {}", l.pid, l.ppid);
-    sb.policy.history.insert((l.pid, l.start_time));
-    sb.launchers.add(l);
+    t.policy.history.insert((l.pid, l.start_time));
+    t.launchers.add(l);
     if !l.unfollowed() || l.ppid == 0 {
         return;
     }
@@ -125,7 +138,7 @@ pub(super) fn take_launch(sb: &mut Sandbox, l: &Launch) {
             Ok(None) => return,
             Err(e) => return unknown(p.ppid, e),
         };
-        sb.launchers.add_above(parent.pid, parent.start_time, l.start_time);
+        t.launchers.add_above(parent.pid, parent.start_time, l.start_time);
         cur = parent.pid;
     }
 }

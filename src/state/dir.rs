@@ -39,8 +39,7 @@ pub struct Status {
     /// The `quiesce freeze` request this freeze answers, if any.
     pub request_id: Option<String>,
     pub nonce: Option<String>,
-    /// freezing, quiescent or failed
-    pub state: String,
+    pub state: FreezeState,
     pub reason: Option<String>,
     pub survivors: Vec<Survivor>,
     pub killed: usize,
@@ -59,9 +58,68 @@ pub struct Status {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Attestation {
-    /// running, attested or failed
-    pub state: String,
+    pub state: AttestationState,
     pub reason: Option<String>,
+}
+
+/// What a status says of its freeze, spelt in status.json and the results as the variant's name
+/// in kebab case ("freezing", "quiescent", "failed", "launch-recorded"): clients and harnesses
+/// match those words.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FreezeState {
+    /// Begun: the old marker is gone and no new one is signed yet.
+    #[default]
+    Freezing,
+    Quiescent,
+    Failed,
+    /// Not a freeze: the answer to a launch record of `quiesce exec`, once the init holds it.
+    LaunchRecorded,
+}
+
+/// What a status says of its freeze's attestation: "running", "attested" or "failed".
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AttestationState {
+    #[default]
+    Running,
+    Attested,
+    Failed,
+}
+
+impl FreezeState {
+    /// The word status.json holds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FreezeState::Freezing => "freezing",
+            FreezeState::Quiescent => "quiescent",
+            FreezeState::Failed => "failed",
+            FreezeState::LaunchRecorded => "launch-recorded",
+        }
+    }
+}
+
+impl AttestationState {
+    /// The word status.json holds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttestationState::Running => "running",
+            AttestationState::Attested => "attested",
+            AttestationState::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for FreezeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Display for AttestationState {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 pub struct StateDir {

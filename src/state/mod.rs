@@ -1,6 +1,9 @@
 //! The state directory: status, marker, public key, what the init publishes (sandbox.json),
 //! freeze requests and their results; files read and removed through descriptors only.
-//! May use: kernel. Knows nothing of /proc or of the freeze: it stores what it is given.
+//! May use: kernel. Reads no /proc and runs no freeze: it stores what it is given. It holds the
+//! records a freeze leaves (`dir::Phases`, `dir::Survivor`, the status and its states) and the
+//! request queue's policy (`requests`: whose signal takes which request), because the marker,
+//! the init and the client commands all read them and sit above it.
 
 pub mod dir;
 pub mod files;

@@ -14,7 +14,7 @@
 use crate::kernel::sys::{self, Pid};
 use crate::state::files::FileError;
 use crate::state::launches::Launch;
-use crate::state::{self, dir::StateDir, dir::Status};
+use crate::state::{self, dir::FreezeState, dir::StateDir, dir::Status};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::io;
@@ -56,9 +56,6 @@ pub struct Request {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attest: Vec<String>,
 }
-
-/// The state a taken launch is answered with.
-pub const LAUNCH_TAKEN: &str = "launch-recorded";
 
 /// A request id: 32 lowercase hex digits, the first 16 the client's clock in nanoseconds, so
 /// that names sort by arrival, the next 8 the client's pid, the last 8 random. It is used as a
@@ -180,12 +177,23 @@ pub fn read_result(results: &StateDir, id: &str) -> Result<Option<Status>, Strin
     }
 }
 
+/// What `Intake::next` hands the init's loop.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Job {
+    /// No freeze to run now.
+    Idle,
+    /// A freeze asked for by a freeze signal with no request of its sender: no nonce, no client.
+    Bare,
+    /// A freeze asked for by this request.
+    Request(Request),
+}
+
 /// The init side.
 pub struct Intake {
     requests: StateDir,
     results: StateDir,
-    /// Freezes to run, one per pass of the init's loop: None is a bare signal's.
-    queue: VecDeque<Option<Request>>,
+    /// Freezes to run, one per pass of the init's loop (never `Job::Idle`).
+    queue: VecDeque<Job>,
     /// The last take left requests behind.
     more: bool,
     /// Requests must be looked for once the queue is empty.
@@ -221,8 +229,8 @@ impl Intake {
     /// The next freeze to run. `signal_senders` are the pids that sent the freeze signal since
     /// the last call. Requests are looked for after a signal or when the last take left some,
     /// and only once the freezes already taken have run; only the requests of the senders are
-    /// taken. Some(None) is a bare signal's freeze.
-    pub fn next(&mut self, signal_senders: &[Pid]) -> Option<Option<Request>> {
+    /// taken.
+    pub fn next(&mut self, signal_senders: &[Pid]) -> Job {
         let fresh: Vec<Pid> = signal_senders.iter().copied().filter(|p| !self.senders.contains(p)).collect();
         for &p in &fresh {
             if self.senders.len() < SERVED {
@@ -235,12 +243,12 @@ impl Intake {
             // A signal with no request of its sender, from a sender no earlier take served (a
             // client signals again while its request waits, and may once more after), is bare.
             if fresh.iter().any(|p| !listed.contains(p) && !self.served.contains(p)) {
-                self.queue.push_back(None);
+                self.queue.push_back(Job::Bare);
             }
             self.senders.retain(|p| waiting.contains(p));
             self.look = self.more;
         }
-        self.queue.pop_front()
+        self.queue.pop_front().unwrap_or(Job::Idle)
     }
 
     /// Freezes are waiting: the init's loop must come round again without sleeping.
@@ -311,7 +319,7 @@ impl Intake {
                     }
                     match req.launch.take() {
                         Some(l) => self.launches.push((req.request_id, l)),
-                        None => self.queue.push_back(Some(req)),
+                        None => self.queue.push_back(Job::Request(req)),
                     }
                 }
                 Err(e) => {
@@ -331,7 +339,6 @@ impl Intake {
         }
     }
 
-    /// Write a final status where the client that asked for it looks, then prune old results.
     /// The launch records taken since the last call; each is to be answered with
     /// `answer_launch` once the init holds it.
     pub fn take_launches(&mut self) -> Vec<(String, Launch)> {
@@ -343,11 +350,12 @@ impl Intake {
         self.answer(&Status {
             id: id.to_string(),
             request_id: Some(id.to_string()),
-            state: LAUNCH_TAKEN.into(),
+            state: FreezeState::LaunchRecorded,
             ..Status::default()
         });
     }
 
+    /// Write a final status where the client that asked for it looks, then prune old results.
     pub fn answer(&self, st: &Status) {
         let Some(id) = st.request_id.as_deref().filter(|i| valid_id(i)) else { return };
         let name = format!("{id}.json");
@@ -395,7 +403,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
         id: state::dir::new_id().unwrap_or_default(),
         request_id: Some(request_id.to_string()),
         nonce: None,
-        state: "failed".into(),
+        state: FreezeState::Failed,
         reason: Some(format!("request refused: {why}")),
         survivors: vec![],
         killed: 0,
@@ -420,7 +428,7 @@ mod tests {
     }
 
     fn done(req: &Request) -> Status {
-        Status { state: "quiescent".into(), ..refusal(&req.request_id, "") }
+        Status { state: FreezeState::Quiescent, ..refusal(&req.request_id, "") }
     }
 
     #[test]
@@ -434,9 +442,9 @@ mod tests {
         let mut senders = vec![me];
         for _ in 0..100 {
             match intake.next(&senders) {
-                Some(Some(r)) => got.push(r),
-                Some(None) => panic!("a bare freeze while requests waited"),
-                None => break,
+                Job::Request(r) => got.push(r),
+                Job::Bare => panic!("a bare freeze while requests waited"),
+                Job::Idle => break,
             }
             senders.clear();
             assert!(intake.queue.len() < PER_WAKE, "at most one take's worth waits");
@@ -445,8 +453,8 @@ mod tests {
         let got_ids: Vec<&str> = got.iter().map(|r| r.request_id.as_str()).collect();
         assert_eq!(got_ids, ids.iter().map(String::as_str).collect::<Vec<_>>(), "oldest first, each once");
         // The client's late signal is not a bare one; a signal from elsewhere is.
-        assert_eq!(intake.next(&[me]), None);
-        assert_eq!(intake.next(&[0]), Some(None));
+        assert_eq!(intake.next(&[me]), Job::Idle);
+        assert_eq!(intake.next(&[0]), Job::Bare);
         for r in &got {
             intake.answer(&done(r));
         }
@@ -471,17 +479,17 @@ mod tests {
         fs::write(sd.file(REQUESTS).join(id), b"{not json").unwrap();
         let other = "00000000000000020000007b00000002";
         fs::write(sd.file(REQUESTS).join(other), format!(r#"{{"nonce":null,"request_id":"{id}"}}"#)).unwrap();
-        assert_eq!(intake.next(&[123]), None);
+        assert_eq!(intake.next(&[123]), Job::Idle);
         let results = sd.sub(RESULTS).unwrap();
         for i in [id, other] {
             let st = read_result(&results, i).unwrap().unwrap();
-            assert_eq!(st.state, "failed");
+            assert_eq!(st.state, FreezeState::Failed);
             assert!(st.reason.unwrap().contains("request refused"));
         }
         // A link planted as a request is refused, not followed.
         let third = "00000000000000030000007b00000003";
         std::os::unix::fs::symlink("/etc/passwd", sd.file(REQUESTS).join(third)).unwrap();
-        assert_eq!(intake.next(&[123]), None);
+        assert_eq!(intake.next(&[123]), Job::Idle);
         assert!(read_result(&results, third).unwrap().unwrap().reason.unwrap().contains("symlink"));
         fs::remove_dir_all(d).unwrap();
     }
@@ -503,25 +511,25 @@ mod tests {
         write(&zero, 0);
         let mine = submit(&sd, Some("mine".into()), None, vec![]).unwrap();
         // A bare signal takes none of them: a freeze with no request.
-        assert_eq!(intake.next(&[0]), Some(None));
-        assert_eq!(intake.next(&[]), None);
+        assert_eq!(intake.next(&[0]), Job::Bare);
+        assert_eq!(intake.next(&[]), Job::Idle);
         assert!(!taken(&sd, &planted).unwrap() && !taken(&sd, &mine).unwrap());
         // The client's signal takes its own request only.
-        assert_eq!(intake.next(&[me]).map(|r| r.map(|r| r.request_id)), Some(Some(mine.clone())));
+        assert!(matches!(intake.next(&[me]), Job::Request(r) if r.request_id == mine));
         assert!(taken(&sd, &mine).unwrap());
         assert!(!taken(&sd, &planted).unwrap() && !taken(&sd, &zero).unwrap());
         // Its process's signal takes the planted one (then it is that process's own request).
-        assert_eq!(intake.next(&[me + 1]).map(|r| r.map(|r| r.nonce)), Some(Some(Some("planted".into()))));
+        assert!(matches!(intake.next(&[me + 1]), Job::Request(r) if r.nonce.as_deref() == Some("planted")));
         // A request whose name and body disagree on the pid is refused.
         let liar = format!("{:016x}{:08x}00000003", now_nanos(), me as u32);
         write(&liar, me + 1);
-        assert_eq!(intake.next(&[me]), None);
+        assert_eq!(intake.next(&[me]), Job::Idle);
         let results = sd.sub(RESULTS).unwrap();
         assert!(read_result(&results, &liar).unwrap().unwrap().reason.unwrap().contains("pid"));
         // One no signal claims for long goes.
         let old = format!("{:016x}{:08x}00000004", 1u64, me as u32 + 2);
         write(&old, me + 2);
-        assert_eq!(intake.next(&[0]), Some(None));
+        assert_eq!(intake.next(&[0]), Job::Bare);
         assert!(taken(&sd, &old).unwrap(), "an unclaimed request is removed");
         assert!(!taken(&sd, &zero).unwrap(), "a fresh one stays");
         fs::remove_dir_all(d).unwrap();

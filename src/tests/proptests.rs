@@ -9,7 +9,7 @@ use crate::kernel::users;
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs;
 use crate::state::requests::{self, Request};
-use crate::state::{self, dir::Phases, dir::Status, dir::Survivor};
+use crate::state::{self, dir::FreezeState, dir::Phases, dir::Status, dir::Survivor};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -114,7 +114,7 @@ fn status() -> impl Strategy<Value = Status> {
         any::<String>(),
         proptest::option::of(request_id()),
         proptest::option::of(any::<String>()),
-        "freezing|quiescent|failed",
+        prop::sample::select(vec![FreezeState::Freezing, FreezeState::Quiescent, FreezeState::Failed]),
         proptest::option::of(any::<String>()),
         prop::collection::vec(survivor, 0..4),
         any::<usize>(),

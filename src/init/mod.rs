@@ -1,5 +1,7 @@
-//! PID 1's duties: start-up and its refusals (start), the loop that reaps, forwards, freezes and
-//! signs (run), starting the command (spawn), and log output that cannot block (logging).
+//! PID 1's duties: start-up and its refusals (start), the loop over its events (run), reaping
+//! (reaper), one freeze from request to signed marker (freezing), the tracking refresh and launch
+//! records (tracking), the end of the container (shutdown), the attestation worker (attesting),
+//! starting the command (spawn), and log output that cannot block (logging).
 //! May use every folder below it. Once the command runs, nothing here may end the init by error.
 
 pub mod attesting;

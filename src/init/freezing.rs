@@ -82,7 +82,7 @@ pub(super) fn do_freeze(
         &reader,
         &sb.tracking.seen,
         ctx,
-        &mut || reaper.reap(),
+        reaper,
     );
     status.phases_ms = out.phases.clone();
     status.killed = out.evidence.count();

@@ -3,7 +3,7 @@
 //! device, inode, size, mtime, ctime) must all agree, and exactly `size` bytes must be read.
 
 use super::walk::{changed, File};
-use crate::kernel::sys::{self, Meta};
+use crate::kernel::dirfd::{self, Meta};
 use sha2::{Digest, Sha256};
 use std::time::Instant;
 
@@ -23,12 +23,12 @@ fn differs(a: &Meta, b: &Meta) -> Option<&'static str> {
 }
 
 pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], String> {
-    let fd = sys::open_file_at(&f.dir, &f.leaf).map_err(|e| match e.raw_os_error() {
+    let fd = dirfd::open_file_at(&f.dir, &f.leaf).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT | libc::ELOOP | libc::ENXIO) => changed(&f.name, "removed or replaced"),
         _ => format!("cannot read {}: {e}", super::name::shown(&f.name)),
     })?;
     let look =
-        |fd| sys::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::shown(&f.name)));
+        |fd| dirfd::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::shown(&f.name)));
     let before = look(&fd)?;
     if let Some(what) = differs(&f.meta, &before) {
         return Err(changed(&f.name, what));
@@ -37,7 +37,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
     let mut total: u64 = 0;
     let mut reads: u32 = 0;
     loop {
-        let n = sys::read_some(&fd, buf)
+        let n = dirfd::read_some(&fd, buf)
             .map_err(|e| format!("cannot read {}: {e}", super::name::shown(&f.name)))?;
         if n == 0 {
             break;

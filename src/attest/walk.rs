@@ -4,7 +4,7 @@
 //! device, and never enters another mount: those are recorded (skipped, and why).
 
 use super::name;
-use crate::kernel::sys::{self, Meta};
+use crate::kernel::dirfd::{self, Meta};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -196,7 +196,7 @@ impl Walk<'_> {
     fn list(&mut self, fd: Arc<OwnedFd>, path: Vec<u8>, depth: u32) -> Result<Frame, String> {
         let mut names: Vec<Vec<u8>> = Vec::new();
         let room = self.bounds.files.saturating_sub(self.used.entries).min(usize::MAX as u64 - 1) as usize;
-        let more = sys::each_entry(&fd, room + 1, |n| names.push(n.to_vec()))
+        let more = dirfd::each_entry(&fd, room + 1, |n| names.push(n.to_vec()))
             .map_err(|e| format!("cannot list {}: {e}", name::shown(&path)))?;
         if more {
             return Err(format!(
@@ -211,7 +211,7 @@ impl Walk<'_> {
             self.tick(&full)?;
             // getdents never gives a name with a NUL in it.
             let Ok(c) = CString::new(leaf) else { continue };
-            let meta = match sys::statx_at(&fd, &c) {
+            let meta = match dirfd::statx_at(&fd, &c) {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(changed(&full, "removed")),
                 Err(e) => {
@@ -236,7 +236,7 @@ impl Walk<'_> {
                     subdirs.push((c, meta));
                 }
                 libc::S_IFREG => self.file(&fd, c, full, meta)?,
-                libc::S_IFLNK => match sys::read_link_at(&fd, &c) {
+                libc::S_IFLNK => match dirfd::read_link_at(&fd, &c) {
                     Ok(t) => {
                         self.text(t.len(), &full)?;
                         self.out.symlinks.push((full, t))
@@ -267,7 +267,7 @@ pub fn walk(
     let shown = name::shown(root);
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(root));
     no_link_above(path, &shown)?;
-    let meta = sys::statx_path(path).map_err(|e| match e.raw_os_error() {
+    let meta = dirfd::statx_path(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => {
             format!("{shown} does not exist: create it before the freeze or stop attesting it")
         }
@@ -282,7 +282,7 @@ pub fn walk(
             w.tick(root)?;
             let parent = path.parent().unwrap_or(std::path::Path::new("/"));
             let leaf = path.file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
-            let dir = sys::open_dir(parent)
+            let dir = dirfd::open_dir(parent)
                 .map_err(|e| format!("cannot open {}: {e}", name::shown(parent.as_os_str().as_bytes())))?;
             let leaf = CString::new(leaf).map_err(|_| format!("{shown}: a name with NUL"))?;
             w.file(&Arc::new(dir), leaf, root.to_vec(), meta)?;
@@ -297,8 +297,8 @@ pub fn walk(
             return Ok(w.out);
         }
     }
-    let fd = sys::open_dir(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
-    let opened = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {shown}: {e}"))?;
+    let fd = dirfd::open_dir(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let opened = dirfd::statx_fd(&fd).map_err(|e| format!("cannot look at {shown}: {e}"))?;
     if (opened.dev, opened.ino) != (meta.dev, meta.ino) {
         return Err(changed(root, "replaced"));
     }
@@ -311,7 +311,7 @@ pub fn walk(
         };
         let full = join(&top.path, leaf.as_bytes());
         let depth = top.depth + 1;
-        let fd = match sys::open_subdir_at(&top.fd, &leaf) {
+        let fd = match dirfd::open_subdir_at(&top.fd, &leaf) {
             Ok(fd) => fd,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)) => {
                 return Err(changed(&full, "removed or replaced"))
@@ -321,7 +321,7 @@ pub fn walk(
                 continue;
             }
         };
-        let now = sys::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::shown(&full)))?;
+        let now = dirfd::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::shown(&full)))?;
         if (now.dev, now.ino) != (seen.dev, seen.ino) {
             return Err(changed(&full, "replaced"));
         }

@@ -1,7 +1,7 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::args::FreezeArgs;
-use crate::kernel::sys;
+use crate::kernel::dirfd;
 use crate::marker;
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{AttestationState, FreezeState, StateDir, Status};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
     let published = published_in(dir).map_err(|e| format!("{e} (no signal sent)"))?;
     let Some(p) = published.filter(|p| p.pid > 1) else {
-        return sys::kill(1, sig)
+        return dirfd::kill(1, sig)
             .map_err(|e| format!("cannot signal PID 1: {e} (run this as root inside the container)"));
     };
     let gone = || {
@@ -28,12 +28,12 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
             SANDBOX_FILE, p.pid
         )
     };
-    let fd = sys::pidfd_open(p.pid).map_err(|_| gone())?;
+    let fd = dirfd::pidfd_open(p.pid).map_err(|_| gone())?;
     match Reader::default().start_time(p.pid) {
         Ok(Some(t)) if t == p.start_time => {}
         _ => return Err(gone()),
     }
-    sys::pidfd_send_signal(&fd, sig).map_err(|e| {
+    dirfd::pidfd_send_signal(&fd, sig).map_err(|e| {
         format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
     })
 }
@@ -119,7 +119,7 @@ fn json_with_marker(dir: &StateDir, st: &Status) -> String {
 pub fn freeze(args: FreezeArgs) -> i32 {
     // The client is root and alive for exactly the length of every freeze: a root escapee must
     // not be able to ptrace it into forking a process the freeze cannot tell from the client's.
-    if let Err(e) = sys::set_not_dumpable() {
+    if let Err(e) = dirfd::set_not_dumpable() {
         eprintln!("quiesce freeze: cannot mark this process non-dumpable: {e}");
         return 2;
     }
@@ -153,7 +153,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
     };
     // Without its start time the client is not the init's own during the freeze: a freeze with
     // lineage off may then fail naming it, never pass another process for it.
-    let me = Reader::default().start_time(sys::getpid()).ok().flatten();
+    let me = Reader::default().start_time(dirfd::getpid()).ok().flatten();
     let request_id = match requests::submit(&dir, args.nonce.clone(), me, args.attest.clone()) {
         Ok(i) => i,
         Err(e) => {

@@ -13,7 +13,7 @@
 //! Either is started before the command runs, so a fork bomb that exhausts a pids limit cannot
 //! keep it from existing at freeze time.
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::reader::Reader;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -55,7 +55,7 @@ impl Switcher {
         match self {
             Switcher::Helper(Some(h)) => {
                 let start = reader.start_time(h.pid).ok().flatten()?;
-                let exited = sys::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
+                let exited = dirfd::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
                 (!exited).then_some((h.pid, start))
             }
             _ => None,
@@ -64,7 +64,7 @@ impl Switcher {
 
     /// A thread as PID 1, a helper process otherwise.
     pub fn start() -> io::Result<Switcher> {
-        if sys::getpid() == 1 {
+        if dirfd::getpid() == 1 {
             Self::start_thread()
         } else {
             Ok(Switcher::Helper(Some(Helper::spawn()?)))
@@ -75,7 +75,7 @@ impl Switcher {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
             for (uids, sig, sweeps, reply) in rx {
-                let r = uids.iter().try_for_each(|&u| result_of(sys::kill_all_as_uid(u, sig, sweeps), u));
+                let r = uids.iter().try_for_each(|&u| result_of(dirfd::kill_all_as_uid(u, sig, sweeps), u));
                 // The requester may have given up; nothing to do then.
                 let _ = reply.send(r);
             }
@@ -125,15 +125,15 @@ impl Switcher {
 
 impl Helper {
     fn spawn() -> io::Result<Helper> {
-        let (ours, theirs) = sys::seqpacket_pair()?;
-        let pid = sys::fork()?;
+        let (ours, theirs) = dirfd::seqpacket_pair()?;
+        let pid = dirfd::fork()?;
         if pid == 0 {
             drop(ours);
             serve(theirs.as_raw_fd());
         }
         drop(theirs);
         // Our own child cannot be reaped before we look, so its pid is still its own here.
-        let handle = sys::pidfd_open(pid)?;
+        let handle = dirfd::pidfd_open(pid)?;
         log::debug!("credential helper started as pid {pid}");
         Ok(Helper { pid, handle, sock: ours })
     }
@@ -156,12 +156,12 @@ impl Helper {
                 self.pid
             ))
         };
-        sys::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
-        if !sys::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
+        dirfd::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
+        if !dirfd::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
             return Err(gone(format!("did not answer within {HELPER_ANSWER:?}")));
         }
         let mut reply = [0u8; 8];
-        let n = sys::recv_msg(self.sock.as_raw_fd(), &mut reply).map_err(|e| gone(format!("{e}")))?;
+        let n = dirfd::recv_msg(self.sock.as_raw_fd(), &mut reply).map_err(|e| gone(format!("{e}")))?;
         if n != 8 {
             return Err(gone("died".into()));
         }
@@ -171,7 +171,7 @@ impl Helper {
     }
 
     fn kill(self) {
-        if let Err(e) = sys::pidfd_send_signal(&self.handle, libc::SIGKILL) {
+        if let Err(e) = dirfd::pidfd_send_signal(&self.handle, libc::SIGKILL) {
             if e.raw_os_error() != Some(libc::ESRCH) {
                 log::error!("cannot kill the credential helper (pid {}): {e}", self.pid);
             }
@@ -184,29 +184,29 @@ impl Helper {
 fn serve(fd: i32) -> ! {
     // It dies with the init, and of SIGTERM at shutdown like any other child, which keeps a
     // subreaper's shutdown from waiting out its grace period for it.
-    if sys::set_parent_death_kill().is_err() || sys::unblock_all_signals().is_err() {
-        sys::exit_now(1);
+    if dirfd::set_parent_death_kill().is_err() || dirfd::unblock_all_signals().is_err() {
+        dirfd::exit_now(1);
     }
     let mut buf = [0u8; 8 + 4 * MAX_UIDS];
     loop {
-        let n = match sys::recv_msg(fd, &mut buf) {
+        let n = match dirfd::recv_msg(fd, &mut buf) {
             Ok(n) if n >= 8 && n % 4 == 0 => n,
-            _ => sys::exit_now(0),
+            _ => dirfd::exit_now(0),
         };
         let sig = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
         let sweeps = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
         let mut reply = [0u8; 8];
         for chunk in buf[8..n].chunks_exact(4) {
             let uid = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            let errno = sys::kill_all_as_uid(uid, sig, sweeps);
+            let errno = dirfd::kill_all_as_uid(uid, sig, sweeps);
             if errno != 0 {
                 reply[..4].copy_from_slice(&errno.to_ne_bytes());
                 reply[4..].copy_from_slice(&uid.to_ne_bytes());
                 break;
             }
         }
-        if sys::send_msg(fd, &reply).is_err() {
-            sys::exit_now(0);
+        if dirfd::send_msg(fd, &reply).is_err() {
+            dirfd::exit_now(0);
         }
     }
 }

@@ -21,7 +21,7 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::{Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
@@ -307,7 +307,7 @@ fn read_exe(link: &str, creds: Option<(u32, u32)>) -> io::Result<Option<String>>
         Ok(p) => Ok(Some(lossy(p))),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
             Some((uid, gid)) => {
-                Ok(sys::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
+                Ok(dirfd::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
             }
             None => Ok(None),
         },
@@ -662,7 +662,7 @@ mod tests {
             )
         };
         std::thread::spawn(move || {
-            let inside = sys::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
+            let inside = dirfd::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
             assert_eq!(inside, ("4242".to_string(), "4343".to_string()));
             assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
         })
@@ -675,7 +675,7 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default()
-            .read(sys::getpid(), crate::observe::procs::model::Detail::Light)
+            .read(dirfd::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather(
@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default()
-            .read(sys::getpid(), crate::observe::procs::model::Detail::Light)
+            .read(dirfd::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);

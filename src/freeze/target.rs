@@ -2,7 +2,7 @@
 //! a reused pid is never signalled, and pid 0, negatives, PID 1 and the init never are. Whom to
 //! signal is decided by the caller. May use: kernel, observe.
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
@@ -15,7 +15,7 @@ pub fn forbidden_target(pid: Pid) -> Option<&'static str> {
         Some("pid 0 or negative pids address groups")
     } else if pid == 1 {
         Some("pid 1 is the init")
-    } else if pid == sys::getpid() {
+    } else if pid == dirfd::getpid() {
         Some("the init itself")
     } else {
         None
@@ -47,7 +47,7 @@ impl Handle {
         if let Some(why) = forbidden_target(pid) {
             return Ok(Err(Opened::Refused(why)));
         }
-        let fd = match sys::pidfd_open(pid) {
+        let fd = match dirfd::pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(Err(Opened::Exited)),
             // EINVAL (ENOENT on newer kernels): the pid now names a thread, not a leader; the
@@ -66,7 +66,7 @@ impl Handle {
     /// Signal the process group this process leads. Ok(false): the group has no member left.
     /// Err with EINVAL: the kernel cannot (before 6.9).
     pub fn signal_group(&self, sig: i32) -> io::Result<bool> {
-        match sys::pidfd_send_signal_group(&self.fd, sig) {
+        match dirfd::pidfd_send_signal_group(&self.fd, sig) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
             Err(e) => Err(e),
@@ -75,7 +75,7 @@ impl Handle {
 
     /// Ok(false): the process has already exited.
     pub fn signal(&self, sig: i32) -> io::Result<bool> {
-        match sys::pidfd_send_signal(&self.fd, sig) {
+        match dirfd::pidfd_send_signal(&self.fd, sig) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
             Err(e) => Err(io::Error::new(e.kind(), format!("signal pid {}: {e}", self.pid))),
@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn never_signal_special_pids() {
         let r = Reader::default();
-        for pid in [0, -1, -42, 1, sys::getpid()] {
+        for pid in [0, -1, -42, 1, dirfd::getpid()] {
             assert!(matches!(Handle::open(&r, pid, 0).unwrap(), Err(Opened::Refused(_))), "pid {pid}");
         }
     }

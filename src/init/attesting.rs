@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -127,14 +127,14 @@ pub fn start(job: &Job) -> Result<Worker, String> {
     };
     match (written, out) {
         (Some(Ok(())), Some(out)) => {
-            if let Err(e) = sys::set_nonblocking(out.as_raw_fd()) {
+            if let Err(e) = dirfd::set_nonblocking(out.as_raw_fd()) {
                 log::warn!("attestation worker {pid}: cannot make its pipe non-blocking: {e}");
             }
             Ok(worker(out))
         }
         (w, out) => {
             // Killed; the reaper takes it like any child.
-            if let Err(e) = sys::kill(pid, libc::SIGKILL) {
+            if let Err(e) = dirfd::kill(pid, libc::SIGKILL) {
                 log::error!("cannot kill attestation worker {pid}: {e}");
             }
             let why = match w {
@@ -151,7 +151,7 @@ impl Worker {
     /// Kill it (an unreaped child: its pid cannot be anyone else's), saying why.
     pub fn kill(&mut self, why: String) {
         if self.killed_for.is_none() {
-            if let Err(e) = sys::kill(self.pid, libc::SIGKILL) {
+            if let Err(e) = dirfd::kill(self.pid, libc::SIGKILL) {
                 log::error!("cannot kill attestation worker {}: {e}", self.pid);
             }
             self.killed_for = Some(why);
@@ -166,7 +166,7 @@ impl Worker {
         self.kill("a new freeze started".into());
         let until = Instant::now() + REAP_WAIT;
         loop {
-            match sys::try_reap(self.pid) {
+            match dirfd::try_reap(self.pid) {
                 Ok(Some(_)) => return None,
                 Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
                 Ok(None) => return Some(self.pid),
@@ -181,7 +181,7 @@ impl Worker {
     /// The attestation's state and reason once the worker was reaped with `code`.
     pub fn finish(self, code: i32) -> (AttestationState, Option<String>) {
         let mut buf = [0u8; job::SAID_MAX + 1];
-        let n = sys::read_some(&self.out, &mut buf).unwrap_or(0);
+        let n = dirfd::read_some(&self.out, &mut buf).unwrap_or(0);
         let said = String::from_utf8_lossy(&buf[..n]).trim().to_string();
         if code == 0 && self.killed_for.is_none() {
             return (AttestationState::Attested, (!said.is_empty()).then_some(said));

@@ -101,7 +101,7 @@ pub fn init(verbose: u8, private: bool) -> Option<String> {
 
 /// A descriptor for the init's log lines that no one else's state can block.
 fn private_sink() -> Result<Sink, String> {
-    let fd2 = match crate::kernel::sys::fstat_fd(2) {
+    let fd2 = match crate::kernel::dirfd::fstat_fd(2) {
         Ok(st) => st,
         // No stderr at all.
         Err(_) => return Ok(Sink::Off),
@@ -109,7 +109,7 @@ fn private_sink() -> Result<Sink, String> {
     match fd2.st_mode & libc::S_IFMT {
         libc::S_IFREG => Ok(Sink::Shared),
         libc::S_IFSOCK => Ok(Sink::Socket(2)),
-        _ => match crate::kernel::sys::openat(
+        _ => match crate::kernel::dirfd::openat(
             None,
             Path::new("/proc/self/fd/2"),
             libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
@@ -147,18 +147,18 @@ pub fn drain(budget: std::time::Duration) {
 /// threads must: one that took a process-directed signal would keep it from the signalfd.
 fn writer(fd: RawFd) -> std::io::Result<Sink> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(QUEUE);
-    let old = crate::kernel::sys::block_all_signals()?;
+    let old = crate::kernel::dirfd::block_all_signals()?;
     let started =
         std::thread::Builder::new().name("quiesce-log".into()).stack_size(64 * 1024).spawn(move || {
             for line in rx {
                 let mut rest = &line[..];
                 while !rest.is_empty() {
-                    match crate::kernel::sys::write(fd, rest) {
+                    match crate::kernel::dirfd::write(fd, rest) {
                         Ok(n) => rest = &rest[n..],
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
                             // Nobody reads again: stop, and take the SIGPIPE this thread raised.
-                            crate::kernel::sys::take_pending(libc::SIGPIPE);
+                            crate::kernel::dirfd::take_pending(libc::SIGPIPE);
                             WRITER_GONE.store(true, Ordering::Release);
                             return;
                         }
@@ -168,7 +168,7 @@ fn writer(fd: RawFd) -> std::io::Result<Sink> {
                 UNWRITTEN.fetch_sub(1, Ordering::Release);
             }
         });
-    crate::kernel::sys::set_signal_mask(&old)?;
+    crate::kernel::dirfd::set_signal_mask(&old)?;
     started.map(|_| Sink::Writer(tx))
 }
 
@@ -185,9 +185,9 @@ impl Out {
     fn write(&mut self, buf: &[u8]) -> Wrote {
         let n = match &self.sink {
             Sink::Off => return Wrote::Nothing,
-            Sink::Shared => crate::kernel::sys::write(2, buf),
-            Sink::Own(fd) => crate::kernel::sys::write(fd.as_raw_fd(), buf),
-            Sink::Socket(fd) => crate::kernel::sys::send_nowait(*fd, buf),
+            Sink::Shared => crate::kernel::dirfd::write(2, buf),
+            Sink::Own(fd) => crate::kernel::dirfd::write(fd.as_raw_fd(), buf),
+            Sink::Socket(fd) => crate::kernel::dirfd::send_nowait(*fd, buf),
             Sink::Writer(tx) => {
                 // Counted before the writer can see it, so the count never goes below zero.
                 UNWRITTEN.fetch_add(1, Ordering::AcqRel);
@@ -216,7 +216,7 @@ impl Out {
                 if e.raw_os_error() == Some(libc::EPIPE) {
                     // Nobody will read again. The write raised a SIGPIPE for this thread; take
                     // it, or the init would forward it to the command as if someone had sent it.
-                    crate::kernel::sys::take_pending(libc::SIGPIPE);
+                    crate::kernel::dirfd::take_pending(libc::SIGPIPE);
                     self.sink = Sink::Off;
                 }
                 Wrote::Nothing
@@ -389,9 +389,9 @@ mod tests {
         drop(r);
         let mut out = Out { sink: Sink::Own(w), pending: Vec::new(), dropped: 0 };
         // Blocked, as in the init, so that the SIGPIPE stays pending instead of killing us.
-        let _ = crate::kernel::sys::block_all_signals();
+        let _ = crate::kernel::dirfd::block_all_signals();
         out.emit(b"x\n");
         assert!(matches!(out.sink, Sink::Off));
-        assert!(!crate::kernel::sys::signal_pending(libc::SIGPIPE));
+        assert!(!crate::kernel::dirfd::signal_pending(libc::SIGPIPE));
     }
 }

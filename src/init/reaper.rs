@@ -1,7 +1,7 @@
 //! The reaper: collects PID 1's exited children in bounded batches, and tells the command's end
 //! and the attestation worker's apart from every other child's. May use: kernel.
 
-use crate::kernel::sys::{self, Pid, Reaped};
+use crate::kernel::dirfd::{self, Pid, Reaped};
 
 pub(super) struct Reaper {
     pub(super) main: Pid,
@@ -26,10 +26,10 @@ impl Reaper {
     /// comes back for the rest without sleeping.
     pub(super) fn reap(&mut self) -> bool {
         for i in 0..REAP_BATCH {
-            if i % 4 == 3 && sys::other_signal_pending(libc::SIGCHLD) {
+            if i % 4 == 3 && dirfd::other_signal_pending(libc::SIGCHLD) {
                 return true;
             }
-            match sys::reap_one() {
+            match dirfd::reap_one() {
                 Ok(Some(r)) => {
                     self.childless = false;
                     let (pid, code) = match r {

@@ -14,7 +14,7 @@ use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, Shutdown};
 use crate::init::spawn::Plan;
 use crate::init::tracking::{take_launch, track, Schedule, Tracking};
-use crate::kernel::sys::{self, Pid, SignalFd};
+use crate::kernel::dirfd::{self, Pid, SignalFd};
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{StateDir, Status};
 use crate::state::requests::{self, Job};
@@ -97,7 +97,7 @@ struct Pid1 {
 
 /// Run the init; returns the exit code.
 pub fn run(mut cfg: Config) -> i32 {
-    let sfd = match sys::block_all_signals().and_then(|_| SignalFd::new()) {
+    let sfd = match dirfd::block_all_signals().and_then(|_| SignalFd::new()) {
         Ok(s) => s,
         Err(e) => {
             crate::init::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
@@ -173,7 +173,7 @@ impl Pid1 {
             if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
                 log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
             }
-            track(&mut sb.tracking, &|| sys::other_signal_pending(libc::SIGCHLD));
+            track(&mut sb.tracking, &|| dirfd::other_signal_pending(libc::SIGCHLD));
             schedule.start(sb.settings.track_interval);
         }
         Pid1 {
@@ -216,9 +216,9 @@ impl Pid1 {
         if self.reaper.status.is_none() {
             let main = self.reaper.main;
             let target = if cfg.pgroup { -main } else { main };
-            log::debug!("forwarding {} to {target}", sys::signal_name(sig));
-            if let Err(e) = sys::kill(target, sig) {
-                log::debug!("forwarding {} failed: {e}", sys::signal_name(sig));
+            log::debug!("forwarding {} to {target}", dirfd::signal_name(sig));
+            if let Err(e) = dirfd::kill(target, sig) {
+                log::debug!("forwarding {} failed: {e}", dirfd::signal_name(sig));
             }
         }
     }
@@ -283,9 +283,9 @@ impl Pid1 {
         if matches!(self.shutdown, Shutdown::None)
             && !sb.intake.busy()
             && self.schedule.due(now, child)
-            && !sys::other_signal_pending(libc::SIGCHLD)
+            && !dirfd::other_signal_pending(libc::SIGCHLD)
         {
-            track(&mut sb.tracking, &|| sys::other_signal_pending(libc::SIGCHLD));
+            track(&mut sb.tracking, &|| dirfd::other_signal_pending(libc::SIGCHLD));
             self.schedule.done(now, sb.settings.track_interval);
         }
     }

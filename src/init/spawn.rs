@@ -1,7 +1,7 @@
 //! Starting a command: PATH lookup, a clean signal state, an optional drop to a sandbox user
 //! (tagged so that its whole lineage stays recognisable), and exec.
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::kernel::users::User;
 use std::ffi::CString;
 use std::io;
@@ -61,7 +61,7 @@ impl Plan {
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
     pub fn own_pgroup(mut self) -> Plan {
         self.own_pgroup = true;
-        self.take_tty = sys::isatty(0);
+        self.take_tty = dirfd::isatty(0);
         self
     }
 
@@ -115,7 +115,7 @@ impl Plan {
             }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the
             // init inherited), then an empty mask.
-            sys::reset_all_dispositions();
+            dirfd::reset_all_dispositions();
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -166,12 +166,12 @@ impl Plan {
 
     /// Start the command. Returns the child's pid once the exec has happened or failed; a
     /// failure is printed here and the child exits 127 or 126 so its status tells the same story.
-    /// The child shares the init's memory until it execs (`sys::spawn_shared`): what it prepares
+    /// The child shares the init's memory until it execs (`dirfd::spawn_shared`): what it prepares
     /// is all syscalls on this plan, made before the call, and a failure it meets is handed back
     /// in `failed`.
     pub fn spawn(&self) -> io::Result<Pid> {
         let mut failed: Option<(i32, &'static str)> = None;
-        let pid = sys::spawn_shared(&mut || {
+        let pid = dirfd::spawn_shared(&mut || {
             let (err, step) = self.prepare_and_exec();
             failed = Some((err, step));
             match (step, err) {
@@ -182,7 +182,7 @@ impl Plan {
         if self.drop.is_some() {
             // The child's credential changes reset the shared memory's dumpable flag; a drop that
             // failed half-way left it as the host's fs.suid_dumpable says.
-            if let Err(e) = sys::set_not_dumpable() {
+            if let Err(e) = dirfd::set_not_dumpable() {
                 log::error!("cannot mark the init non-dumpable again after starting '{}': {e}", self.name);
             }
         }
@@ -238,8 +238,8 @@ fn write_loginuid(text: &str) -> bool {
 pub fn lineage_available(uid: u32) -> bool {
     // Made here: the child shares this process's memory and must not allocate.
     let text = uid.to_string();
-    match sys::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
-        Ok(pid) => matches!(sys::wait_child(pid), Ok(0)),
+    match dirfd::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
+        Ok(pid) => matches!(dirfd::wait_child(pid), Ok(0)),
         Err(_) => false,
     }
 }

@@ -4,7 +4,7 @@
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
 use crate::init::{self, logging, spawn};
-use crate::kernel::{capcheck, sys, users};
+use crate::kernel::{capcheck, dirfd, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
 use crate::{cli, marker};
@@ -23,7 +23,7 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
     }
     // Before any thread exists: a thread with signals unblocked would take process-directed
     // signals, and PID 1 drops those it has no handler for.
-    if let Err(e) = sys::block_all_signals() {
+    if let Err(e) = dirfd::block_all_signals() {
         return fatal(format!("cannot block signals: {e}"));
     }
     let grace = match cli::args::seconds("--grace", a.grace) {
@@ -31,19 +31,19 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Err(e) => return fatal(e),
     };
     // The private key must never land in a core dump; ptrace by a same-UID process is also refused.
-    if let Err(e) = sys::set_not_dumpable() {
+    if let Err(e) = dirfd::set_not_dumpable() {
         return fatal(format!("cannot mark the init non-dumpable: {e}"));
     }
-    if sys::suid_dumpable() == Some(1) {
+    if dirfd::suid_dumpable() == Some(1) {
         // Every credential switch resets the flag to this value until the init sets it back.
         log::warn!(
             "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
              the init and read its signing key; set it to 0 or 2 on the host"
         );
     }
-    if sys::getpid() != 1 || a.subreaper {
-        match sys::set_child_subreaper() {
-            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", sys::getpid()),
+    if dirfd::getpid() != 1 || a.subreaper {
+        match dirfd::set_child_subreaper() {
+            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", dirfd::getpid()),
             Err(e) if a.subreaper => {
                 return fatal(format!(
                     "cannot become a child subreaper, which --subreaper (QUIESCE_SUBREAPER) asks for: \
@@ -127,16 +127,16 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
 }
 
 fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
-    if sys::geteuid() != 0 {
+    if dirfd::geteuid() != 0 {
         return Err(format!(
             "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
              `--user`; a pod with runAsNonRoot cannot use quiesce as its init) with only the \
              capabilities it needs, and start the agent with --run-as or `quiesce exec --user`",
-            sys::geteuid()
+            dirfd::geteuid()
         ));
     }
     capcheck::check()?;
-    if !sys::is_procfs("/proc").unwrap_or(false) {
+    if !dirfd::is_procfs("/proc").unwrap_or(false) {
         return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
             .into());
@@ -177,7 +177,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
     let intake = requests::Intake::new(&state)?;
     write(state::dir::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
-    let me = sys::getpid();
+    let me = dirfd::getpid();
     let start_time = procs::reader::Reader::default()
         .start_time(me)
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
@@ -209,9 +209,9 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
         }
     }
     write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
-    log::debug!("sandbox UIDs {uids:?}, freeze on {}", sys::signal_name(freeze_signal));
+    log::debug!("sandbox UIDs {uids:?}, freeze on {}", dirfd::signal_name(freeze_signal));
     let no_new_privs =
-        sys::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
+        dirfd::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
     let mut launchers = newcomers::Launchers::default();
     // The command started with --run-as is a launch by the init itself.
     launchers.add_command(start_time, a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs);

@@ -43,7 +43,7 @@
 //! needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes
 //! lack by default).
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::model::{Detail, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
@@ -123,7 +123,7 @@ impl Window {
     /// Read the counter and make sure something holds its value.
     fn open(root: &Path, pass: &mut Pass) -> io::Result<Window> {
         // The clock before the counter: a holder started in an earlier tick had the pid before.
-        let tick = sys::boot_ticks().ok();
+        let tick = dirfd::boot_ticks().ok();
         let covered = last_pid(root)?;
         if let Some(fd) = tick.and_then(|t| holder_since(pass, covered, t)) {
             return Ok(Window { covered, holder: Some(Holder::Task(fd)) });
@@ -142,7 +142,7 @@ impl Window {
     /// Still held? Asked after the last reading of the counter in the window.
     fn held(&self) -> bool {
         match &self.holder {
-            Some(Holder::Task(fd)) => sys::pidfd_attached(fd),
+            Some(Holder::Task(fd)) => dirfd::pidfd_attached(fd),
             // The init's own thread, which ends only when the window is dropped.
             Some(Holder::Pin { .. }) => true,
             None => false,
@@ -153,11 +153,11 @@ impl Window {
 /// A pidfd of the task that holds `pid` and started before `tick`: it took the pid before the
 /// counter was read (the kernel hands out a pid before it stamps the start time).
 fn holder_since(pass: &mut Pass, pid: Pid, tick: u64) -> Option<OwnedFd> {
-    let fd = sys::pidfd_open_task(pid).ok()?;
+    let fd = dirfd::pidfd_open_task(pid).ok()?;
     // /proc/PID/stat answers for a thread's id too.
     let start = pass.start_time(pid).ok()??;
     // The line read was the pidfd's task's only if it still holds the pid after the read.
-    (start < tick && sys::pidfd_attached(&fd)).then_some(fd)
+    (start < tick && dirfd::pidfd_attached(&fd)).then_some(fd)
 }
 
 /// A thread of the init that holds the pid it got until dropped.
@@ -173,7 +173,7 @@ impl Pin {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("quiesce-pin".into()).stack_size(64 * 1024).spawn(
             move || {
-                let _ = tid_tx.send(sys::gettid());
+                let _ = tid_tx.send(dirfd::gettid());
                 // Returns once the pin is dropped.
                 let _ = stop_rx.recv();
             },
@@ -195,14 +195,14 @@ impl Drop for Pin {
     }
 }
 
-/// The pidfs identity of the process `pid` names now (see `sys::pidfd_inode`).
+/// The pidfs identity of the process `pid` names now (see `dirfd::pidfd_inode`).
 fn identity(pid: Pid) -> Option<u64> {
-    sys::pidfd_inode(&sys::pidfd_open(pid).ok()?).ok().flatten()
+    dirfd::pidfd_inode(&dirfd::pidfd_open(pid).ok()?).ok().flatten()
 }
 
 /// Does this kernel give pidfds an identity?
 pub fn identities() -> bool {
-    identity(sys::getpid()).is_some()
+    identity(dirfd::getpid()).is_some()
 }
 
 /// A pidfs identity that every process of the namespace made from now on exceeds: that of the
@@ -213,13 +213,13 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
     if !cfg!(target_pointer_width = "64") {
         return None;
     }
-    let tick = sys::boot_ticks().ok();
+    let tick = dirfd::boot_ticks().ok();
     let last = last_pid(reader.root()).ok();
     if let (Some(tick), Some(last), Ok(mut pass)) = (tick, last, reader.pass()) {
         // Made before the reading, and nothing made since returned to its pid while it held it:
         // whatever the namespace makes after the reading has a greater identity.
         if let Some(fd) = holder_since(&mut pass, last, tick) {
-            if let Ok(Some(id)) = sys::pidfd_inode(&fd) {
+            if let Ok(Some(id)) = dirfd::pidfd_inode(&fd) {
                 return Some(id);
             }
         }
@@ -227,7 +227,7 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
     std::thread::Builder::new()
         .name("quiesce-order".into())
         .stack_size(64 * 1024)
-        .spawn(|| sys::pidfd_inode(&sys::pidfd_open_task(sys::gettid()).ok()?).ok().flatten())
+        .spawn(|| dirfd::pidfd_inode(&dirfd::pidfd_open_task(dirfd::gettid()).ok()?).ok().flatten())
         .ok()?
         .join()
         .ok()
@@ -238,10 +238,10 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
 /// unless shown otherwise: the identity is the process's only if the pid still names a process
 /// of that start time once it was taken.
 pub fn made_after(pid: Pid, start_time: u64, order: u64) -> bool {
-    let Ok(fd) = sys::pidfd_open(pid) else { return true };
-    let Some(id) = sys::pidfd_inode(&fd).ok().flatten() else { return true };
+    let Ok(fd) = dirfd::pidfd_open(pid) else { return true };
+    let Some(id) = dirfd::pidfd_inode(&fd).ok().flatten() else { return true };
     match Reader::default().start_time(pid) {
-        Ok(Some(t)) if t == start_time && sys::pidfd_attached(&fd) => id > order,
+        Ok(Some(t)) if t == start_time && dirfd::pidfd_attached(&fd) => id > order,
         _ => true,
     }
 }
@@ -299,7 +299,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
         return Ok(Observed::Unheld);
     }
     reader.refresh(snap, &[], None)?;
-    let mut table = Table { snap, moved: false, init: sys::getpid(), batch: Vec::new() };
+    let mut table = Table { snap, moved: false, init: dirfd::getpid(), batch: Vec::new() };
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
@@ -436,16 +436,16 @@ mod tests {
         // Read in the tick it started: it may have taken its pid after the counter was read.
         assert!(holder_since(&mut pass, pid, start).is_none());
         let fd = holder_since(&mut pass, pid, start + 1).expect("a holder from before the tick");
-        assert!(sys::pidfd_attached(&fd));
+        assert!(dirfd::pidfd_attached(&fd));
         child.kill().unwrap();
         // A zombie still holds its pid: nothing can be handed it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         let waited =
             unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         assert_eq!(waited, 0);
-        assert!(sys::pidfd_attached(&fd), "a zombie holds its pid");
+        assert!(dirfd::pidfd_attached(&fd), "a zombie holds its pid");
         child.wait().unwrap();
-        assert!(!sys::pidfd_attached(&fd), "reaped: its pid may be handed out again");
+        assert!(!dirfd::pidfd_attached(&fd), "reaped: its pid may be handed out again");
     }
 
     #[test]
@@ -485,7 +485,7 @@ mod tests {
             );
             return;
         }
-        let me = sys::getpid();
+        let me = dirfd::getpid();
         assert_eq!(identity(me), identity(me));
         let order = start_identity(&Reader::default()).expect("a 64-bit kernel with pidfs orders identities");
         let mine = Reader::default().start_time(me).unwrap().unwrap();
@@ -519,7 +519,7 @@ mod tests {
                 }
             })
             .expect("no quiet observation in three tries of 5 s");
-        assert!(snap.procs.contains_key(&crate::kernel::sys::getpid()));
+        assert!(snap.procs.contains_key(&crate::kernel::dirfd::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }
 }

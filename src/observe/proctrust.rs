@@ -2,7 +2,7 @@
 //! the procfs it came from is this PID namespace's and hides nothing from the init. Checked before
 //! every observation: each is a reason to fail, never to certify.
 
-use crate::kernel::sys;
+use crate::kernel::dirfd;
 use std::io;
 use std::path::Path;
 
@@ -69,11 +69,11 @@ fn untrusted(root: &Path, why: String) -> io::Error {
 /// Fail unless `root` is a procfs of the init's own PID namespace that hides nothing from it.
 pub fn check(root: &Path) -> io::Result<()> {
     let shown = root.display().to_string();
-    if !sys::is_procfs(&shown).map_err(|e| untrusted(root, format!("statfs: {e}")))? {
+    if !dirfd::is_procfs(&shown).map_err(|e| untrusted(root, format!("statfs: {e}")))? {
         return Err(untrusted(root, "it is not a procfs mount: mount proc there".into()));
     }
     // In a procfs of another PID namespace, "self" names another pid or nothing at all.
-    let me = sys::getpid();
+    let me = dirfd::getpid();
     match std::fs::read_link(root.join("self")) {
         Ok(t) if t.to_str() == Some(me.to_string().as_str()) => {}
         Ok(t) => {
@@ -97,7 +97,7 @@ pub fn check(root: &Path) -> io::Result<()> {
     let o = parse_opts(&sup);
     if o.hidepid != HidePid::Off
         && !crate::kernel::capcheck::effective(caps::Capability::CAP_SYS_PTRACE)
-        && !o.gid.is_some_and(sys::in_group)
+        && !o.gid.is_some_and(dirfd::in_group)
     {
         return Err(untrusted(
             root,

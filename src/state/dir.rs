@@ -226,12 +226,12 @@ impl StateDir {
                 (Some(p), Some(n)) => (if p.as_os_str().is_empty() { Path::new(".") } else { p }, n),
                 _ => return Err(format!("state dir {}: not a directory path", path.display())),
             };
-            let dir = crate::kernel::sys::open_dir(parent).map_err(|e| create_error(path, &e))?;
-            match crate::kernel::sys::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
+            let dir = crate::kernel::dirfd::open_dir(parent).map_err(|e| create_error(path, &e))?;
+            match crate::kernel::dirfd::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
                 Ok(()) => {
                     // The umask may have taken bits away; set them on what was opened and checked.
                     let made = StateDir::open(path)?;
-                    crate::kernel::sys::fchmod(&made.fd, 0o755)
+                    crate::kernel::dirfd::fchmod(&made.fd, 0o755)
                         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
                     return Ok(made);
                 }
@@ -254,7 +254,7 @@ impl StateDir {
     /// The subdirectory `name`, made root's alone (0700) when missing: what passes through it
     /// (freeze requests, launch records, their answers) is no sandbox process's to see.
     pub fn ensure_sub(&self, name: &str) -> Result<StateDir, String> {
-        match crate::kernel::sys::mkdir_at(&self.fd, name, 0o700) {
+        match crate::kernel::dirfd::mkdir_at(&self.fd, name, 0o700) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("cannot create {}: {e}", self.path.join(name).display())),
@@ -282,7 +282,7 @@ impl StateDir {
     /// and a path can be made to lead elsewhere after the check; the descriptor cannot.
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
         self.write_file(name, data, mode, true)?;
-        crate::kernel::sys::sync_dir(&self.fd)
+        crate::kernel::dirfd::sync_dir(&self.fd)
     }
 
     /// Like `write_atomic`, but durable only once `make_durable` has synced the file returned:
@@ -298,31 +298,31 @@ impl StateDir {
         for f in files {
             f.sync_all()?;
         }
-        crate::kernel::sys::sync_dir(&self.fd)
+        crate::kernel::dirfd::sync_dir(&self.fd)
     }
 
     fn write_file(&self, name: &str, data: &[u8], mode: u32, sync: bool) -> io::Result<fs::File> {
         let mut rnd = [0u8; 8];
-        crate::kernel::sys::getrandom(&mut rnd)?;
+        crate::kernel::dirfd::getrandom(&mut rnd)?;
         let tmp = format!(".{name}.{}", hex(&rnd));
-        let mut f = crate::kernel::sys::create_excl_at(&self.fd, &tmp, mode)?;
+        let mut f = crate::kernel::dirfd::create_excl_at(&self.fd, &tmp, mode)?;
         let res = (|| {
             f.write_all(data)?;
             f.set_permissions(fs::Permissions::from_mode(mode))?;
             if sync {
                 f.sync_all()?;
             }
-            crate::kernel::sys::rename_at(&self.fd, &tmp, name)
+            crate::kernel::dirfd::rename_at(&self.fd, &tmp, name)
         })();
         if res.is_err() {
-            let _ = crate::kernel::sys::unlink_at(&self.fd, &tmp);
+            let _ = crate::kernel::dirfd::unlink_at(&self.fd, &tmp);
         }
         res.map(|()| f)
     }
 
     /// Take `from` away under the name `to` (both in this directory).
     pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        crate::kernel::sys::rename_at(&self.fd, from, to)
+        crate::kernel::dirfd::rename_at(&self.fd, from, to)
     }
 
     /// Remove `name` here and all it holds, through descriptors (see `removal`).
@@ -333,18 +333,18 @@ impl StateDir {
     /// The names in this directory, listed through its descriptor, never its path: at most
     /// `limit`, and whether more were left.
     pub fn list(&self, limit: usize) -> io::Result<(Vec<std::ffi::OsString>, bool)> {
-        let fd = crate::kernel::sys::open_dir_at(&self.fd, std::ffi::OsStr::new("."))?;
-        crate::kernel::sys::list_dir(&fd, limit)
+        let fd = crate::kernel::dirfd::open_dir_at(&self.fd, std::ffi::OsStr::new("."))?;
+        crate::kernel::dirfd::list_dir(&fd, limit)
     }
 
     /// What `name` here is (type, mode, times), not following a link.
     pub fn stat(&self, name: &str) -> io::Result<libc::stat> {
         let c = std::ffi::CString::new(name).map_err(|_| io::Error::other("file name with NUL"))?;
-        crate::kernel::sys::fstatat(&self.fd, &c)
+        crate::kernel::dirfd::fstatat(&self.fd, &c)
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {
-        match crate::kernel::sys::unlink_at(&self.fd, name) {
+        match crate::kernel::dirfd::unlink_at(&self.fd, name) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
@@ -369,7 +369,7 @@ pub fn parse_status(b: &[u8]) -> Result<Status, String> {
 /// Temp file in the same directory (O_EXCL|O_NOFOLLOW), fsync, rename over the target.
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
     let mut rnd = [0u8; 8];
-    crate::kernel::sys::getrandom(&mut rnd)?;
+    crate::kernel::dirfd::getrandom(&mut rnd)?;
     let tmp = dir.join(format!(".{name}.{}", hex(&rnd)));
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -405,7 +405,7 @@ pub fn hex(b: &[u8]) -> String {
 
 pub fn new_id() -> io::Result<String> {
     let mut b = [0u8; 16];
-    crate::kernel::sys::getrandom(&mut b)?;
+    crate::kernel::dirfd::getrandom(&mut b)?;
     Ok(hex(&b))
 }
 

@@ -4,7 +4,7 @@
 //! link put in place meanwhile cannot lead the removal into another directory. Bounded in
 //! entries and depth: a larger tree is refused, not walked.
 
-use crate::kernel::sys;
+use crate::kernel::dirfd;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -31,7 +31,7 @@ fn errno(e: &std::io::Error) -> i32 {
 
 fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut usize) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot remove {}: {e}", shown.display());
-    match sys::unlink_os_at(dir, name) {
+    match dirfd::unlink_os_at(dir, name) {
         Ok(()) => return Ok(()),
         Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
         Err(e) if errno(&e) == libc::EISDIR => {}
@@ -43,16 +43,16 @@ fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut us
             shown.display()
         ));
     }
-    let sub = match sys::open_dir_at(dir, name) {
+    let sub = match dirfd::open_dir_at(dir, name) {
         Ok(fd) => fd,
         Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
         // No longer a directory: removed as what it is now, once.
         Err(e) if matches!(errno(&e), libc::ENOTDIR | libc::ELOOP) => {
-            return sys::unlink_os_at(dir, name).map_err(cannot)
+            return dirfd::unlink_os_at(dir, name).map_err(cannot)
         }
         Err(e) => return Err(cannot(e)),
     };
-    let (names, more) = sys::list_dir(&sub, *left).map_err(cannot)?;
+    let (names, more) = dirfd::list_dir(&sub, *left).map_err(cannot)?;
     if more {
         return Err(format!(
             "{} is part of a tree of more entries than the {} quiesce removes: it never writes so \
@@ -65,7 +65,7 @@ fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut us
     for n in &names {
         remove(&sub, n, &shown.join(n), depth + 1, left)?;
     }
-    sys::rmdir_at(dir, name).map_err(cannot)
+    dirfd::rmdir_at(dir, name).map_err(cannot)
 }
 
 #[cfg(test)]
@@ -81,7 +81,7 @@ mod tests {
     }
 
     fn open(d: &Path) -> OwnedFd {
-        sys::open_dir(d).unwrap()
+        dirfd::open_dir(d).unwrap()
     }
 
     #[test]
@@ -120,10 +120,10 @@ mod tests {
         for i in 0..5 {
             fs::write(d.join(format!("t/a/{i}")), "x").unwrap();
         }
-        let sub = sys::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
-        assert_eq!(sys::list_dir(&sub, 3).map(|(n, more)| (n.len(), more)).unwrap(), (3, true));
-        let sub = sys::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
-        assert_eq!(sys::list_dir(&sub, 5).map(|(n, more)| (n.len(), more)).unwrap(), (5, false));
+        let sub = dirfd::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
+        assert_eq!(dirfd::list_dir(&sub, 3).map(|(n, more)| (n.len(), more)).unwrap(), (3, true));
+        let sub = dirfd::open_dir_at(&open(&d.join("t")), OsStr::new("a")).unwrap();
+        assert_eq!(dirfd::list_dir(&sub, 5).map(|(n, more)| (n.len(), more)).unwrap(), (5, false));
         let e = remove_within(&open(&d), OsStr::new("t"), &d.join("t"), 4).unwrap_err();
         assert!(e.contains("more entries") && e.contains("by hand"), "{e}");
         remove_within(&open(&d), OsStr::new("t"), &d.join("t"), 6).unwrap();

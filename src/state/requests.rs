@@ -11,7 +11,7 @@
 //! nonce, the attested paths or the client of its freeze. Standard signals coalesce, so a client
 //! signals again while its request waits (`signal_until_taken`).
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::state::files::FileError;
 use crate::state::launches::Launch;
 use crate::state::{self, dir::FreezeState, dir::StateDir, dir::Status};
@@ -78,7 +78,7 @@ fn id_nanos(id: &str) -> Option<u64> {
 
 fn new_request_id(pid: Pid) -> io::Result<String> {
     let mut rnd = [0u8; 4];
-    sys::getrandom(&mut rnd)?;
+    dirfd::getrandom(&mut rnd)?;
     Ok(format!("{:016x}{:08x}{}", now_nanos(), pid as u32, state::dir::hex(&rnd)))
 }
 
@@ -142,7 +142,7 @@ fn submit_request(
     attest: Vec<String>,
 ) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
-    let pid = sys::getpid();
+    let pid = dirfd::getpid();
     let id = new_request_id(pid).map_err(|e| format!("cannot make a request id: {e}"))?;
     let req = Request { nonce, request_id: id.clone(), pid: Some(pid), start_time, launch, attest };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
@@ -437,7 +437,7 @@ mod tests {
         let mut intake = Intake::new(&sd).unwrap();
         let ids: Vec<String> =
             (0..40).map(|i| submit(&sd, Some(format!("n{i}")), None, vec![]).unwrap()).collect();
-        let me = sys::getpid();
+        let me = dirfd::getpid();
         let mut got = Vec::new();
         let mut senders = vec![me];
         for _ in 0..100 {
@@ -498,7 +498,7 @@ mod tests {
     fn a_signal_takes_only_the_requests_of_its_sender() {
         let (d, sd) = state_dir("senders");
         let mut intake = Intake::new(&sd).unwrap();
-        let me = sys::getpid();
+        let me = dirfd::getpid();
         // Planted: a request naming another process (a root process of the container may write
         // one), and one naming pid 0, which a bare signal from outside carries.
         let write = |id: &str, pid: Pid| {

@@ -4,7 +4,7 @@
 //! asserted); bench/bench.py runs it:
 //! `cargo test --release --bin quiesce -- --ignored --nocapture parse_cost`.
 
-use crate::kernel::sys;
+use crate::kernel::dirfd;
 use crate::observe::procs;
 use std::fs;
 use std::io::Read;
@@ -61,7 +61,7 @@ fn parse_cost() {
     let mut read_into = |name: &str| {
         buf.clear();
         if let Ok(fd) =
-            sys::openat(Some(proc_dir.as_raw_fd()), Path::new(name), libc::O_RDONLY | libc::O_CLOEXEC)
+            dirfd::openat(Some(proc_dir.as_raw_fd()), Path::new(name), libc::O_RDONLY | libc::O_CLOEXEC)
         {
             let _ = fs::File::from(fd).read_to_end(&mut buf);
         }

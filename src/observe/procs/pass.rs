@@ -1,7 +1,7 @@
 //! One pass of reads over /proc: one process, its threads, its start time or tracer, each read
 //! relative to one descriptor of /proc. May use: kernel, observe.
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::model::{exited, Detail, Proc, Thread, Threads};
 use crate::observe::procs::parse::{parse_stat, parse_status, parse_status_threads, stat_state, Stat};
 use crate::observe::procs::read::{is_gone, unknown, Read};
@@ -38,7 +38,7 @@ impl Pass<'_> {
         self.name.clear();
         let _ = write!(self.name, "{pid}/{file}\0");
         let name = std::ffi::CStr::from_bytes_with_nul(&self.name).map_err(io::Error::other)?;
-        match sys::read_file_at(&self.dir, name, &mut self.buf, FILE_MAX) {
+        match dirfd::read_file_at(&self.dir, name, &mut self.buf, FILE_MAX) {
             Ok(false) => Ok(Read::Ok(())),
             Ok(true) => Err(self.unknown(pid, file, io::Error::other("larger than expected"))),
             Err(e) if is_gone(&e) => Ok(Read::Gone),
@@ -53,7 +53,7 @@ impl Pass<'_> {
     /// The owner of `pid`'s /proc directory; None if it cannot be told (exited, or unreadable).
     pub fn owner(&self, pid: Pid) -> Option<u32> {
         let name = std::ffi::CString::new(pid.to_string()).ok()?;
-        sys::fstatat(&self.dir, &name).ok().map(|st| st.st_uid)
+        dirfd::fstatat(&self.dir, &name).ok().map(|st| st.st_uid)
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.
@@ -311,7 +311,7 @@ mod tests {
             let _ = rx.recv();
         });
         let tid = tid_rx.recv().unwrap();
-        let me = sys::getpid();
+        let me = dirfd::getpid();
         let euid = unsafe { libc::geteuid() };
         let r = Reader::default();
         let full = r.snapshot_after(Detail::Light, None).unwrap().procs.remove(&me).unwrap();

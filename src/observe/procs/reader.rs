@@ -1,7 +1,7 @@
 //! The reader: every process of the namespace read into a table, after proctrust says /proc
 //! can be believed. May use: kernel, observe.
 
-use crate::kernel::sys::{self, Pid};
+use crate::kernel::dirfd::{self, Pid};
 use crate::observe::procs::model::{Detail, Named, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::read::{is_gone, read_prefix, unknown, Read};
@@ -22,7 +22,7 @@ const READ_BATCH: usize = 64;
 /// Can a second thread run at the same time as this one?
 pub fn several_cores() -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(sys::cpus) > 1
+    *N.get_or_init(dirfd::cpus) > 1
 }
 
 pub struct Reader {
@@ -55,10 +55,10 @@ impl Reader {
 
     /// The pids /proc lists right now (thread-group leaders).
     pub fn pids(&self) -> io::Result<Vec<Pid>> {
-        let dir = sys::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
+        let dir = dirfd::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
         let mut out = Vec::new();
         // No allocation per entry: the freeze lists the table several times.
-        sys::each_entry(&dir, usize::MAX, |name| {
+        dirfd::each_entry(&dir, usize::MAX, |name| {
             if let Some(pid) = std::str::from_utf8(name).ok().and_then(|s| s.parse::<Pid>().ok()) {
                 out.push(pid);
             }
@@ -75,7 +75,7 @@ impl Reader {
 
     /// Start a pass of reads.
     pub fn pass(&self) -> io::Result<Pass<'_>> {
-        let dir = sys::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
+        let dir = dirfd::open_dir(&self.root).map_err(|e| unknown(&self.root, e))?;
         Ok(Pass {
             reader: self,
             dir,
@@ -128,7 +128,7 @@ impl Reader {
     ) -> io::Result<Snapshot> {
         crate::observe::proctrust::check(&self.root)?;
         let procs = self.read_all(&self.pids()?, detail, prev, uids)?;
-        if !procs.contains_key(&sys::getpid()) {
+        if !procs.contains_key(&dirfd::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
                 self.root.display()
@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn sees_itself_with_threads() {
         let s = Reader::default().snapshot(Detail::Full).unwrap();
-        let me = &s.procs[&sys::getpid()];
+        let me = &s.procs[&dirfd::getpid()];
         assert!(me.alive());
         assert!(!me.threads.is_empty());
         assert!(me.exe().is_some());

@@ -6,15 +6,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-pub type Pid = i32;
+use crate::kernel::errno::{check, errno_now};
 
-fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
+pub type Pid = i32;
 
 pub fn getpid() -> Pid {
     // SAFETY: getpid cannot fail.
@@ -396,10 +390,6 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     }
 }
 
-fn errno_now() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-}
-
 /// A connected pair of SOCK_SEQPACKET sockets: message boundaries kept, close-on-exec.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
@@ -598,6 +588,7 @@ pub fn in_group(gid: u32) -> bool {
         n > 0 && groups[..n as usize].contains(&gid)
     }
 }
+
 /// openat(2) relative to `dir` (None: the working directory). The flags always gain O_CLOEXEC.
 pub fn openat(dir: Option<RawFd>, name: &std::path::Path, flags: i32) -> io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;

@@ -6,4 +6,5 @@
 
 pub mod capcheck;
 pub mod dirfd;
+pub mod errno;
 pub mod users;

@@ -32,7 +32,7 @@ fn run(job: &Job, key: &SigningKey) -> Result<String, String> {
 
 pub fn main() -> i32 {
     // It holds the signing key: no core dump, no tracer of its own UID.
-    let said = match crate::kernel::dirfd::set_not_dumpable() {
+    let said = match crate::kernel::process::set_not_dumpable() {
         Err(e) => Err(format!("cannot mark the attestation worker non-dumpable: {e}")),
         Ok(()) => {
             let mut text = Vec::new();

@@ -3,7 +3,7 @@
 
 use crate::cli::args::ExecArgs;
 use crate::init::spawn::{self, Plan};
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::kernel::users;
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
@@ -19,7 +19,7 @@ pub fn exec(args: ExecArgs) -> i32 {
     // Root until the command's exec: a root escapee must not trace this process into asking for
     // a freeze, or into anything else, while it holds the init's attention. The exec makes the
     // command dumpable again as the kernel decides.
-    if let Err(e) = dirfd::set_not_dumpable() {
+    if let Err(e) = process::set_not_dumpable() {
         eprintln!("quiesce exec: cannot mark this process non-dumpable: {e}");
         return 2;
     }
@@ -109,11 +109,11 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
     let Some((dir, published)) = init_dir(args, &reader)? else { return Ok(()) };
     let start =
         |pid: Pid| reader.start_time(pid).map_err(|e| format!("cannot read the start time of {pid}: {e}"));
-    let pid = dirfd::getpid();
+    let pid = process::getpid();
     let start_time =
         start(pid)?.ok_or("cannot find this process in /proc: mount proc for this PID namespace")?;
     let (ppid, parent_start_time) = parent_identity(&start)?;
-    let nnp = dirfd::no_new_privs().map_err(|e| format!("cannot read no_new_privs: {e}"))?;
+    let nnp = process::no_new_privs().map_err(|e| format!("cannot read no_new_privs: {e}"))?;
     let launch = Launch {
         pid,
         start_time,
@@ -156,12 +156,12 @@ fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
 /// reads is replaced by the one this process was handed to); 0, 0 for a parent outside.
 fn parent_identity(start: &dyn Fn(Pid) -> Result<Option<u64>, String>) -> Result<(Pid, u64), String> {
     for _ in 0..8 {
-        let ppid = dirfd::getppid();
+        let ppid = process::getppid();
         if ppid == 0 {
             return Ok((0, 0));
         }
         if let Some(t) = start(ppid)? {
-            if dirfd::getppid() == ppid {
+            if process::getppid() == ppid {
                 return Ok((ppid, t));
             }
         }

@@ -1,7 +1,7 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::args::FreezeArgs;
-use crate::kernel::dirfd;
+use crate::kernel::{dirfd, process};
 use crate::marker;
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{AttestationState, FreezeState, StateDir, Status};
@@ -119,7 +119,7 @@ fn json_with_marker(dir: &StateDir, st: &Status) -> String {
 pub fn freeze(args: FreezeArgs) -> i32 {
     // The client is root and alive for exactly the length of every freeze: a root escapee must
     // not be able to ptrace it into forking a process the freeze cannot tell from the client's.
-    if let Err(e) = dirfd::set_not_dumpable() {
+    if let Err(e) = process::set_not_dumpable() {
         eprintln!("quiesce freeze: cannot mark this process non-dumpable: {e}");
         return 2;
     }
@@ -153,7 +153,7 @@ pub fn freeze(args: FreezeArgs) -> i32 {
     };
     // Without its start time the client is not the init's own during the freeze: a freeze with
     // lineage off may then fail naming it, never pass another process for it.
-    let me = Reader::default().start_time(dirfd::getpid()).ok().flatten();
+    let me = Reader::default().start_time(process::getpid()).ok().flatten();
     let request_id = match requests::submit(&dir, args.nonce.clone(), me, args.attest.clone()) {
         Ok(i) => i,
         Err(e) => {

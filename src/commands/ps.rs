@@ -2,7 +2,7 @@
 
 use crate::cli::args::PsArgs;
 use crate::decide::taint::{Policy, Tainted};
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::kernel::users::{self, resolve_uids};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;

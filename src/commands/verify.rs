@@ -164,7 +164,7 @@ fn check_attestation(
     // good (a FUSE mount that never answers), past every signal. The re-check runs in a process
     // of its own, and verify gives up on it at the bound and leaves it there.
     let limit = Duration::from_secs(st.predicate.bounds.seconds.saturating_add(RECHECK_SLACK_S));
-    let job = recheck::Recheck { ignore, threads: crate::kernel::dirfd::cpus().clamp(1, 2) };
+    let job = recheck::Recheck { ignore, threads: crate::kernel::process::cpus().clamp(1, 2) };
     let job = recheck::job(&job, &body).map_err(fail)?;
     drop(body);
     match run_recheck(job, limit) {
@@ -205,7 +205,7 @@ fn run_recheck(body: Vec<u8>, limit: Duration) -> Result<crate::attest::recheck:
     let answer = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
     let Ok((sent, read, out)) = answer else {
         // Left where it waits: SIGKILL ends it once the read it waits on returns.
-        if let Err(e) = crate::kernel::dirfd::kill(child.id() as crate::kernel::dirfd::Pid, libc::SIGKILL) {
+        if let Err(e) = crate::kernel::dirfd::kill(child.id() as crate::kernel::process::Pid, libc::SIGKILL) {
             eprintln!("quiesce verify: cannot kill the re-check {}: {e}", child.id());
         }
         return Err(format!(
@@ -417,7 +417,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
 pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
     // A root process of the container that a root escapee could ptrace into forking for it; the
     // exec of the verifier makes it dumpable again as the kernel decides.
-    if let Err(e) = crate::kernel::dirfd::set_not_dumpable() {
+    if let Err(e) = crate::kernel::process::set_not_dumpable() {
         eprintln!("quiesce verify: cannot mark this process non-dumpable: {e}");
         return 2;
     }

@@ -17,7 +17,7 @@
 //! `docker exec`, the freeze client) are not orphans.
 
 use crate::decide::taint::{Reason, Tainted};
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::table::Snapshot;
 use crate::state::launches::Launch;
@@ -44,7 +44,7 @@ impl Since {
     /// before the clock's would count as old.) An unreadable clock makes every process count as
     /// born during the freeze (more refusals, never fewer).
     pub fn take(reader: &crate::observe::procs::reader::Reader) -> Since {
-        let ticks = crate::kernel::dirfd::boot_ticks().unwrap_or(0);
+        let ticks = crate::kernel::process::boot_ticks().unwrap_or(0);
         // Where identities exist but none could be had now (no pid free for a thread), every
         // process of the starting tick counts as new.
         let order = crate::observe::consistency::start_identity(reader).or_else(|| {
@@ -365,7 +365,7 @@ mod tests {
             return;
         };
         let reader = crate::observe::procs::reader::Reader::default();
-        let me = crate::kernel::dirfd::getpid();
+        let me = crate::kernel::process::getpid();
         let mine = reader.start_time(me).unwrap().unwrap();
         let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
         let kid = child.id() as Pid;

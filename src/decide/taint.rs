@@ -1,6 +1,6 @@
 //! Who counts as a sandbox process. Any one reason is enough; names are never looked at.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::table::Snapshot;
 use serde::Serialize;
@@ -153,7 +153,7 @@ impl Policy {
     /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
     /// The work lists run beside the table, one byte per process, in its order.
     pub fn classify(&self, snap: &Snapshot) -> Tainted {
-        let me = crate::kernel::dirfd::getpid();
+        let me = crate::kernel::process::getpid();
         let direct: Vec<Reasons> = snap
             .procs
             .values()

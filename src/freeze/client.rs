@@ -13,7 +13,7 @@
 //! anything: it is not taken for the init's own then.
 
 use crate::decide::newcomers::Own;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{dirfd, process::Pid};
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;
 use std::os::fd::OwnedFd;

@@ -13,7 +13,10 @@
 //! Either is started before the command runs, so a fork bomb that exhausts a pids limit cannot
 //! keep it from existing at freeze time.
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use crate::observe::procs::reader::Reader;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -64,7 +67,7 @@ impl Switcher {
 
     /// A thread as PID 1, a helper process otherwise.
     pub fn start() -> io::Result<Switcher> {
-        if dirfd::getpid() == 1 {
+        if process::getpid() == 1 {
             Self::start_thread()
         } else {
             Ok(Switcher::Helper(Some(Helper::spawn()?)))
@@ -126,7 +129,7 @@ impl Switcher {
 impl Helper {
     fn spawn() -> io::Result<Helper> {
         let (ours, theirs) = dirfd::seqpacket_pair()?;
-        let pid = dirfd::fork()?;
+        let pid = process::fork()?;
         if pid == 0 {
             drop(ours);
             serve(theirs.as_raw_fd());
@@ -184,14 +187,14 @@ impl Helper {
 fn serve(fd: i32) -> ! {
     // It dies with the init, and of SIGTERM at shutdown like any other child, which keeps a
     // subreaper's shutdown from waiting out its grace period for it.
-    if dirfd::set_parent_death_kill().is_err() || dirfd::unblock_all_signals().is_err() {
-        dirfd::exit_now(1);
+    if process::set_parent_death_kill().is_err() || dirfd::unblock_all_signals().is_err() {
+        process::exit_now(1);
     }
     let mut buf = [0u8; 8 + 4 * MAX_UIDS];
     loop {
         let n = match dirfd::recv_msg(fd, &mut buf) {
             Ok(n) if n >= 8 && n % 4 == 0 => n,
-            _ => dirfd::exit_now(0),
+            _ => process::exit_now(0),
         };
         let sig = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
         let sweeps = u32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
@@ -206,7 +209,7 @@ fn serve(fd: i32) -> ! {
             }
         }
         if dirfd::send_msg(fd, &reply).is_err() {
-            dirfd::exit_now(0);
+            process::exit_now(0);
         }
     }
 }

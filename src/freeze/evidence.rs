@@ -21,7 +21,7 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{dirfd, process::Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::{Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
@@ -675,7 +675,7 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let me = Reader::default()
-            .read(dirfd::getpid(), crate::observe::procs::model::Detail::Light)
+            .read(crate::kernel::process::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather(
@@ -693,7 +693,7 @@ mod tests {
     #[test]
     fn past_the_deadline_nothing_is_read_and_everything_is_recorded() {
         let me = Reader::default()
-            .read(dirfd::getpid(), crate::observe::procs::model::Detail::Light)
+            .read(crate::kernel::process::getpid(), crate::observe::procs::model::Detail::Light)
             .unwrap()
             .unwrap();
         let got = gather((0..3).map(|_| Target::of(&me, Reasons::default())), 3, Instant::now(), None);

@@ -5,7 +5,7 @@
 use crate::decide::taint::Tainted;
 use crate::freeze::progress::{live, ms, Run};
 use crate::freeze::target;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;
@@ -105,7 +105,7 @@ fn signal_each(
 /// fork, exec or hop, so a group of stopped members kill(-1) reaches has no one the group signal
 /// adds).
 fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, reach: Reach) -> Vec<&'a Proc> {
-    let own = dirfd::getpgrp();
+    let own = process::getpgrp();
     // Per group: all live members are sandbox processes; some live member needs the group signal.
     let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
     for p in snap.procs.values().filter(|p| p.alive()) {

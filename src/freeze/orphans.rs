@@ -7,7 +7,7 @@ use crate::decide::newcomers;
 use crate::decide::taint::Tainted;
 use crate::freeze::progress::Run;
 use crate::freeze::run::Context;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::table::Snapshot;
@@ -46,9 +46,9 @@ impl Run<'_> {
             .collect();
         let now = consistency::last_pid(self.reader.root()).ok();
         let mut orphans =
-            newcomers::orphaned(snap, tainted, &self.ancestry, &ctx.since, now, dirfd::getpid(), &own);
+            newcomers::orphaned(snap, tainted, &self.ancestry, &ctx.since, now, process::getpid(), &own);
         let newcomers_found = !orphans.is_empty();
-        for p in newcomers::unfollowed_children(snap, tainted, ctx.launchers, dirfd::getpid(), &own) {
+        for p in newcomers::unfollowed_children(snap, tainted, ctx.launchers, process::getpid(), &own) {
             if !orphans.iter().any(|o| o.pid == p.pid) {
                 orphans.push(p);
             }

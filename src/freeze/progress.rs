@@ -5,7 +5,7 @@ use crate::decide::newcomers;
 use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::evidence::Gathered;
 use crate::freeze::run::{Outcome, Reap};
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;

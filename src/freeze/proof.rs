@@ -7,7 +7,7 @@ use crate::freeze::kill::Reach;
 use crate::freeze::orphans::Vouched;
 use crate::freeze::progress::{ms, survivors, Run};
 use crate::freeze::run::{Context, Outcome};
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::observe::consistency::{self, Observed};
 use crate::observe::procs::table::Snapshot;
 use crate::state::dir::Survivor;
@@ -71,7 +71,7 @@ impl Run<'_> {
             let snap = &*table;
             let tainted = self.policy.classify(snap);
             self.policy.remember(snap, &tainted);
-            self.ancestry.note(snap, &tainted, dirfd::getpid());
+            self.ancestry.note(snap, &tainted, process::getpid());
             if passes > 1 {
                 log::debug!("proof: consistent after {passes} passes");
             }

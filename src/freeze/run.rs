@@ -11,7 +11,7 @@ use crate::decide::taint::Policy;
 use crate::freeze::client;
 use crate::freeze::evidence::Gathered;
 use crate::freeze::progress::{live, survivors, Run};
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs;
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;

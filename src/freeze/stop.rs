@@ -6,7 +6,7 @@ use crate::decide::taint::{Policy, Tainted};
 use crate::freeze::kill::missable;
 use crate::freeze::progress::{live, ms, Run};
 use crate::freeze::target;
-use crate::kernel::dirfd;
+use crate::kernel::process;
 use crate::observe::consistency;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
@@ -57,7 +57,7 @@ impl Run<'_> {
                 // init's last tracking observation. Anything else is found by the observation.
                 let seen = &*table;
                 let tainted = self.policy.classify(seen);
-                self.ancestry.note(seen, &tainted, dirfd::getpid());
+                self.ancestry.note(seen, &tainted, process::getpid());
                 // In pid order; a pid both lists name keeps the observation's start time.
                 let mut w: Vec<settle::Target> =
                     live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
@@ -82,7 +82,7 @@ impl Run<'_> {
             let tainted =
                 observe(self.reader, self.policy, table).map_err(|e| format!("/proc unreadable: {e}"))?;
             let snap = &*table;
-            self.ancestry.note(snap, &tainted, dirfd::getpid());
+            self.ancestry.note(snap, &tainted, process::getpid());
             let running: Vec<&Proc> = live(snap, &tainted).filter(|p| !p.stopped()).collect();
             log::debug!(
                 "stop: {sweeps} sweep(s) in {:?}, waited {:?} for a sample of {} ({left} not stopped), observed {} processes \

@@ -2,7 +2,10 @@
 //! a reused pid is never signalled, and pid 0, negatives, PID 1 and the init never are. Whom to
 //! signal is decided by the caller. May use: kernel, observe.
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
@@ -15,7 +18,7 @@ pub fn forbidden_target(pid: Pid) -> Option<&'static str> {
         Some("pid 0 or negative pids address groups")
     } else if pid == 1 {
         Some("pid 1 is the init")
-    } else if pid == dirfd::getpid() {
+    } else if pid == process::getpid() {
         Some("the init itself")
     } else {
         None
@@ -107,7 +110,7 @@ mod tests {
     #[test]
     fn never_signal_special_pids() {
         let r = Reader::default();
-        for pid in [0, -1, -42, 1, dirfd::getpid()] {
+        for pid in [0, -1, -42, 1, process::getpid()] {
             assert!(matches!(Handle::open(&r, pid, 0).unwrap(), Err(Opened::Refused(_))), "pid {pid}");
         }
     }

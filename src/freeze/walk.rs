@@ -4,7 +4,7 @@
 use crate::decide::taint::Tainted;
 use crate::freeze::evidence;
 use crate::freeze::progress::{live, ms, Run};
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::table::Snapshot;
 use std::time::Instant;

@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{dirfd, process::Pid};
 use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -9,7 +9,7 @@ use crate::init::attesting::{self, Worker};
 use crate::init::reaper::Reaper;
 use crate::init::run::Sandbox;
 use crate::init::tracking::track;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::reader::Reader;
 use crate::state;
@@ -293,7 +293,7 @@ fn start_attestation(
         state_dir: sb.state.path.clone(),
         paths,
         bounds: sb.settings.attest.bounds,
-        threads: dirfd::cpus().clamp(1, 2),
+        threads: process::cpus().clamp(1, 2),
         freeze,
         seed: state::dir::hex(sb.settings.key.as_bytes()),
     };

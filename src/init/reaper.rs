@@ -1,7 +1,10 @@
 //! The reaper: collects PID 1's exited children in bounded batches, and tells the command's end
 //! and the attestation worker's apart from every other child's. May use: kernel.
 
-use crate::kernel::dirfd::{self, Pid, Reaped};
+use crate::kernel::{
+    dirfd::{self, Reaped},
+    process::Pid,
+};
 
 pub(super) struct Reaper {
     pub(super) main: Pid,

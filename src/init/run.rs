@@ -14,7 +14,10 @@ use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, Shutdown};
 use crate::init::spawn::Plan;
 use crate::init::tracking::{take_launch, track, Schedule, Tracking};
-use crate::kernel::dirfd::{self, Pid, SignalFd};
+use crate::kernel::{
+    dirfd::{self, SignalFd},
+    process::Pid,
+};
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{StateDir, Status};
 use crate::state::requests::{self, Job};

@@ -2,7 +2,7 @@
 //! grace, and the exit code the command's status maps to. May use: kernel, observe.
 
 use crate::freeze;
-use crate::kernel::dirfd;
+use crate::kernel::{dirfd, process};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
 use std::time::{Duration, Instant};
@@ -29,7 +29,7 @@ impl Shutdown {
         let now = Instant::now();
         match *self {
             Shutdown::None => {
-                if childless && dirfd::getpid() != 1 {
+                if childless && process::getpid() != 1 {
                     return true;
                 }
                 if signal_rest(libc::SIGTERM) == 0 && childless {
@@ -58,7 +58,7 @@ impl Shutdown {
 
 /// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
 fn signal_rest(sig: i32) -> usize {
-    if dirfd::getpid() == 1 {
+    if process::getpid() == 1 {
         return match dirfd::kill_all(sig) {
             Ok(()) => 1,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => 0,
@@ -76,7 +76,7 @@ fn signal_rest(sig: i32) -> usize {
             return 0;
         }
     };
-    let me = dirfd::getpid();
+    let me = process::getpid();
     let mut n = 0;
     for p in snap.procs.values() {
         let mut cur = p.ppid;

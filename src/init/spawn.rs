@@ -1,8 +1,11 @@
 //! Starting a command: PATH lookup, a clean signal state, an optional drop to a sandbox user
 //! (tagged so that its whole lineage stays recognisable), and exec.
 
-use crate::kernel::dirfd::{self, Pid};
 use crate::kernel::users::User;
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -166,12 +169,12 @@ impl Plan {
 
     /// Start the command. Returns the child's pid once the exec has happened or failed; a
     /// failure is printed here and the child exits 127 or 126 so its status tells the same story.
-    /// The child shares the init's memory until it execs (`dirfd::spawn_shared`): what it prepares
+    /// The child shares the init's memory until it execs (`process::spawn_shared`): what it prepares
     /// is all syscalls on this plan, made before the call, and a failure it meets is handed back
     /// in `failed`.
     pub fn spawn(&self) -> io::Result<Pid> {
         let mut failed: Option<(i32, &'static str)> = None;
-        let pid = dirfd::spawn_shared(&mut || {
+        let pid = process::spawn_shared(&mut || {
             let (err, step) = self.prepare_and_exec();
             failed = Some((err, step));
             match (step, err) {
@@ -182,7 +185,7 @@ impl Plan {
         if self.drop.is_some() {
             // The child's credential changes reset the shared memory's dumpable flag; a drop that
             // failed half-way left it as the host's fs.suid_dumpable says.
-            if let Err(e) = dirfd::set_not_dumpable() {
+            if let Err(e) = process::set_not_dumpable() {
                 log::error!("cannot mark the init non-dumpable again after starting '{}': {e}", self.name);
             }
         }
@@ -238,7 +241,7 @@ fn write_loginuid(text: &str) -> bool {
 pub fn lineage_available(uid: u32) -> bool {
     // Made here: the child shares this process's memory and must not allocate.
     let text = uid.to_string();
-    match dirfd::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
+    match process::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
         Ok(pid) => matches!(dirfd::wait_child(pid), Ok(0)),
         Err(_) => false,
     }

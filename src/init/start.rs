@@ -4,7 +4,7 @@
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
 use crate::init::{self, logging, spawn};
-use crate::kernel::{capcheck, dirfd, users};
+use crate::kernel::{capcheck, dirfd, process, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
 use crate::{cli, marker};
@@ -31,19 +31,19 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Err(e) => return fatal(e),
     };
     // The private key must never land in a core dump; ptrace by a same-UID process is also refused.
-    if let Err(e) = dirfd::set_not_dumpable() {
+    if let Err(e) = process::set_not_dumpable() {
         return fatal(format!("cannot mark the init non-dumpable: {e}"));
     }
-    if dirfd::suid_dumpable() == Some(1) {
+    if process::suid_dumpable() == Some(1) {
         // Every credential switch resets the flag to this value until the init sets it back.
         log::warn!(
             "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
              the init and read its signing key; set it to 0 or 2 on the host"
         );
     }
-    if dirfd::getpid() != 1 || a.subreaper {
-        match dirfd::set_child_subreaper() {
-            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", dirfd::getpid()),
+    if process::getpid() != 1 || a.subreaper {
+        match process::set_child_subreaper() {
+            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", process::getpid()),
             Err(e) if a.subreaper => {
                 return fatal(format!(
                     "cannot become a child subreaper, which --subreaper (QUIESCE_SUBREAPER) asks for: \
@@ -177,7 +177,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
     let intake = requests::Intake::new(&state)?;
     write(state::dir::PUBKEY, pub_pem.as_bytes())?;
     let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
-    let me = dirfd::getpid();
+    let me = process::getpid();
     let start_time = procs::reader::Reader::default()
         .start_time(me)
         .map_err(|e| format!("cannot read this init's own start time: {e}"))?
@@ -211,7 +211,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
     write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", dirfd::signal_name(freeze_signal));
     let no_new_privs =
-        dirfd::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
+        process::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
     let mut launchers = newcomers::Launchers::default();
     // The command started with --run-as is a launch by the init itself.
     launchers.add_command(start_time, a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs);

@@ -3,7 +3,7 @@
 
 use crate::decide::newcomers;
 use crate::decide::taint::Policy;
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::observe::procs::reader::Reader;
 use crate::state::launches::Launch;
 use std::time::{Duration, Instant};
@@ -99,7 +99,7 @@ pub(super) fn take_launch(t: &mut Tracking, l: &Launch) {
             return;
         }
     };
-    let me = dirfd::getpid();
+    let me = process::getpid();
     // From the launch itself, alive and waiting for this answer: a launcher that exited since it
     // wrote the record has handed it to a process above, which is noted through the live chain.
     let first = match pass.stat(l.pid) {

@@ -7,4 +7,5 @@
 pub mod capcheck;
 pub mod dirfd;
 pub mod errno;
+pub mod process;
 pub mod users;

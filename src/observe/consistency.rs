@@ -43,7 +43,10 @@
 //! needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE over the namespace, which a container's processes
 //! lack by default).
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use crate::observe::procs::model::{Detail, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
@@ -123,7 +126,7 @@ impl Window {
     /// Read the counter and make sure something holds its value.
     fn open(root: &Path, pass: &mut Pass) -> io::Result<Window> {
         // The clock before the counter: a holder started in an earlier tick had the pid before.
-        let tick = dirfd::boot_ticks().ok();
+        let tick = process::boot_ticks().ok();
         let covered = last_pid(root)?;
         if let Some(fd) = tick.and_then(|t| holder_since(pass, covered, t)) {
             return Ok(Window { covered, holder: Some(Holder::Task(fd)) });
@@ -173,7 +176,7 @@ impl Pin {
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("quiesce-pin".into()).stack_size(64 * 1024).spawn(
             move || {
-                let _ = tid_tx.send(dirfd::gettid());
+                let _ = tid_tx.send(process::gettid());
                 // Returns once the pin is dropped.
                 let _ = stop_rx.recv();
             },
@@ -202,7 +205,7 @@ fn identity(pid: Pid) -> Option<u64> {
 
 /// Does this kernel give pidfds an identity?
 pub fn identities() -> bool {
-    identity(dirfd::getpid()).is_some()
+    identity(process::getpid()).is_some()
 }
 
 /// A pidfs identity that every process of the namespace made from now on exceeds: that of the
@@ -213,7 +216,7 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
     if !cfg!(target_pointer_width = "64") {
         return None;
     }
-    let tick = dirfd::boot_ticks().ok();
+    let tick = process::boot_ticks().ok();
     let last = last_pid(reader.root()).ok();
     if let (Some(tick), Some(last), Ok(mut pass)) = (tick, last, reader.pass()) {
         // Made before the reading, and nothing made since returned to its pid while it held it:
@@ -227,7 +230,7 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
     std::thread::Builder::new()
         .name("quiesce-order".into())
         .stack_size(64 * 1024)
-        .spawn(|| dirfd::pidfd_inode(&dirfd::pidfd_open_task(dirfd::gettid()).ok()?).ok().flatten())
+        .spawn(|| dirfd::pidfd_inode(&dirfd::pidfd_open_task(process::gettid()).ok()?).ok().flatten())
         .ok()?
         .join()
         .ok()
@@ -299,7 +302,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
         return Ok(Observed::Unheld);
     }
     reader.refresh(snap, &[], None)?;
-    let mut table = Table { snap, moved: false, init: dirfd::getpid(), batch: Vec::new() };
+    let mut table = Table { snap, moved: false, init: process::getpid(), batch: Vec::new() };
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
@@ -485,7 +488,7 @@ mod tests {
             );
             return;
         }
-        let me = dirfd::getpid();
+        let me = process::getpid();
         assert_eq!(identity(me), identity(me));
         let order = start_identity(&Reader::default()).expect("a 64-bit kernel with pidfs orders identities");
         let mine = Reader::default().start_time(me).unwrap().unwrap();
@@ -519,7 +522,7 @@ mod tests {
                 }
             })
             .expect("no quiet observation in three tries of 5 s");
-        assert!(snap.procs.contains_key(&crate::kernel::dirfd::getpid()));
+        assert!(snap.procs.contains_key(&crate::kernel::process::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }
 }

@@ -2,7 +2,7 @@
 //! the procfs it came from is this PID namespace's and hides nothing from the init. Checked before
 //! every observation: each is a reason to fail, never to certify.
 
-use crate::kernel::dirfd;
+use crate::kernel::{dirfd, process};
 use std::io;
 use std::path::Path;
 
@@ -73,7 +73,7 @@ pub fn check(root: &Path) -> io::Result<()> {
         return Err(untrusted(root, "it is not a procfs mount: mount proc there".into()));
     }
     // In a procfs of another PID namespace, "self" names another pid or nothing at all.
-    let me = dirfd::getpid();
+    let me = process::getpid();
     match std::fs::read_link(root.join("self")) {
         Ok(t) if t.to_str() == Some(me.to_string().as_str()) => {}
         Ok(t) => {

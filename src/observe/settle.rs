@@ -9,7 +9,7 @@
 //! observation taken after the last kill. A process this wait lets go of too early (continued
 //! again, or a pid reused) is seen there, and a read that fails only ends the wait.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
 use std::time::{Duration, Instant};

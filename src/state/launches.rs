@@ -5,7 +5,7 @@
 //! (root included) can take the record back. The record names the process that becomes the
 //! sandbox command (pid and start time survive the exec) and its parent, the launcher.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

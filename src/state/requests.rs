@@ -11,7 +11,10 @@
 //! nonce, the attested paths or the client of its freeze. Standard signals coalesce, so a client
 //! signals again while its request waits (`signal_until_taken`).
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use crate::state::files::FileError;
 use crate::state::launches::Launch;
 use crate::state::{self, dir::FreezeState, dir::StateDir, dir::Status};
@@ -142,7 +145,7 @@ fn submit_request(
     attest: Vec<String>,
 ) -> Result<String, String> {
     let dir = state.sub(REQUESTS)?;
-    let pid = dirfd::getpid();
+    let pid = process::getpid();
     let id = new_request_id(pid).map_err(|e| format!("cannot make a request id: {e}"))?;
     let req = Request { nonce, request_id: id.clone(), pid: Some(pid), start_time, launch, attest };
     let body = serde_json::to_vec(&req).map_err(|e| e.to_string())?;
@@ -437,7 +440,7 @@ mod tests {
         let mut intake = Intake::new(&sd).unwrap();
         let ids: Vec<String> =
             (0..40).map(|i| submit(&sd, Some(format!("n{i}")), None, vec![]).unwrap()).collect();
-        let me = dirfd::getpid();
+        let me = process::getpid();
         let mut got = Vec::new();
         let mut senders = vec![me];
         for _ in 0..100 {
@@ -498,7 +501,7 @@ mod tests {
     fn a_signal_takes_only_the_requests_of_its_sender() {
         let (d, sd) = state_dir("senders");
         let mut intake = Intake::new(&sd).unwrap();
-        let me = dirfd::getpid();
+        let me = process::getpid();
         // Planted: a request naming another process (a root process of the container may write
         // one), and one naming pid 0, which a bare signal from outside carries.
         let write = |id: &str, pid: Pid| {

@@ -1,7 +1,7 @@
 //! The model of an observation: a process (Proc) with its threads, its name and what a person
 //! needs to recognise it, and how much of it an observation reads (Detail). May use: kernel.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Thread {

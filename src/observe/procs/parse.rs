@@ -1,6 +1,6 @@
 //! The parsers of /proc/PID/stat and status. May use: kernel, observe.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::{Comm, Named, Proc, Threads};
 
 pub struct Stat {

@@ -1,7 +1,7 @@
 //! One pass of reads over /proc: one process, its threads, its start time or tracer, each read
 //! relative to one descriptor of /proc. May use: kernel, observe.
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{dirfd, process::Pid};
 use crate::observe::procs::model::{exited, Detail, Proc, Thread, Threads};
 use crate::observe::procs::parse::{parse_stat, parse_status, parse_status_threads, stat_state, Stat};
 use crate::observe::procs::read::{is_gone, unknown, Read};
@@ -311,7 +311,7 @@ mod tests {
             let _ = rx.recv();
         });
         let tid = tid_rx.recv().unwrap();
-        let me = dirfd::getpid();
+        let me = crate::kernel::process::getpid();
         let euid = unsafe { libc::geteuid() };
         let r = Reader::default();
         let full = r.snapshot_after(Detail::Light, None).unwrap().procs.remove(&me).unwrap();

@@ -1,7 +1,10 @@
 //! The reader: every process of the namespace read into a table, after proctrust says /proc
 //! can be believed. May use: kernel, observe.
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::{
+    dirfd,
+    process::{self, Pid},
+};
 use crate::observe::procs::model::{Detail, Named, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::read::{is_gone, read_prefix, unknown, Read};
@@ -22,7 +25,7 @@ const READ_BATCH: usize = 64;
 /// Can a second thread run at the same time as this one?
 pub fn several_cores() -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(dirfd::cpus) > 1
+    *N.get_or_init(process::cpus) > 1
 }
 
 pub struct Reader {
@@ -128,7 +131,7 @@ impl Reader {
     ) -> io::Result<Snapshot> {
         crate::observe::proctrust::check(&self.root)?;
         let procs = self.read_all(&self.pids()?, detail, prev, uids)?;
-        if !procs.contains_key(&dirfd::getpid()) {
+        if !procs.contains_key(&process::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
                 self.root.display()
@@ -243,7 +246,7 @@ mod tests {
     #[test]
     fn sees_itself_with_threads() {
         let s = Reader::default().snapshot(Detail::Full).unwrap();
-        let me = &s.procs[&dirfd::getpid()];
+        let me = &s.procs[&process::getpid()];
         assert!(me.alive());
         assert!(!me.threads.is_empty());
         assert!(me.exe().is_some());

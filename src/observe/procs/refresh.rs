@@ -1,7 +1,7 @@
 //! A refresh: the table of the last observation read again in its own room, so that PID 1 holds
 //! one table while it tracks. May use: kernel, observe.
 
-use crate::kernel::dirfd::{self, Pid};
+use crate::kernel::process::{self, Pid};
 use crate::observe::procs::model::{Detail, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::{several_cores, Reader, SPLIT_MIN};
@@ -92,7 +92,7 @@ impl Reader {
         // Whatever happened, the table is put back in order: gone entries out, new ones in.
         snap.procs.settle(added);
         done?;
-        if !snap.procs.contains_key(&dirfd::getpid()) {
+        if !snap.procs.contains_key(&process::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
                 self.root.display()
@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn a_refresh_in_place_reads_what_a_fresh_observation_reads() {
         let r = Reader::default();
-        let me = dirfd::getpid();
+        let me = process::getpid();
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let pid = child.id() as Pid;
         // A table with an entry whose pid no process holds, and a stale one of this process.
@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn a_refresh_cut_off_leaves_the_last_complete_observation() {
         let r = Reader::default();
-        let me = dirfd::getpid();
+        let me = process::getpid();
         let listed = r.pids().unwrap();
         // A pid no process holds, below this one, so that the reading passes it before the cut.
         let free = (2..me).rev().find(|p| !listed.contains(p)).expect("a free pid below this process");

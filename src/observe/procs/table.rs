@@ -1,7 +1,7 @@
 //! The table of an observation: its processes by pid in one sorted vector, changed in one pass
 //! (`apply`, `settle`). May use: kernel, observe.
 
-use crate::kernel::dirfd::Pid;
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 
 #[derive(Debug, Default, Clone)]

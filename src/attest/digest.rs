@@ -3,7 +3,10 @@
 //! device, inode, size, mtime, ctime) must all agree, and exactly `size` bytes must be read.
 
 use super::walk::{changed, File};
-use crate::kernel::dirfd::{self, Meta};
+use crate::kernel::{
+    dirfd::{self, Meta},
+    fdio,
+};
 use sha2::{Digest, Sha256};
 use std::time::Instant;
 
@@ -37,7 +40,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
     let mut total: u64 = 0;
     let mut reads: u32 = 0;
     loop {
-        let n = dirfd::read_some(&fd, buf)
+        let n = fdio::read_some(&fd, buf)
             .map_err(|e| format!("cannot read {}: {e}", super::name::shown(&f.name)))?;
         if n == 0 {
             break;

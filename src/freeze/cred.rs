@@ -14,7 +14,7 @@
 //! keep it from existing at freeze time.
 
 use crate::kernel::{
-    dirfd,
+    dirfd, fdio,
     process::{self, Pid},
 };
 use crate::observe::procs::reader::Reader;
@@ -58,7 +58,7 @@ impl Switcher {
         match self {
             Switcher::Helper(Some(h)) => {
                 let start = reader.start_time(h.pid).ok().flatten()?;
-                let exited = dirfd::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
+                let exited = fdio::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
                 (!exited).then_some((h.pid, start))
             }
             _ => None,
@@ -160,7 +160,7 @@ impl Helper {
             ))
         };
         dirfd::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
-        if !dirfd::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
+        if !fdio::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
             return Err(gone(format!("did not answer within {HELPER_ANSWER:?}")));
         }
         let mut reply = [0u8; 8];

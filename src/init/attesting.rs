@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::kernel::{dirfd, process::Pid};
+use crate::kernel::{dirfd, fdio, process::Pid};
 use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -127,7 +127,7 @@ pub fn start(job: &Job) -> Result<Worker, String> {
     };
     match (written, out) {
         (Some(Ok(())), Some(out)) => {
-            if let Err(e) = dirfd::set_nonblocking(out.as_raw_fd()) {
+            if let Err(e) = fdio::set_nonblocking(out.as_raw_fd()) {
                 log::warn!("attestation worker {pid}: cannot make its pipe non-blocking: {e}");
             }
             Ok(worker(out))
@@ -181,7 +181,7 @@ impl Worker {
     /// The attestation's state and reason once the worker was reaped with `code`.
     pub fn finish(self, code: i32) -> (AttestationState, Option<String>) {
         let mut buf = [0u8; job::SAID_MAX + 1];
-        let n = dirfd::read_some(&self.out, &mut buf).unwrap_or(0);
+        let n = fdio::read_some(&self.out, &mut buf).unwrap_or(0);
         let said = String::from_utf8_lossy(&buf[..n]).trim().to_string();
         if code == 0 && self.killed_for.is_none() {
             return (AttestationState::Attested, (!said.is_empty()).then_some(said));

@@ -153,7 +153,7 @@ fn writer(fd: RawFd) -> std::io::Result<Sink> {
             for line in rx {
                 let mut rest = &line[..];
                 while !rest.is_empty() {
-                    match crate::kernel::dirfd::write(fd, rest) {
+                    match crate::kernel::fdio::write(fd, rest) {
                         Ok(n) => rest = &rest[n..],
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
@@ -185,8 +185,8 @@ impl Out {
     fn write(&mut self, buf: &[u8]) -> Wrote {
         let n = match &self.sink {
             Sink::Off => return Wrote::Nothing,
-            Sink::Shared => crate::kernel::dirfd::write(2, buf),
-            Sink::Own(fd) => crate::kernel::dirfd::write(fd.as_raw_fd(), buf),
+            Sink::Shared => crate::kernel::fdio::write(2, buf),
+            Sink::Own(fd) => crate::kernel::fdio::write(fd.as_raw_fd(), buf),
             Sink::Socket(fd) => crate::kernel::dirfd::send_nowait(*fd, buf),
             Sink::Writer(tx) => {
                 // Counted before the writer can see it, so the count never goes below zero.

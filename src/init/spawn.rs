@@ -3,7 +3,7 @@
 
 use crate::kernel::users::User;
 use crate::kernel::{
-    dirfd,
+    dirfd, fdio,
     process::{self, Pid},
 };
 use std::ffi::CString;
@@ -64,7 +64,7 @@ impl Plan {
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
     pub fn own_pgroup(mut self) -> Plan {
         self.own_pgroup = true;
-        self.take_tty = dirfd::isatty(0);
+        self.take_tty = fdio::isatty(0);
         self
     }
 

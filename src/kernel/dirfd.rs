@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::kernel::errno::{check, errno_now};
+use crate::kernel::fdio::poll_in;
 use crate::kernel::process::{set_not_dumpable, Pid};
 
 /// SIGRTMIN as glibc, Docker and the shells number it, so that `RTMIN+3` means 37 here as in
@@ -155,24 +156,6 @@ impl SignalFd {
             Ok(Some((info.ssi_signo as i32, info.ssi_pid as Pid)))
         }
     }
-}
-
-fn poll_in(fd: RawFd, timeout: Option<Duration>) -> io::Result<bool> {
-    let ms = match timeout {
-        None => -1,
-        Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
-    };
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(r > 0)
 }
 
 pub enum Reaped {
@@ -419,16 +402,6 @@ pub fn recv_msg(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-/// Wait until `fd` is readable or `timeout` passes; Ok(false) on timeout.
-pub fn wait_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    poll_in(fd, Some(timeout))
-}
-
-pub fn isatty(fd: RawFd) -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(fd) == 1 }
-}
-
 pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     getrandom::getrandom(buf).map_err(|e| io::Error::other(format!("getrandom: {e}")))
 }
@@ -496,12 +469,6 @@ pub fn fstat_fd(fd: RawFd) -> io::Result<libc::stat> {
         check(libc::fstat(fd, &mut st) as _)?;
         Ok(st)
     }
-}
-
-/// One write(2); a non-blocking descriptor that cannot take anything gives EAGAIN.
-pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: a write from a valid buffer of the given length.
-    check(unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) } as _).map(|n| n as usize)
 }
 
 /// One send(2) that never blocks and never raises SIGPIPE.
@@ -862,21 +829,6 @@ pub fn read_link_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<Vec<u8>>
     Ok(buf)
 }
 
-/// One read(2) into `buf`, retried on EINTR; 0 at the end of the file.
-pub fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: the kernel writes at most buf.len() bytes into buf.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
-        }
-    }
-}
-
 /// Reap the child `pid` if it has exited, without waiting: its exit code (128 + signal).
 pub fn try_reap(pid: Pid) -> io::Result<Option<i32>> {
     let mut status = 0;
@@ -892,11 +844,4 @@ pub fn try_reap(pid: Pid) -> io::Result<Option<i32>> {
         return Ok(Some(128 + libc::WTERMSIG(status)));
     }
     Ok(Some(libc::WEXITSTATUS(status)))
-}
-
-/// Make a descriptor non-blocking (a pipe the init reads from must never hold it).
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor the caller holds, with integer arguments.
-    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) } as _)?;
-    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags as i32 | libc::O_NONBLOCK) } as _).map(drop)
 }

@@ -7,5 +7,6 @@
 pub mod capcheck;
 pub mod dirfd;
 pub mod errno;
+pub mod fdio;
 pub mod process;
 pub mod users;

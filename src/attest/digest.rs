@@ -4,8 +4,8 @@
 
 use super::walk::{changed, File};
 use crate::kernel::{
-    dirfd::{self, Meta},
-    fdio,
+    dirfd, fdio,
+    stat::{self, Meta},
 };
 use sha2::{Digest, Sha256};
 use std::time::Instant;
@@ -31,7 +31,7 @@ pub fn sha256(f: &File, buf: &mut [u8], deadline: Instant) -> Result<[u8; 32], S
         _ => format!("cannot read {}: {e}", super::name::shown(&f.name)),
     })?;
     let look =
-        |fd| dirfd::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::shown(&f.name)));
+        |fd| stat::statx_fd(fd).map_err(|e| format!("cannot look at {}: {e}", super::name::shown(&f.name)));
     let before = look(&fd)?;
     if let Some(what) = differs(&f.meta, &before) {
         return Err(changed(&f.name, what));

@@ -4,7 +4,10 @@
 //! device, and never enters another mount: those are recorded (skipped, and why).
 
 use super::name;
-use crate::kernel::dirfd::{self, Meta};
+use crate::kernel::{
+    dirfd,
+    stat::{self, Meta},
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -211,7 +214,7 @@ impl Walk<'_> {
             self.tick(&full)?;
             // getdents never gives a name with a NUL in it.
             let Ok(c) = CString::new(leaf) else { continue };
-            let meta = match dirfd::statx_at(&fd, &c) {
+            let meta = match stat::statx_at(&fd, &c) {
                 Ok(m) => m,
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(changed(&full, "removed")),
                 Err(e) => {
@@ -267,7 +270,7 @@ pub fn walk(
     let shown = name::shown(root);
     let path = std::path::Path::new(std::ffi::OsStr::from_bytes(root));
     no_link_above(path, &shown)?;
-    let meta = dirfd::statx_path(path).map_err(|e| match e.raw_os_error() {
+    let meta = stat::statx_path(path).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => {
             format!("{shown} does not exist: create it before the freeze or stop attesting it")
         }
@@ -298,7 +301,7 @@ pub fn walk(
         }
     }
     let fd = dirfd::open_dir(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
-    let opened = dirfd::statx_fd(&fd).map_err(|e| format!("cannot look at {shown}: {e}"))?;
+    let opened = stat::statx_fd(&fd).map_err(|e| format!("cannot look at {shown}: {e}"))?;
     if (opened.dev, opened.ino) != (meta.dev, meta.ino) {
         return Err(changed(root, "replaced"));
     }
@@ -321,7 +324,7 @@ pub fn walk(
                 continue;
             }
         };
-        let now = dirfd::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::shown(&full)))?;
+        let now = stat::statx_fd(&fd).map_err(|e| format!("cannot look at {}: {e}", name::shown(&full)))?;
         if (now.dev, now.ino) != (seen.dev, seen.ino) {
             return Err(changed(&full, "replaced"));
         }

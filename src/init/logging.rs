@@ -101,7 +101,7 @@ pub fn init(verbose: u8, private: bool) -> Option<String> {
 
 /// A descriptor for the init's log lines that no one else's state can block.
 fn private_sink() -> Result<Sink, String> {
-    let fd2 = match crate::kernel::dirfd::fstat_fd(2) {
+    let fd2 = match crate::kernel::stat::fstat_fd(2) {
         Ok(st) => st,
         // No stderr at all.
         Err(_) => return Ok(Sink::Off),

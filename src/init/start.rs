@@ -4,7 +4,7 @@
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
 use crate::init::{self, logging, spawn};
-use crate::kernel::{capcheck, dirfd, process, users};
+use crate::kernel::{capcheck, dirfd, process, stat, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
 use crate::{cli, marker};
@@ -136,7 +136,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
         ));
     }
     capcheck::check()?;
-    if !dirfd::is_procfs("/proc").unwrap_or(false) {
+    if !stat::is_procfs("/proc").unwrap_or(false) {
         return Err("/proc is not a mounted proc file system, and a freeze reads every process from \
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
             .into());

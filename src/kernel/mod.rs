@@ -9,4 +9,5 @@ pub mod dirfd;
 pub mod errno;
 pub mod fdio;
 pub mod process;
+pub mod stat;
 pub mod users;

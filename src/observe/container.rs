@@ -16,7 +16,7 @@ pub struct Container {
 /// The container this process runs in, as a marker names it.
 pub fn this_container() -> io::Result<Container> {
     let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string();
-    let pid_ns = crate::kernel::dirfd::ns_inode("/proc/self/ns/pid")?;
+    let pid_ns = crate::kernel::stat::ns_inode("/proc/self/ns/pid")?;
     let hostname = fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string();
     let init_start = crate::observe::procs::reader::Reader::default()
         .start_time(1)?

@@ -2,7 +2,7 @@
 //! the procfs it came from is this PID namespace's and hides nothing from the init. Checked before
 //! every observation: each is a reason to fail, never to certify.
 
-use crate::kernel::{dirfd, process};
+use crate::kernel::{dirfd, process, stat};
 use std::io;
 use std::path::Path;
 
@@ -69,7 +69,7 @@ fn untrusted(root: &Path, why: String) -> io::Error {
 /// Fail unless `root` is a procfs of the init's own PID namespace that hides nothing from it.
 pub fn check(root: &Path) -> io::Result<()> {
     let shown = root.display().to_string();
-    if !dirfd::is_procfs(&shown).map_err(|e| untrusted(root, format!("statfs: {e}")))? {
+    if !stat::is_procfs(&shown).map_err(|e| untrusted(root, format!("statfs: {e}")))? {
         return Err(untrusted(root, "it is not a procfs mount: mount proc there".into()));
     }
     // In a procfs of another PID namespace, "self" names another pid or nothing at all.

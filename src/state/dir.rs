@@ -340,7 +340,7 @@ impl StateDir {
     /// What `name` here is (type, mode, times), not following a link.
     pub fn stat(&self, name: &str) -> io::Result<libc::stat> {
         let c = std::ffi::CString::new(name).map_err(|_| io::Error::other("file name with NUL"))?;
-        crate::kernel::dirfd::fstatat(&self.fd, &c)
+        crate::kernel::stat::fstatat(&self.fd, &c)
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {

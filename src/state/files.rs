@@ -7,7 +7,7 @@
 //! on the resolved path is checked to be replaceable by root only, and the last component is
 //! opened relative to its checked parent without following a link.
 
-use crate::kernel::dirfd;
+use crate::kernel::{dirfd, stat};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read};
@@ -74,7 +74,7 @@ fn open_file(dir: Option<&OwnedFd>, name: &Path, shown: &Path) -> Result<OwnedFd
 
 /// Check the open descriptor against `rule`, then read at most `rule.max` bytes from it.
 fn check_and_read(fd: OwnedFd, rule: Rule, shown: &Path) -> Result<Vec<u8>, FileError> {
-    let st = dirfd::fstat(&fd).map_err(|e| FileError::Unreadable(format!("{}: {e}", shown.display())))?;
+    let st = stat::fstat(&fd).map_err(|e| FileError::Unreadable(format!("{}: {e}", shown.display())))?;
     check_stat(&st, rule, shown)?;
     let mut buf = Vec::with_capacity((st.st_size.max(0) as u64).min(rule.max) as usize);
     File::from(fd)
@@ -134,14 +134,14 @@ pub fn read_path(path: &Path, rule: Rule) -> Result<Vec<u8>, FileError> {
 /// fstat and for reads relative to it. The descriptor is O_PATH: opening has no side effect.
 pub fn open_dir(path: &Path) -> io::Result<(OwnedFd, libc::stat)> {
     let fd = dirfd::openat(None, path, libc::O_PATH | libc::O_NOFOLLOW)?;
-    let st = dirfd::fstat(&fd)?;
+    let st = stat::fstat(&fd)?;
     Ok((fd, st))
 }
 
 /// Open a subdirectory of an open directory, the same way.
 pub fn open_subdir(dir: &OwnedFd, name: &Path) -> io::Result<(OwnedFd, libc::stat)> {
     let fd = dirfd::openat(Some(dir.as_raw_fd()), name, libc::O_PATH | libc::O_NOFOLLOW)?;
-    let st = dirfd::fstat(&fd)?;
+    let st = stat::fstat(&fd)?;
     Ok((fd, st))
 }
 
@@ -187,7 +187,7 @@ fn read_resolved(resolved: &Path, given: &Path, what: &str, rule: Rule) -> Resul
     }
     let shown = dir_path.join(last);
     let fd = open_file(Some(&dir), Path::new(last), &shown).map_err(|e| unsafe_key(e.to_string()))?;
-    let file_st = dirfd::fstat(&fd).map_err(|e| unsafe_key(format!("{}: {e}", shown.display())))?;
+    let file_st = stat::fstat(&fd).map_err(|e| unsafe_key(format!("{}: {e}", shown.display())))?;
     check_dir_on_path(&st, &dir_path, &file_st, &shown).map_err(unsafe_key)?;
     check_and_read(fd, rule, &shown).map_err(|e| unsafe_key(e.to_string()))
 }

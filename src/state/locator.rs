@@ -28,7 +28,7 @@ pub fn file_name(pid_ns: u64) -> String {
 }
 
 fn this_namespace() -> Result<u64, String> {
-    crate::kernel::dirfd::ns_inode("/proc/self/ns/pid")
+    crate::kernel::stat::ns_inode("/proc/self/ns/pid")
         .map_err(|e| format!("cannot read this PID namespace: {e}"))
 }
 

@@ -1,7 +1,7 @@
 //! One pass of reads over /proc: one process, its threads, its start time or tracer, each read
 //! relative to one descriptor of /proc. May use: kernel, observe.
 
-use crate::kernel::{dirfd, process::Pid};
+use crate::kernel::{dirfd, process::Pid, stat};
 use crate::observe::procs::model::{exited, Detail, Proc, Thread, Threads};
 use crate::observe::procs::parse::{parse_stat, parse_status, parse_status_threads, stat_state, Stat};
 use crate::observe::procs::read::{is_gone, unknown, Read};
@@ -53,7 +53,7 @@ impl Pass<'_> {
     /// The owner of `pid`'s /proc directory; None if it cannot be told (exited, or unreadable).
     pub fn owner(&self, pid: Pid) -> Option<u32> {
         let name = std::ffi::CString::new(pid.to_string()).ok()?;
-        dirfd::fstatat(&self.dir, &name).ok().map(|st| st.st_uid)
+        stat::fstatat(&self.dir, &name).ok().map(|st| st.st_uid)
     }
 
     /// Start time of `pid` now; Ok(None) if it exited.

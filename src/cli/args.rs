@@ -360,27 +360,27 @@ pub fn seconds(what: &str, v: f64) -> Result<std::time::Duration, String> {
 /// every signal job control sends or that any process of the init's session may send without
 /// permission (CONT): a sandbox process could otherwise request freezes, or a terminal could.
 pub fn freeze_signal(name: &str) -> Result<i32, String> {
-    let sig = crate::kernel::dirfd::parse_signal(name)
+    let sig = crate::kernel::signal::parse_signal(name)
         .ok_or_else(|| format!("--freeze-signal '{name}' is not a signal: use e.g. USR1"))?;
     let why = match sig {
         libc::SIGKILL | libc::SIGSTOP => "cannot be caught",
         libc::SIGCHLD => "is how the init learns of exits",
         libc::SIGCONT => "may be sent by any process of the init's session, the sandbox's included",
         libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => "is sent by job control",
-        n if (32..crate::kernel::dirfd::first_catchable_rt()).contains(&n) => {
+        n if (32..crate::kernel::signal::first_catchable_rt()).contains(&n) => {
             "is kept by the C library for itself"
         }
         _ => return Ok(sig),
     };
     Err(format!(
         "--freeze-signal {} {why}: use USR1 (the default), USR2 or a real-time signal",
-        crate::kernel::dirfd::signal_name(sig)
+        crate::kernel::signal::signal_name(sig)
     ))
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::kernel::dirfd::{first_catchable_rt, parse_signal, signal_name};
+    use crate::kernel::signal::{first_catchable_rt, parse_signal, signal_name};
 
     #[test]
     fn real_time_signals_are_numbered_as_glibc_and_docker_number_them() {

@@ -1,7 +1,7 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::args::FreezeArgs;
-use crate::kernel::{dirfd, process};
+use crate::kernel::{dirfd, process, signal};
 use crate::marker;
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{AttestationState, FreezeState, StateDir, Status};
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
     let published = published_in(dir).map_err(|e| format!("{e} (no signal sent)"))?;
     let Some(p) = published.filter(|p| p.pid > 1) else {
-        return dirfd::kill(1, sig)
+        return signal::kill(1, sig)
             .map_err(|e| format!("cannot signal PID 1: {e} (run this as root inside the container)"));
     };
     let gone = || {

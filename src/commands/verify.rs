@@ -205,7 +205,8 @@ fn run_recheck(body: Vec<u8>, limit: Duration) -> Result<crate::attest::recheck:
     let answer = rx.recv_timeout(until.saturating_duration_since(Instant::now()));
     let Ok((sent, read, out)) = answer else {
         // Left where it waits: SIGKILL ends it once the read it waits on returns.
-        if let Err(e) = crate::kernel::dirfd::kill(child.id() as crate::kernel::process::Pid, libc::SIGKILL) {
+        if let Err(e) = crate::kernel::signal::kill(child.id() as crate::kernel::process::Pid, libc::SIGKILL)
+        {
             eprintln!("quiesce verify: cannot kill the re-check {}: {e}", child.id());
         }
         return Err(format!(

@@ -16,6 +16,7 @@
 use crate::kernel::{
     dirfd, fdio,
     process::{self, Pid},
+    signal,
 };
 use crate::observe::procs::reader::Reader;
 use std::io;
@@ -187,7 +188,7 @@ impl Helper {
 fn serve(fd: i32) -> ! {
     // It dies with the init, and of SIGTERM at shutdown like any other child, which keeps a
     // subreaper's shutdown from waiting out its grace period for it.
-    if process::set_parent_death_kill().is_err() || dirfd::unblock_all_signals().is_err() {
+    if process::set_parent_death_kill().is_err() || signal::unblock_all_signals().is_err() {
         process::exit_now(1);
     }
     let mut buf = [0u8; 8 + 4 * MAX_UIDS];

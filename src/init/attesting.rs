@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::kernel::{dirfd, fdio, process::Pid};
+use crate::kernel::{dirfd, fdio, process::Pid, signal};
 use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -134,7 +134,7 @@ pub fn start(job: &Job) -> Result<Worker, String> {
         }
         (w, out) => {
             // Killed; the reaper takes it like any child.
-            if let Err(e) = dirfd::kill(pid, libc::SIGKILL) {
+            if let Err(e) = signal::kill(pid, libc::SIGKILL) {
                 log::error!("cannot kill attestation worker {pid}: {e}");
             }
             let why = match w {
@@ -151,7 +151,7 @@ impl Worker {
     /// Kill it (an unreaped child: its pid cannot be anyone else's), saying why.
     pub fn kill(&mut self, why: String) {
         if self.killed_for.is_none() {
-            if let Err(e) = dirfd::kill(self.pid, libc::SIGKILL) {
+            if let Err(e) = signal::kill(self.pid, libc::SIGKILL) {
                 log::error!("cannot kill attestation worker {}: {e}", self.pid);
             }
             self.killed_for = Some(why);

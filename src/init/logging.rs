@@ -147,7 +147,7 @@ pub fn drain(budget: std::time::Duration) {
 /// threads must: one that took a process-directed signal would keep it from the signalfd.
 fn writer(fd: RawFd) -> std::io::Result<Sink> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(QUEUE);
-    let old = crate::kernel::dirfd::block_all_signals()?;
+    let old = crate::kernel::signal::block_all_signals()?;
     let started =
         std::thread::Builder::new().name("quiesce-log".into()).stack_size(64 * 1024).spawn(move || {
             for line in rx {
@@ -158,7 +158,7 @@ fn writer(fd: RawFd) -> std::io::Result<Sink> {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {
                             // Nobody reads again: stop, and take the SIGPIPE this thread raised.
-                            crate::kernel::dirfd::take_pending(libc::SIGPIPE);
+                            crate::kernel::signal::take_pending(libc::SIGPIPE);
                             WRITER_GONE.store(true, Ordering::Release);
                             return;
                         }
@@ -168,7 +168,7 @@ fn writer(fd: RawFd) -> std::io::Result<Sink> {
                 UNWRITTEN.fetch_sub(1, Ordering::Release);
             }
         });
-    crate::kernel::dirfd::set_signal_mask(&old)?;
+    crate::kernel::signal::set_signal_mask(&old)?;
     started.map(|_| Sink::Writer(tx))
 }
 
@@ -216,7 +216,7 @@ impl Out {
                 if e.raw_os_error() == Some(libc::EPIPE) {
                     // Nobody will read again. The write raised a SIGPIPE for this thread; take
                     // it, or the init would forward it to the command as if someone had sent it.
-                    crate::kernel::dirfd::take_pending(libc::SIGPIPE);
+                    crate::kernel::signal::take_pending(libc::SIGPIPE);
                     self.sink = Sink::Off;
                 }
                 Wrote::Nothing
@@ -389,9 +389,9 @@ mod tests {
         drop(r);
         let mut out = Out { sink: Sink::Own(w), pending: Vec::new(), dropped: 0 };
         // Blocked, as in the init, so that the SIGPIPE stays pending instead of killing us.
-        let _ = crate::kernel::dirfd::block_all_signals();
+        let _ = crate::kernel::signal::block_all_signals();
         out.emit(b"x\n");
         assert!(matches!(out.sink, Sink::Off));
-        assert!(!crate::kernel::dirfd::signal_pending(libc::SIGPIPE));
+        assert!(!crate::kernel::signal::signal_pending(libc::SIGPIPE));
     }
 }

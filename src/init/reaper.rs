@@ -4,6 +4,7 @@
 use crate::kernel::{
     dirfd::{self, Reaped},
     process::Pid,
+    signal,
 };
 
 pub(super) struct Reaper {
@@ -29,7 +30,7 @@ impl Reaper {
     /// comes back for the rest without sleeping.
     pub(super) fn reap(&mut self) -> bool {
         for i in 0..REAP_BATCH {
-            if i % 4 == 3 && dirfd::other_signal_pending(libc::SIGCHLD) {
+            if i % 4 == 3 && signal::other_signal_pending(libc::SIGCHLD) {
                 return true;
             }
             match dirfd::reap_one() {

@@ -15,8 +15,8 @@ use crate::init::shutdown::{remap, Shutdown};
 use crate::init::spawn::Plan;
 use crate::init::tracking::{take_launch, track, Schedule, Tracking};
 use crate::kernel::{
-    dirfd::{self, SignalFd},
     process::Pid,
+    signal::{self, SignalFd},
 };
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{StateDir, Status};
@@ -100,7 +100,7 @@ struct Pid1 {
 
 /// Run the init; returns the exit code.
 pub fn run(mut cfg: Config) -> i32 {
-    let sfd = match dirfd::block_all_signals().and_then(|_| SignalFd::new()) {
+    let sfd = match signal::block_all_signals().and_then(|_| SignalFd::new()) {
         Ok(s) => s,
         Err(e) => {
             crate::init::logging::line(format_args!("quiesce: cannot set up signal handling: {e}"));
@@ -176,7 +176,7 @@ impl Pid1 {
             if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
                 log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
             }
-            track(&mut sb.tracking, &|| dirfd::other_signal_pending(libc::SIGCHLD));
+            track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD));
             schedule.start(sb.settings.track_interval);
         }
         Pid1 {
@@ -219,9 +219,9 @@ impl Pid1 {
         if self.reaper.status.is_none() {
             let main = self.reaper.main;
             let target = if cfg.pgroup { -main } else { main };
-            log::debug!("forwarding {} to {target}", dirfd::signal_name(sig));
-            if let Err(e) = dirfd::kill(target, sig) {
-                log::debug!("forwarding {} failed: {e}", dirfd::signal_name(sig));
+            log::debug!("forwarding {} to {target}", signal::signal_name(sig));
+            if let Err(e) = signal::kill(target, sig) {
+                log::debug!("forwarding {} failed: {e}", signal::signal_name(sig));
             }
         }
     }
@@ -286,9 +286,9 @@ impl Pid1 {
         if matches!(self.shutdown, Shutdown::None)
             && !sb.intake.busy()
             && self.schedule.due(now, child)
-            && !dirfd::other_signal_pending(libc::SIGCHLD)
+            && !signal::other_signal_pending(libc::SIGCHLD)
         {
-            track(&mut sb.tracking, &|| dirfd::other_signal_pending(libc::SIGCHLD));
+            track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD));
             self.schedule.done(now, sb.settings.track_interval);
         }
     }

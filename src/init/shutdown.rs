@@ -2,7 +2,7 @@
 //! grace, and the exit code the command's status maps to. May use: kernel, observe.
 
 use crate::freeze;
-use crate::kernel::{dirfd, process};
+use crate::kernel::{process, signal};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
 use std::time::{Duration, Instant};
@@ -59,11 +59,11 @@ impl Shutdown {
 /// Signal every process left: the whole namespace as PID 1, our descendants otherwise.
 fn signal_rest(sig: i32) -> usize {
     if process::getpid() == 1 {
-        return match dirfd::kill_all(sig) {
+        return match signal::kill_all(sig) {
             Ok(()) => 1,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => 0,
             Err(e) => {
-                log::error!("kill(-1, {}) failed: {e}", dirfd::signal_name(sig));
+                log::error!("kill(-1, {}) failed: {e}", signal::signal_name(sig));
                 0
             }
         };

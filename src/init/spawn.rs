@@ -5,6 +5,7 @@ use crate::kernel::users::User;
 use crate::kernel::{
     dirfd, fdio,
     process::{self, Pid},
+    signal,
 };
 use std::ffi::CString;
 use std::io;
@@ -118,7 +119,7 @@ impl Plan {
             }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the
             // init inherited), then an empty mask.
-            dirfd::reset_all_dispositions();
+            signal::reset_all_dispositions();
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());

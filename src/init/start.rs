@@ -4,7 +4,7 @@
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
 use crate::init::{self, logging, spawn};
-use crate::kernel::{capcheck, dirfd, process, stat, users};
+use crate::kernel::{capcheck, dirfd, process, signal, stat, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
 use crate::{cli, marker};
@@ -23,7 +23,7 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
     }
     // Before any thread exists: a thread with signals unblocked would take process-directed
     // signals, and PID 1 drops those it has no handler for.
-    if let Err(e) = dirfd::block_all_signals() {
+    if let Err(e) = signal::block_all_signals() {
         return fatal(format!("cannot block signals: {e}"));
     }
     let grace = match cli::args::seconds("--grace", a.grace) {
@@ -209,7 +209,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
         }
     }
     write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
-    log::debug!("sandbox UIDs {uids:?}, freeze on {}", dirfd::signal_name(freeze_signal));
+    log::debug!("sandbox UIDs {uids:?}, freeze on {}", signal::signal_name(freeze_signal));
     let no_new_privs =
         process::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
     let mut launchers = newcomers::Launchers::default();

@@ -9,5 +9,6 @@ pub mod dirfd;
 pub mod errno;
 pub mod fdio;
 pub mod process;
+pub mod signal;
 pub mod stat;
 pub mod users;

@@ -1,7 +1,7 @@
 //! `quiesce freeze`: the client that asks the init for a freeze and waits for its result.
 
 use crate::cli::args::FreezeArgs;
-use crate::kernel::{dirfd, process, signal};
+use crate::kernel::{pidfd, process, signal};
 use crate::marker;
 use crate::observe::procs::reader::Reader;
 use crate::state::dir::{AttestationState, FreezeState, StateDir, Status};
@@ -28,12 +28,12 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
             SANDBOX_FILE, p.pid
         )
     };
-    let fd = dirfd::pidfd_open(p.pid).map_err(|_| gone())?;
+    let fd = pidfd::pidfd_open(p.pid).map_err(|_| gone())?;
     match Reader::default().start_time(p.pid) {
         Ok(Some(t)) if t == p.start_time => {}
         _ => return Err(gone()),
     }
-    dirfd::pidfd_send_signal(&fd, sig).map_err(|e| {
+    pidfd::pidfd_send_signal(&fd, sig).map_err(|e| {
         format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
     })
 }

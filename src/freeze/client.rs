@@ -13,7 +13,7 @@
 //! anything: it is not taken for the init's own then.
 
 use crate::decide::newcomers::Own;
-use crate::kernel::{dirfd, process::Pid};
+use crate::kernel::{pidfd, process::Pid};
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Snapshot;
 use std::os::fd::OwnedFd;
@@ -34,7 +34,7 @@ impl Client {
     /// entered from outside (no parent in this namespace), running this binary as the kernel
     /// shows it, not traced. Why not, otherwise.
     pub fn check(reader: &Reader, pid: Pid, start_time: u64) -> Result<Client, String> {
-        let fd = dirfd::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
+        let fd = pidfd::pidfd_open(pid).map_err(|e| format!("pidfd_open({pid}): {e}"))?;
         let c = Client { pid, start_time, fd };
         c.genuine(reader)?;
         c.runs_freeze(reader)?;
@@ -109,7 +109,7 @@ impl Client {
             None => return Err(format!("process {pid} exited")),
         }
         // What was read is the pidfd's process only if it still holds the pid after the reads.
-        if !dirfd::pidfd_attached(&self.fd) {
+        if !pidfd::pidfd_attached(&self.fd) {
             return Err(format!("process {pid} exited"));
         }
         Ok(())

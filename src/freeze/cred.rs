@@ -14,7 +14,7 @@
 //! keep it from existing at freeze time.
 
 use crate::kernel::{
-    dirfd, fdio,
+    dirfd, fdio, pidfd,
     process::{self, Pid},
     signal,
 };
@@ -137,7 +137,7 @@ impl Helper {
         }
         drop(theirs);
         // Our own child cannot be reaped before we look, so its pid is still its own here.
-        let handle = dirfd::pidfd_open(pid)?;
+        let handle = pidfd::pidfd_open(pid)?;
         log::debug!("credential helper started as pid {pid}");
         Ok(Helper { pid, handle, sock: ours })
     }
@@ -175,7 +175,7 @@ impl Helper {
     }
 
     fn kill(self) {
-        if let Err(e) = dirfd::pidfd_send_signal(&self.handle, libc::SIGKILL) {
+        if let Err(e) = pidfd::pidfd_send_signal(&self.handle, libc::SIGKILL) {
             if e.raw_os_error() != Some(libc::ESRCH) {
                 log::error!("cannot kill the credential helper (pid {}): {e}", self.pid);
             }

@@ -3,7 +3,7 @@
 //! signal is decided by the caller. May use: kernel, observe.
 
 use crate::kernel::{
-    dirfd,
+    pidfd,
     process::{self, Pid},
 };
 use crate::observe::procs::model::Proc;
@@ -50,7 +50,7 @@ impl Handle {
         if let Some(why) = forbidden_target(pid) {
             return Ok(Err(Opened::Refused(why)));
         }
-        let fd = match dirfd::pidfd_open(pid) {
+        let fd = match pidfd::pidfd_open(pid) {
             Ok(fd) => fd,
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(Err(Opened::Exited)),
             // EINVAL (ENOENT on newer kernels): the pid now names a thread, not a leader; the
@@ -69,7 +69,7 @@ impl Handle {
     /// Signal the process group this process leads. Ok(false): the group has no member left.
     /// Err with EINVAL: the kernel cannot (before 6.9).
     pub fn signal_group(&self, sig: i32) -> io::Result<bool> {
-        match dirfd::pidfd_send_signal_group(&self.fd, sig) {
+        match pidfd::pidfd_send_signal_group(&self.fd, sig) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
             Err(e) => Err(e),
@@ -78,7 +78,7 @@ impl Handle {
 
     /// Ok(false): the process has already exited.
     pub fn signal(&self, sig: i32) -> io::Result<bool> {
-        match dirfd::pidfd_send_signal(&self.fd, sig) {
+        match pidfd::pidfd_send_signal(&self.fd, sig) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
             Err(e) => Err(io::Error::new(e.kind(), format!("signal pid {}: {e}", self.pid))),

@@ -8,6 +8,7 @@ pub mod capcheck;
 pub mod dirfd;
 pub mod errno;
 pub mod fdio;
+pub mod pidfd;
 pub mod process;
 pub mod signal;
 pub mod stat;

@@ -44,7 +44,7 @@
 //! lack by default).
 
 use crate::kernel::{
-    dirfd,
+    pidfd,
     process::{self, Pid},
 };
 use crate::observe::procs::model::{Detail, Proc};
@@ -145,7 +145,7 @@ impl Window {
     /// Still held? Asked after the last reading of the counter in the window.
     fn held(&self) -> bool {
         match &self.holder {
-            Some(Holder::Task(fd)) => dirfd::pidfd_attached(fd),
+            Some(Holder::Task(fd)) => pidfd::pidfd_attached(fd),
             // The init's own thread, which ends only when the window is dropped.
             Some(Holder::Pin { .. }) => true,
             None => false,
@@ -156,11 +156,11 @@ impl Window {
 /// A pidfd of the task that holds `pid` and started before `tick`: it took the pid before the
 /// counter was read (the kernel hands out a pid before it stamps the start time).
 fn holder_since(pass: &mut Pass, pid: Pid, tick: u64) -> Option<OwnedFd> {
-    let fd = dirfd::pidfd_open_task(pid).ok()?;
+    let fd = pidfd::pidfd_open_task(pid).ok()?;
     // /proc/PID/stat answers for a thread's id too.
     let start = pass.start_time(pid).ok()??;
     // The line read was the pidfd's task's only if it still holds the pid after the read.
-    (start < tick && dirfd::pidfd_attached(&fd)).then_some(fd)
+    (start < tick && pidfd::pidfd_attached(&fd)).then_some(fd)
 }
 
 /// A thread of the init that holds the pid it got until dropped.
@@ -198,9 +198,9 @@ impl Drop for Pin {
     }
 }
 
-/// The pidfs identity of the process `pid` names now (see `dirfd::pidfd_inode`).
+/// The pidfs identity of the process `pid` names now (see `pidfd::pidfd_inode`).
 fn identity(pid: Pid) -> Option<u64> {
-    dirfd::pidfd_inode(&dirfd::pidfd_open(pid).ok()?).ok().flatten()
+    pidfd::pidfd_inode(&pidfd::pidfd_open(pid).ok()?).ok().flatten()
 }
 
 /// Does this kernel give pidfds an identity?
@@ -222,7 +222,7 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
         // Made before the reading, and nothing made since returned to its pid while it held it:
         // whatever the namespace makes after the reading has a greater identity.
         if let Some(fd) = holder_since(&mut pass, last, tick) {
-            if let Ok(Some(id)) = dirfd::pidfd_inode(&fd) {
+            if let Ok(Some(id)) = pidfd::pidfd_inode(&fd) {
                 return Some(id);
             }
         }
@@ -230,7 +230,7 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
     std::thread::Builder::new()
         .name("quiesce-order".into())
         .stack_size(64 * 1024)
-        .spawn(|| dirfd::pidfd_inode(&dirfd::pidfd_open_task(process::gettid()).ok()?).ok().flatten())
+        .spawn(|| pidfd::pidfd_inode(&pidfd::pidfd_open_task(process::gettid()).ok()?).ok().flatten())
         .ok()?
         .join()
         .ok()
@@ -241,10 +241,10 @@ pub fn start_identity(reader: &Reader) -> Option<u64> {
 /// unless shown otherwise: the identity is the process's only if the pid still names a process
 /// of that start time once it was taken.
 pub fn made_after(pid: Pid, start_time: u64, order: u64) -> bool {
-    let Ok(fd) = dirfd::pidfd_open(pid) else { return true };
-    let Some(id) = dirfd::pidfd_inode(&fd).ok().flatten() else { return true };
+    let Ok(fd) = pidfd::pidfd_open(pid) else { return true };
+    let Some(id) = pidfd::pidfd_inode(&fd).ok().flatten() else { return true };
     match Reader::default().start_time(pid) {
-        Ok(Some(t)) if t == start_time && dirfd::pidfd_attached(&fd) => id > order,
+        Ok(Some(t)) if t == start_time && pidfd::pidfd_attached(&fd) => id > order,
         _ => true,
     }
 }
@@ -439,16 +439,16 @@ mod tests {
         // Read in the tick it started: it may have taken its pid after the counter was read.
         assert!(holder_since(&mut pass, pid, start).is_none());
         let fd = holder_since(&mut pass, pid, start + 1).expect("a holder from before the tick");
-        assert!(dirfd::pidfd_attached(&fd));
+        assert!(pidfd::pidfd_attached(&fd));
         child.kill().unwrap();
         // A zombie still holds its pid: nothing can be handed it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         let waited =
             unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         assert_eq!(waited, 0);
-        assert!(dirfd::pidfd_attached(&fd), "a zombie holds its pid");
+        assert!(pidfd::pidfd_attached(&fd), "a zombie holds its pid");
         child.wait().unwrap();
-        assert!(!dirfd::pidfd_attached(&fd), "reaped: its pid may be handed out again");
+        assert!(!pidfd::pidfd_attached(&fd), "reaped: its pid may be handed out again");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::attest::job::{self, Job};
 use crate::attest::walk::Bounds;
-use crate::kernel::{dirfd, fdio, process::Pid, signal};
+use crate::kernel::{fdio, process::Pid, reap, signal};
 use crate::state::dir::AttestationState;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -166,7 +166,7 @@ impl Worker {
         self.kill("a new freeze started".into());
         let until = Instant::now() + REAP_WAIT;
         loop {
-            match dirfd::try_reap(self.pid) {
+            match reap::try_reap(self.pid) {
                 Ok(Some(_)) => return None,
                 Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
                 Ok(None) => return Some(self.pid),

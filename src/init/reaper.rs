@@ -2,8 +2,8 @@
 //! and the attestation worker's apart from every other child's. May use: kernel.
 
 use crate::kernel::{
-    dirfd::{self, Reaped},
     process::Pid,
+    reap::{self, Reaped},
     signal,
 };
 
@@ -33,7 +33,7 @@ impl Reaper {
             if i % 4 == 3 && signal::other_signal_pending(libc::SIGCHLD) {
                 return true;
             }
-            match dirfd::reap_one() {
+            match reap::reap_one() {
                 Ok(Some(r)) => {
                     self.childless = false;
                     let (pid, code) = match r {

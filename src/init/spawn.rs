@@ -3,9 +3,9 @@
 
 use crate::kernel::users::User;
 use crate::kernel::{
-    dirfd, fdio,
+    fdio,
     process::{self, Pid},
-    signal,
+    reap, signal,
 };
 use std::ffi::CString;
 use std::io;
@@ -243,7 +243,7 @@ pub fn lineage_available(uid: u32) -> bool {
     // Made here: the child shares this process's memory and must not allocate.
     let text = uid.to_string();
     match process::spawn_shared(&mut || if write_loginuid(&text) { 0 } else { 1 }) {
-        Ok(pid) => matches!(dirfd::wait_child(pid), Ok(0)),
+        Ok(pid) => matches!(reap::wait_child(pid), Ok(0)),
         Err(_) => false,
     }
 }

@@ -10,6 +10,7 @@ pub mod errno;
 pub mod fdio;
 pub mod pidfd;
 pub mod process;
+pub mod reap;
 pub mod signal;
 pub mod stat;
 pub mod users;

@@ -14,7 +14,7 @@
 //! keep it from existing at freeze time.
 
 use crate::kernel::{
-    dirfd, fdio, pidfd,
+    creds, dirfd, fdio, pidfd,
     process::{self, Pid},
     signal,
 };
@@ -79,7 +79,7 @@ impl Switcher {
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new().name("quiesce-cred".into()).stack_size(64 * 1024).spawn(move || {
             for (uids, sig, sweeps, reply) in rx {
-                let r = uids.iter().try_for_each(|&u| result_of(dirfd::kill_all_as_uid(u, sig, sweeps), u));
+                let r = uids.iter().try_for_each(|&u| result_of(creds::kill_all_as_uid(u, sig, sweeps), u));
                 // The requester may have given up; nothing to do then.
                 let _ = reply.send(r);
             }
@@ -202,7 +202,7 @@ fn serve(fd: i32) -> ! {
         let mut reply = [0u8; 8];
         for chunk in buf[8..n].chunks_exact(4) {
             let uid = u32::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-            let errno = dirfd::kill_all_as_uid(uid, sig, sweeps);
+            let errno = creds::kill_all_as_uid(uid, sig, sweeps);
             if errno != 0 {
                 reply[..4].copy_from_slice(&errno.to_ne_bytes());
                 reply[4..].copy_from_slice(&uid.to_ne_bytes());

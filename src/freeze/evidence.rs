@@ -21,7 +21,7 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
-use crate::kernel::{dirfd, process::Pid};
+use crate::kernel::{creds, process::Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::{Reader, CMDLINE_READ};
 use serde::{Deserialize, Serialize};
@@ -307,7 +307,7 @@ fn read_exe(link: &str, creds: Option<(u32, u32)>) -> io::Result<Option<String>>
         Ok(p) => Ok(Some(lossy(p))),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
             Some((uid, gid)) => {
-                Ok(dirfd::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
+                Ok(creds::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
             }
             None => Ok(None),
         },
@@ -662,7 +662,7 @@ mod tests {
             )
         };
         std::thread::spawn(move || {
-            let inside = dirfd::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
+            let inside = creds::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
             assert_eq!(inside, ("4242".to_string(), "4343".to_string()));
             assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
         })

@@ -4,7 +4,7 @@
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
 use crate::init::{self, logging, spawn};
-use crate::kernel::{capcheck, dirfd, process, signal, stat, users};
+use crate::kernel::{capcheck, creds, process, signal, stat, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
 use crate::{cli, marker};
@@ -127,12 +127,12 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
 }
 
 fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
-    if dirfd::geteuid() != 0 {
+    if creds::geteuid() != 0 {
         return Err(format!(
             "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
              `--user`; a pod with runAsNonRoot cannot use quiesce as its init) with only the \
              capabilities it needs, and start the agent with --run-as or `quiesce exec --user`",
-            dirfd::geteuid()
+            creds::geteuid()
         ));
     }
     capcheck::check()?;

@@ -5,6 +5,7 @@
 //! fork and exec, where only async-signal-safe libc calls may run.
 
 pub mod capcheck;
+pub mod creds;
 pub mod dirfd;
 pub mod errno;
 pub mod fdio;

@@ -2,7 +2,7 @@
 //! the procfs it came from is this PID namespace's and hides nothing from the init. Checked before
 //! every observation: each is a reason to fail, never to certify.
 
-use crate::kernel::{dirfd, process, stat};
+use crate::kernel::{creds, process, stat};
 use std::io;
 use std::path::Path;
 
@@ -97,7 +97,7 @@ pub fn check(root: &Path) -> io::Result<()> {
     let o = parse_opts(&sup);
     if o.hidepid != HidePid::Off
         && !crate::kernel::capcheck::effective(caps::Capability::CAP_SYS_PTRACE)
-        && !o.gid.is_some_and(dirfd::in_group)
+        && !o.gid.is_some_and(creds::in_group)
     {
         return Err(untrusted(
             root,

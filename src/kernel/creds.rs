@@ -1,0 +1,115 @@
+//! Credentials: the effective user and groups of this process, and the calling thread's own
+//! switches (setresuid for the kill(-1) as each sandbox UID, setfs*id for reads as another user),
+//! each switched back and proven before anything else runs on the thread.
+//! May use: libc, std and kernel::{errno, process}.
+
+use std::io;
+
+use crate::kernel::errno::{check, errno_now};
+use crate::kernel::process::set_not_dumpable;
+
+/// setresuid for the calling thread only (the raw syscall, not glibc's all-threads wrapper).
+pub fn thread_setresuid(r: u32, e: u32, s: u32) -> io::Result<()> {
+    // SAFETY: raw syscall; it changes only this thread's credentials.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, r, e, s) }).map(|_| ())
+}
+
+pub fn thread_getresuid() -> io::Result<(u32, u32, u32)> {
+    let (mut r, mut e, mut s) = (0u32, 0u32, 0u32);
+    // SAFETY: three valid out pointers.
+    check(unsafe { libc::syscall(libc::SYS_getresuid, &mut r, &mut e, &mut s) })?;
+    Ok((r, e, s))
+}
+
+/// One switch: this thread's real and effective UID become `uid` (saved UID stays 0), it sends
+/// `sig` with kill(-1) `sweeps` times (at least once) — reaching exactly the processes that UID
+/// may signal — switches back and proves it is root again. Only syscalls and no allocation: it
+/// also runs in a forked child. Returns 0 or an errno; ESRCH (nothing of that UID is left)
+/// counts as success.
+pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
+    if thread_setresuid(uid, uid, 0).is_err() {
+        return errno_now();
+    }
+    // Each switch resets the dumpable flag of the whole process's memory (the signing key's) to
+    // the host's fs.suid_dumpable: set it back at once, while this thread holds the sandbox UID.
+    // A failure here sends nothing, but the switch back below still runs and is still checked.
+    let mut sent_err = match set_not_dumpable() {
+        Ok(()) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(libc::EPERM),
+    };
+    for _ in 0..if sent_err == 0 { sweeps.max(1) } else { 0 } {
+        // SAFETY: plain syscall.
+        if unsafe { libc::kill(-1, sig) } < 0 {
+            sent_err = errno_now();
+            break;
+        }
+    }
+    if thread_setresuid(0, 0, 0).is_err() {
+        return errno_now();
+    }
+    if let Err(e) = set_not_dumpable() {
+        return e.raw_os_error().unwrap_or(libc::EPERM);
+    }
+    match thread_getresuid() {
+        Ok((0, 0, 0)) => {}
+        // EPERM: "not root again" is the closest errno, and the caller treats it as fatal.
+        _ => return libc::EPERM,
+    }
+    if sent_err == libc::ESRCH {
+        0
+    } else {
+        sent_err
+    }
+}
+
+/// Is `gid` this process's effective group or one of its supplementary groups?
+pub fn in_group(gid: u32) -> bool {
+    // SAFETY: getegid cannot fail; getgroups fills at most the buffer it is given.
+    unsafe {
+        if libc::getegid() == gid {
+            return true;
+        }
+        let mut groups = [0 as libc::gid_t; 256];
+        let n = libc::getgroups(groups.len() as i32, groups.as_mut_ptr());
+        n > 0 && groups[..n as usize].contains(&gid)
+    }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn setfsuid(id: u32) -> u32 {
+    // SAFETY: raw syscall with an integer; it changes only this thread's credentials.
+    unsafe { libc::syscall(libc::SYS_setfsuid, id) as u32 }
+}
+
+fn setfsgid(id: u32) -> u32 {
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_setfsgid, id) as u32 }
+}
+
+/// This thread's filesystem UID and GID: setfs*id with an invalid id changes nothing and
+/// returns the current one.
+fn fs_ids() -> (u32, u32) {
+    (setfsuid(u32::MAX), setfsgid(u32::MAX))
+}
+
+/// Run `f` with this thread's filesystem UID and GID switched to `uid` and `gid`, then switch
+/// back and prove it. Only file access checks change: real, effective and saved IDs (signals,
+/// process limits) stay. Ok(None): the switch did not take (no CAP_SETUID/CAP_SETGID), `f` did
+/// not run. Err: the switch back did not take, and this thread must do nothing more.
+pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<Option<T>> {
+    let before = fs_ids();
+    setfsgid(gid);
+    setfsuid(uid);
+    let out = (fs_ids() == (uid, gid)).then(f);
+    setfsuid(before.0);
+    setfsgid(before.1);
+    let now = fs_ids();
+    if now != before {
+        return Err(io::Error::other(format!("filesystem ids {now:?} after switching back to {before:?}")));
+    }
+    Ok(out)
+}

@@ -14,7 +14,7 @@
 //! keep it from existing at freeze time.
 
 use crate::kernel::{
-    creds, dirfd, fdio, pidfd,
+    creds, fdio, ipc, pidfd,
     process::{self, Pid},
     signal,
 };
@@ -129,7 +129,7 @@ impl Switcher {
 
 impl Helper {
     fn spawn() -> io::Result<Helper> {
-        let (ours, theirs) = dirfd::seqpacket_pair()?;
+        let (ours, theirs) = ipc::seqpacket_pair()?;
         let pid = process::fork()?;
         if pid == 0 {
             drop(ours);
@@ -160,12 +160,12 @@ impl Helper {
                 self.pid
             ))
         };
-        dirfd::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
+        ipc::send_msg(self.sock.as_raw_fd(), &msg).map_err(|e| gone(format!("cannot be reached: {e}")))?;
         if !fdio::wait_readable(self.sock.as_raw_fd(), HELPER_ANSWER)? {
             return Err(gone(format!("did not answer within {HELPER_ANSWER:?}")));
         }
         let mut reply = [0u8; 8];
-        let n = dirfd::recv_msg(self.sock.as_raw_fd(), &mut reply).map_err(|e| gone(format!("{e}")))?;
+        let n = ipc::recv_msg(self.sock.as_raw_fd(), &mut reply).map_err(|e| gone(format!("{e}")))?;
         if n != 8 {
             return Err(gone("died".into()));
         }
@@ -193,7 +193,7 @@ fn serve(fd: i32) -> ! {
     }
     let mut buf = [0u8; 8 + 4 * MAX_UIDS];
     loop {
-        let n = match dirfd::recv_msg(fd, &mut buf) {
+        let n = match ipc::recv_msg(fd, &mut buf) {
             Ok(n) if n >= 8 && n % 4 == 0 => n,
             _ => process::exit_now(0),
         };
@@ -209,7 +209,7 @@ fn serve(fd: i32) -> ! {
                 break;
             }
         }
-        if dirfd::send_msg(fd, &reply).is_err() {
+        if ipc::send_msg(fd, &reply).is_err() {
             process::exit_now(0);
         }
     }

@@ -187,7 +187,7 @@ impl Out {
             Sink::Off => return Wrote::Nothing,
             Sink::Shared => crate::kernel::fdio::write(2, buf),
             Sink::Own(fd) => crate::kernel::fdio::write(fd.as_raw_fd(), buf),
-            Sink::Socket(fd) => crate::kernel::dirfd::send_nowait(*fd, buf),
+            Sink::Socket(fd) => crate::kernel::ipc::send_nowait(*fd, buf),
             Sink::Writer(tx) => {
                 // Counted before the writer can see it, so the count never goes below zero.
                 UNWRITTEN.fetch_add(1, Ordering::AcqRel);

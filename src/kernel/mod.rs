@@ -9,6 +9,7 @@ pub mod creds;
 pub mod dirfd;
 pub mod errno;
 pub mod fdio;
+pub mod ipc;
 pub mod pidfd;
 pub mod process;
 pub mod reap;

@@ -7,6 +7,7 @@
 pub mod capcheck;
 pub mod creds;
 pub mod dirfd;
+pub mod dirwrite;
 pub mod errno;
 pub mod fdio;
 pub mod ipc;

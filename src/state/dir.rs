@@ -227,11 +227,11 @@ impl StateDir {
                 _ => return Err(format!("state dir {}: not a directory path", path.display())),
             };
             let dir = crate::kernel::dirfd::open_dir(parent).map_err(|e| create_error(path, &e))?;
-            match crate::kernel::dirfd::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
+            match crate::kernel::dirwrite::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
                 Ok(()) => {
                     // The umask may have taken bits away; set them on what was opened and checked.
                     let made = StateDir::open(path)?;
-                    crate::kernel::dirfd::fchmod(&made.fd, 0o755)
+                    crate::kernel::dirwrite::fchmod(&made.fd, 0o755)
                         .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
                     return Ok(made);
                 }
@@ -254,7 +254,7 @@ impl StateDir {
     /// The subdirectory `name`, made root's alone (0700) when missing: what passes through it
     /// (freeze requests, launch records, their answers) is no sandbox process's to see.
     pub fn ensure_sub(&self, name: &str) -> Result<StateDir, String> {
-        match crate::kernel::dirfd::mkdir_at(&self.fd, name, 0o700) {
+        match crate::kernel::dirwrite::mkdir_at(&self.fd, name, 0o700) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(format!("cannot create {}: {e}", self.path.join(name).display())),
@@ -282,7 +282,7 @@ impl StateDir {
     /// and a path can be made to lead elsewhere after the check; the descriptor cannot.
     pub fn write_atomic(&self, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
         self.write_file(name, data, mode, true)?;
-        crate::kernel::dirfd::sync_dir(&self.fd)
+        crate::kernel::dirwrite::sync_dir(&self.fd)
     }
 
     /// Like `write_atomic`, but durable only once `make_durable` has synced the file returned:
@@ -298,31 +298,31 @@ impl StateDir {
         for f in files {
             f.sync_all()?;
         }
-        crate::kernel::dirfd::sync_dir(&self.fd)
+        crate::kernel::dirwrite::sync_dir(&self.fd)
     }
 
     fn write_file(&self, name: &str, data: &[u8], mode: u32, sync: bool) -> io::Result<fs::File> {
         let mut rnd = [0u8; 8];
         crate::kernel::dirfd::getrandom(&mut rnd)?;
         let tmp = format!(".{name}.{}", hex(&rnd));
-        let mut f = crate::kernel::dirfd::create_excl_at(&self.fd, &tmp, mode)?;
+        let mut f = crate::kernel::dirwrite::create_excl_at(&self.fd, &tmp, mode)?;
         let res = (|| {
             f.write_all(data)?;
             f.set_permissions(fs::Permissions::from_mode(mode))?;
             if sync {
                 f.sync_all()?;
             }
-            crate::kernel::dirfd::rename_at(&self.fd, &tmp, name)
+            crate::kernel::dirwrite::rename_at(&self.fd, &tmp, name)
         })();
         if res.is_err() {
-            let _ = crate::kernel::dirfd::unlink_at(&self.fd, &tmp);
+            let _ = crate::kernel::dirwrite::unlink_at(&self.fd, &tmp);
         }
         res.map(|()| f)
     }
 
     /// Take `from` away under the name `to` (both in this directory).
     pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        crate::kernel::dirfd::rename_at(&self.fd, from, to)
+        crate::kernel::dirwrite::rename_at(&self.fd, from, to)
     }
 
     /// Remove `name` here and all it holds, through descriptors (see `removal`).
@@ -344,7 +344,7 @@ impl StateDir {
     }
 
     pub fn remove(&self, name: &str) -> io::Result<()> {
-        match crate::kernel::dirfd::unlink_at(&self.fd, name) {
+        match crate::kernel::dirwrite::unlink_at(&self.fd, name) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }

@@ -4,7 +4,7 @@
 //! link put in place meanwhile cannot lead the removal into another directory. Bounded in
 //! entries and depth: a larger tree is refused, not walked.
 
-use crate::kernel::dirfd;
+use crate::kernel::{dirfd, dirwrite};
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -31,7 +31,7 @@ fn errno(e: &std::io::Error) -> i32 {
 
 fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut usize) -> Result<(), String> {
     let cannot = |e: std::io::Error| format!("cannot remove {}: {e}", shown.display());
-    match dirfd::unlink_os_at(dir, name) {
+    match dirwrite::unlink_os_at(dir, name) {
         Ok(()) => return Ok(()),
         Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
         Err(e) if errno(&e) == libc::EISDIR => {}
@@ -48,7 +48,7 @@ fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut us
         Err(e) if errno(&e) == libc::ENOENT => return Ok(()),
         // No longer a directory: removed as what it is now, once.
         Err(e) if matches!(errno(&e), libc::ENOTDIR | libc::ELOOP) => {
-            return dirfd::unlink_os_at(dir, name).map_err(cannot)
+            return dirwrite::unlink_os_at(dir, name).map_err(cannot)
         }
         Err(e) => return Err(cannot(e)),
     };
@@ -65,7 +65,7 @@ fn remove(dir: &OwnedFd, name: &OsStr, shown: &Path, depth: usize, left: &mut us
     for n in &names {
         remove(&sub, n, &shown.join(n), depth + 1, left)?;
     }
-    dirfd::rmdir_at(dir, name).map_err(cannot)
+    dirwrite::rmdir_at(dir, name).map_err(cannot)
 }
 
 #[cfg(test)]

@@ -7,10 +7,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use crate::kernel::errno::check;
 
-pub fn getrandom(buf: &mut [u8]) -> io::Result<()> {
-    getrandom::getrandom(buf).map_err(|e| io::Error::other(format!("getrandom: {e}")))
-}
-
 /// openat(2) relative to `dir` (None: the working directory). The flags always gain O_CLOEXEC.
 pub fn openat(dir: Option<RawFd>, name: &std::path::Path, flags: i32) -> io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;

@@ -13,6 +13,7 @@ pub mod fdio;
 pub mod ipc;
 pub mod pidfd;
 pub mod process;
+pub mod random;
 pub mod reap;
 pub mod signal;
 pub mod stat;

@@ -57,7 +57,7 @@ pub fn kid(key: &VerifyingKey) -> String {
 
 pub fn generate() -> io::Result<SigningKey> {
     let mut seed = [0u8; 32];
-    crate::kernel::dirfd::getrandom(&mut seed)?;
+    crate::kernel::random::getrandom(&mut seed)?;
     Ok(SigningKey::from_bytes(&seed))
 }
 

@@ -303,7 +303,7 @@ impl StateDir {
 
     fn write_file(&self, name: &str, data: &[u8], mode: u32, sync: bool) -> io::Result<fs::File> {
         let mut rnd = [0u8; 8];
-        crate::kernel::dirfd::getrandom(&mut rnd)?;
+        crate::kernel::random::getrandom(&mut rnd)?;
         let tmp = format!(".{name}.{}", hex(&rnd));
         let mut f = crate::kernel::dirwrite::create_excl_at(&self.fd, &tmp, mode)?;
         let res = (|| {
@@ -369,7 +369,7 @@ pub fn parse_status(b: &[u8]) -> Result<Status, String> {
 /// Temp file in the same directory (O_EXCL|O_NOFOLLOW), fsync, rename over the target.
 pub fn write_atomic(dir: &Path, name: &str, data: &[u8], mode: u32) -> io::Result<()> {
     let mut rnd = [0u8; 8];
-    crate::kernel::dirfd::getrandom(&mut rnd)?;
+    crate::kernel::random::getrandom(&mut rnd)?;
     let tmp = dir.join(format!(".{name}.{}", hex(&rnd)));
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -405,7 +405,7 @@ pub fn hex(b: &[u8]) -> String {
 
 pub fn new_id() -> io::Result<String> {
     let mut b = [0u8; 16];
-    crate::kernel::dirfd::getrandom(&mut b)?;
+    crate::kernel::random::getrandom(&mut b)?;
     Ok(hex(&b))
 }
 

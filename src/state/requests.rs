@@ -12,8 +12,8 @@
 //! signals again while its request waits (`signal_until_taken`).
 
 use crate::kernel::{
-    dirfd,
     process::{self, Pid},
+    random,
 };
 use crate::state::files::FileError;
 use crate::state::launches::Launch;
@@ -81,7 +81,7 @@ fn id_nanos(id: &str) -> Option<u64> {
 
 fn new_request_id(pid: Pid) -> io::Result<String> {
     let mut rnd = [0u8; 4];
-    dirfd::getrandom(&mut rnd)?;
+    random::getrandom(&mut rnd)?;
     Ok(format!("{:016x}{:08x}{}", now_nanos(), pid as u32, state::dir::hex(&rnd)))
 }
 

@@ -1,5 +1,8 @@
-//! The one place that talks to the kernel directly. Everything above reads like the contract;
-//! everything here checks the return value of the call it makes.
+//! Opening and reading through a directory descriptor: openat, a directory (by a path, or by one
+//! entry following no link), a regular file for reading, the names a directory holds (getdents64
+//! on the descriptor, whatever its path leads to now), a small file whole into a reused buffer, a
+//! link's text.
+//! May use: libc, std and kernel::errno.
 
 use std::ffi::CString;
 use std::io;

@@ -1,6 +1,21 @@
-//! The kernel: system calls (dirfd, while it is split by kind of call), the user database (users)
-//! and the capability check (capcheck).
-//! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate.
+//! The kernel: the one place that talks to it directly. Everything above reads like the contract;
+//! everything here checks the return value of the call it makes. One module per kind of call:
+//! - `errno`: a call's negative return as the io::Error of the errno it left.
+//! - `process`: this process's ids, fork and spawn_shared, exit, its prctl flags, CPUs, boot clock.
+//! - `reap`: waitpid, for any child or one.
+//! - `signal`: names and numbers, masks and dispositions, pending signals, the signalfd, kill(2).
+//! - `pidfd`: process descriptors: open, signal, still attached, pidfs identity.
+//! - `creds`: effective ids and groups, the thread's own uid and filesystem-id switches.
+//! - `ipc`: the seqpacket socket pair between the init and its helpers.
+//! - `fdio`: one open descriptor: read, write, poll, non-blocking, terminal.
+//! - `stat`: what a file is (fstat, statx), procfs, a namespace's inode.
+//! - `dirfd`: opening and reading through a directory descriptor, following no link.
+//! - `dirwrite`: changing a directory's entries (create, rename, unlink, mkdir, rmdir, sync).
+//! - `random`: random bytes.
+//! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
+//!
+//! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
+//! a module here names another of this folder by its path (`crate::kernel::errno::check`).
 //! Every other folder reaches the kernel through here; the one exception is init/spawn between
 //! fork and exec, where only async-signal-safe libc calls may run.
 

@@ -10,11 +10,9 @@ use crate::kernel::errno::check;
 use crate::kernel::process::Pid;
 use crate::kernel::stat::fstat;
 
+/// A pidfd of the process `pid` (a thread-group leader; `pidfd_open_task` takes any thread).
 pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
-    // SAFETY: raw syscall returning a new fd we own.
-    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
-    // SAFETY: the kernel just gave us this descriptor.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    pidfd_open_flags(pid, 0)
 }
 
 /// Signal the whole process group led by the pidfd's process (PIDFD_SIGNAL_PROCESS_GROUP,
@@ -22,20 +20,16 @@ pub fn pidfd_open(pid: Pid) -> io::Result<OwnedFd> {
 /// never alias. EINVAL on older kernels.
 pub fn pidfd_send_signal_group(fd: &OwnedFd, sig: i32) -> io::Result<()> {
     const PIDFD_SIGNAL_PROCESS_GROUP: u32 = 1 << 2;
-    // SAFETY: raw syscall on a pidfd we own.
-    check(unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd(),
-            sig,
-            std::ptr::null::<libc::siginfo_t>(),
-            PIDFD_SIGNAL_PROCESS_GROUP,
-        )
-    })
-    .map(|_| ())
+    send_signal(fd, sig, PIDFD_SIGNAL_PROCESS_GROUP)
 }
 
+/// Signal the pidfd's process (all its threads), and no other: its group is left alone.
 pub fn pidfd_send_signal(fd: &OwnedFd, sig: i32) -> io::Result<()> {
+    send_signal(fd, sig, 0)
+}
+
+/// pidfd_send_signal(2) with `flags`, no siginfo: the two wrappers above are its only callers.
+fn send_signal(fd: &OwnedFd, sig: i32, flags: u32) -> io::Result<()> {
     // SAFETY: raw syscall on a pidfd we own.
     check(unsafe {
         libc::syscall(
@@ -43,7 +37,7 @@ pub fn pidfd_send_signal(fd: &OwnedFd, sig: i32) -> io::Result<()> {
             fd.as_raw_fd(),
             sig,
             std::ptr::null::<libc::siginfo_t>(),
-            0,
+            flags,
         )
     })
     .map(|_| ())

@@ -6,13 +6,16 @@ use std::io;
 
 use crate::kernel::process::Pid;
 
+/// How a child reaped by `reap_one` ended, with its pid: the init's loop tells the command's
+/// exit code from its signal, and any other child by its pid.
 pub enum Reaped {
     Exited(Pid, i32),
     Signaled(Pid, i32),
 }
 
 /// Reap one child without blocking. Ok(None): children exist but none has exited;
-/// Err with ECHILD: no children at all.
+/// Err with ECHILD: no children at all. Any child, for the init's loop; `try_reap` and
+/// `wait_child` take one child by its pid and answer with its exit code alone.
 pub fn reap_one() -> io::Result<Option<Reaped>> {
     let mut status = 0;
     // SAFETY: status is a valid out pointer.
@@ -33,7 +36,8 @@ pub fn reap_one() -> io::Result<Option<Reaped>> {
     }
 }
 
-/// Blocking wait for one specific child, for subcommands that run a helper.
+/// Blocking wait for one specific child, for subcommands that run a helper: its exit code
+/// (128 + signal). Unlike `try_reap`, it waits, through EINTR, until the child has ended.
 pub fn wait_child(pid: Pid) -> io::Result<i32> {
     loop {
         let mut status = 0;
@@ -55,7 +59,8 @@ pub fn wait_child(pid: Pid) -> io::Result<i32> {
     }
 }
 
-/// Reap the child `pid` if it has exited, without waiting: its exit code (128 + signal).
+/// Reap the child `pid` if it has exited, without waiting: its exit code (128 + signal). For the
+/// init's loop, which must never block on one child; `wait_child` waits.
 pub fn try_reap(pid: Pid) -> io::Result<Option<i32>> {
     let mut status = 0;
     // SAFETY: status is a valid out pointer.

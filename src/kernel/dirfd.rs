@@ -24,7 +24,9 @@ pub fn openat(dir: Option<RawFd>, name: &std::path::Path, flags: i32) -> io::Res
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Open a directory for reads relative to it (openat): read-only, close-on-exec.
+/// Open a directory for reads relative to it (openat): read-only, close-on-exec. Every link on
+/// the way is followed, the last one too: for a path the caller was given or chose. One entry of
+/// a directory held open goes through `open_dir_at` or `open_subdir_at`, which follow none.
 pub fn open_dir(path: &std::path::Path) -> io::Result<OwnedFd> {
     openat(None, path, libc::O_RDONLY | libc::O_DIRECTORY)
 }
@@ -69,12 +71,11 @@ pub fn read_file_at(dir: &OwnedFd, name: &std::ffi::CStr, buf: &mut Vec<u8>, max
 
 /// Open the directory `name` in `dir` for listing. A link there is refused (ELOOP), and so is
 /// anything but a directory (ENOTDIR): what is listed is the entry itself, never where it points.
+/// The name as listed (`list_dir`); `open_subdir_at` is the same open for a C-string name.
 pub fn open_dir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
-    openat(
-        Some(dir.as_raw_fd()),
-        std::path::Path::new(name),
-        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
-    )
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(name.as_bytes()).map_err(|_| io::Error::other("path with NUL"))?;
+    open_subdir_at(dir, &c)
 }
 
 /// The names in an open directory (without `.` and `..`), at most `limit` of them; the flag says
@@ -141,7 +142,8 @@ pub fn open_file_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<OwnedFd>
     }
 }
 
-/// Open the directory `name` in `dir` for listing, following no link (a C-string name).
+/// Open the directory `name` in `dir` for listing, following no link (a C-string name): the open
+/// of `open_dir_at`, without a conversion per directory of a walk.
 pub fn open_subdir_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<OwnedFd> {
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.

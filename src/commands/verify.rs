@@ -9,7 +9,9 @@ use crate::observe::procs::reader::Reader;
 use crate::state;
 use crate::state::dir::{AttestationState, FreezeState, StateDir};
 use crate::state::files::{self, FileError};
+use ed25519_dalek::VerifyingKey;
 use serde::Serialize;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Exit codes, one per class of failure (docs/marker.md lists them).
@@ -56,7 +58,7 @@ const NAMED_ATTESTATION: files::Rule = files::Rule { root_owned: false, ..files:
 fn check_attestation(
     args: &VerifyArgs,
     dir: Option<&StateDir>,
-    key: &ed25519_dalek::VerifyingKey,
+    key: &VerifyingKey,
     claims: &Claims,
 ) -> Result<Option<usize>, Fail> {
     use crate::attest::{name, recheck, statement};
@@ -230,6 +232,27 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
     } else {
         None
     };
+    let (token, marker_path) = read_marker(args, dir.as_ref())?;
+    let (key, key_path) = read_key(args, dir.as_ref())?;
+    let claims = signed_claims(&token, &marker_path, &key, &key_path)?;
+    check_claims(args, expected_uids, &claims)?;
+    check_age(args, &claims)?;
+    check_container(&claims)?;
+    // Before the live probe: the wait for a running attestation and the re-walk take time, and
+    // the probe is the last look before the verifier starts.
+    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
+    if !args.no_live_probe {
+        live_probe(args, dir.as_ref(), expected_uids, &claims)?;
+    }
+    Ok((claims, attested))
+}
+
+fn no_dir() -> Fail {
+    Fail(code::USAGE, "state-dir", "no state dir to read from".into())
+}
+
+/// The marker's text and where it was read.
+fn read_marker(args: &VerifyArgs, dir: Option<&StateDir>) -> Result<(String, PathBuf), Fail> {
     // A state-dir file is checked on its descriptor (root-owned, no link); a marker named on
     // the command line only needs to be a regular file: its signature is what counts.
     let marker_error = |check: &'static str| {
@@ -241,8 +264,7 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             FileError::Unreadable(m) => Fail(code::MISSING, "marker", m),
         }
     };
-    let no_dir = || Fail(code::USAGE, "state-dir", "no state dir to read from".into());
-    let (token, marker_path) = match (&args.marker, &dir) {
+    let (token, marker_path) = match (&args.marker, dir) {
         (Some(p), _) => (files::read_path(p, files::ANY).map_err(marker_error("marker"))?, p.clone()),
         (None, Some(d)) => {
             (d.read(state::dir::MARKER).map_err(marker_error("state-dir"))?, d.file(state::dir::MARKER))
@@ -252,7 +274,12 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
     let token = String::from_utf8(token).map_err(|_| {
         Fail(code::MALFORMED, "marker", format!("marker {} is not text", marker_path.display()))
     })?;
-    let (key, key_path) = match (&args.public_key, &dir) {
+    Ok((token, marker_path))
+}
+
+/// The public key the marker must verify with, and where it was read.
+fn read_key(args: &VerifyArgs, dir: Option<&StateDir>) -> Result<(VerifyingKey, PathBuf), Fail> {
+    let (key, key_path) = match (&args.public_key, dir) {
         (Some(p), _) => {
             (marker::jws::load_public(p).map_err(|e| Fail(code::SIGNATURE, "key", e))?, p.clone())
         }
@@ -272,7 +299,17 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
         }
         (None, None) => return Err(no_dir()),
     };
-    let claims = marker::jws::verify(&token, &key).map_err(|b| match b {
+    Ok((key, key_path))
+}
+
+/// The claims, once the signature verifies with `key`.
+fn signed_claims(
+    token: &str,
+    marker_path: &Path,
+    key: &VerifyingKey,
+    key_path: &Path,
+) -> Result<Claims, Fail> {
+    marker::jws::verify(token, key).map_err(|b| match b {
         Bad::Malformed(m) => {
             Fail(code::MALFORMED, "marker", format!("marker {} is malformed: {m}", marker_path.display()))
         }
@@ -284,8 +321,12 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             "signature",
             format!("marker signature does not verify with {}", key_path.display()),
         ),
-    })?;
+    })
+}
 
+/// What the marker says of the freeze: its issuer, result, survivors, UIDs, nonce and the
+/// configuration it was signed in.
+fn check_claims(args: &VerifyArgs, expected_uids: &[u32], claims: &Claims) -> Result<(), Fail> {
     let claim = |ok: bool, what: &'static str, msg: String| {
         if ok {
             Ok(())
@@ -351,6 +392,10 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             ),
         ));
     }
+    Ok(())
+}
+
+fn check_age(args: &VerifyArgs, claims: &Claims) -> Result<(), Fail> {
     let now = now_unix();
     if claims.iat > now + 60 {
         return Err(Fail(code::TIME, "iat", format!("marker is from {} s in the future", claims.iat - now)));
@@ -366,6 +411,11 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             ),
         ));
     }
+    Ok(())
+}
+
+/// The marker was made in this container, by this init.
+fn check_container(claims: &Claims) -> Result<(), Fail> {
     let here = crate::observe::container::this_container()
         .map_err(|e| Fail(code::CONTAINER, "container", format!("cannot identify this container: {e}")))?;
     if here.pid_ns != claims.container.pid_ns || here.boot_id != claims.container.boot_id {
@@ -382,37 +432,42 @@ fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usi
             "marker was made by an earlier init of this container".into(),
         ));
     }
-    // Before the live probe: the wait for a running attestation and the re-walk take time, and
-    // the probe is the last look before the verifier starts.
-    let attested = check_attestation(args, dir.as_ref(), &key, &claims)?;
-    if !args.no_live_probe {
-        let mut uids = claims.sandbox_uids.clone();
-        uids.extend_from_slice(expected_uids);
-        let snap = Reader::default()
-            .snapshot(Detail::Light)
-            .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
-        // The init says whether a loginuid marks a sandbox launch here; without its word, it does.
-        let published = match &dir {
-            Some(d) => crate::state::published::published_in(d).ok().flatten(),
-            None => crate::state::published::published(&args.state.state_dir),
-        };
-        let lineage = published.is_none_or(|p| p.lineage);
-        let tainted = Policy::new(uids, lineage).classify(&snap);
-        let alive: Vec<String> = tainted
-            .keys()
-            .filter_map(|pid| snap.procs.get(pid))
-            .filter(|p| p.alive())
-            .map(|p| format!("{} ({}, uid {})", p.pid, p.comm, p.uid()))
-            .collect();
-        if !alive.is_empty() {
-            return Err(Fail(
-                code::LIVE,
-                "live-probe",
-                format!("{} sandbox process(es) alive now: {}", alive.len(), alive.join(", ")),
-            ));
-        }
+    Ok(())
+}
+
+/// The last look before the verifier starts: no sandbox process alive now.
+fn live_probe(
+    args: &VerifyArgs,
+    dir: Option<&StateDir>,
+    expected_uids: &[u32],
+    claims: &Claims,
+) -> Result<(), Fail> {
+    let mut uids = claims.sandbox_uids.clone();
+    uids.extend_from_slice(expected_uids);
+    let snap = Reader::default()
+        .snapshot(Detail::Light)
+        .map_err(|e| Fail(code::LIVE, "live-probe", format!("live probe failed: {e}")))?;
+    // The init says whether a loginuid marks a sandbox launch here; without its word, it does.
+    let published = match dir {
+        Some(d) => crate::state::published::published_in(d).ok().flatten(),
+        None => crate::state::published::published(&args.state.state_dir),
+    };
+    let lineage = published.is_none_or(|p| p.lineage);
+    let tainted = Policy::new(uids, lineage).classify(&snap);
+    let alive: Vec<String> = tainted
+        .keys()
+        .filter_map(|pid| snap.procs.get(pid))
+        .filter(|p| p.alive())
+        .map(|p| format!("{} ({}, uid {})", p.pid, p.comm, p.uid()))
+        .collect();
+    if !alive.is_empty() {
+        return Err(Fail(
+            code::LIVE,
+            "live-probe",
+            format!("{} sandbox process(es) alive now: {}", alive.len(), alive.join(", ")),
+        ));
     }
-    Ok((claims, attested))
+    Ok(())
 }
 
 pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {

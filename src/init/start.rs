@@ -126,7 +126,8 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
     true
 }
 
-fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
+/// What a freeze needs of the host: root, the capabilities it signals and reads with, and /proc.
+fn can_freeze_here() -> Result<(), String> {
     if creds::geteuid() != 0 {
         return Err(format!(
             "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
@@ -141,6 +142,37 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
              it: mount proc at /proc (container engines do; with unshare use --mount-proc)"
             .into());
     }
+    Ok(())
+}
+
+fn publish_locator(state: &state::dir::StateDir, me: process::Pid, start_time: u64) -> Result<(), String> {
+    // `quiesce exec` finds this init's state dir here when it is not told it: a launch it cannot
+    // record must not run unrecorded beside an init it missed. Written before sandbox.json:
+    // whoever waits for that to start the agent finds this too.
+    let located = state::locator::publish(&state::locator::Locator {
+        // Absolute: the client runs from its own working directory.
+        state_dir: std::fs::canonicalize(&state.path).unwrap_or_else(|_| state.path.clone()),
+        pid: me,
+        start_time,
+    });
+    match located {
+        Ok(()) => Ok(()),
+        Err(e) if state.path == std::path::Path::new(state::dir::DEFAULT_DIR) => {
+            log::warn!("{e}: quiesce exec finds this init at the default state dir only");
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "{e}: quiesce exec would not find this init's state dir {}; make {} writable (a tmpfs on /run) \
+                 or use the default state dir {}",
+            state.path.display(),
+            state::locator::LOCATOR_DIR,
+            state::dir::DEFAULT_DIR
+        )),
+    }
+}
+
+fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
+    can_freeze_here()?;
     let freeze_signal = cli::args::freeze_signal(&a.freeze_signal)?;
     let attest = init::attesting::Setup {
         paths: a.attest.paths.clone(),
@@ -184,30 +216,7 @@ fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::S
         .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
     let published =
         state::published::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
-    // `quiesce exec` finds this init's state dir here when it is not told it: a launch it cannot
-    // record must not run unrecorded beside an init it missed. Written before sandbox.json:
-    // whoever waits for that to start the agent finds this too.
-    let located = state::locator::publish(&state::locator::Locator {
-        // Absolute: the client runs from its own working directory.
-        state_dir: std::fs::canonicalize(&state.path).unwrap_or_else(|_| state.path.clone()),
-        pid: me,
-        start_time,
-    });
-    match located {
-        Ok(()) => {}
-        Err(e) if state.path == std::path::Path::new(state::dir::DEFAULT_DIR) => {
-            log::warn!("{e}: quiesce exec finds this init at the default state dir only")
-        }
-        Err(e) => {
-            return Err(format!(
-            "{e}: quiesce exec would not find this init's state dir {}; make {} writable (a tmpfs on /run) \
-                 or use the default state dir {}",
-            state.path.display(),
-            state::locator::LOCATOR_DIR,
-            state::dir::DEFAULT_DIR
-        ))
-        }
-    }
+    publish_locator(&state, me, start_time)?;
     write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", signal::signal_name(freeze_signal));
     let no_new_privs =

@@ -71,11 +71,15 @@ pub fn read_file_at(dir: &OwnedFd, name: &std::ffi::CStr, buf: &mut Vec<u8>, max
 
 /// Open the directory `name` in `dir` for listing. A link there is refused (ELOOP), and so is
 /// anything but a directory (ENOTDIR): what is listed is the entry itself, never where it points.
-/// The name as listed (`list_dir`); `open_subdir_at` is the same open for a C-string name.
+/// The name as listed (`list_dir`); `open_subdir_at` is the same open (the same flags) for a
+/// C-string name. This one goes through `openat` and shares its conversion to a C string rather
+/// than keep a second copy of it in the binary.
 pub fn open_dir_at(dir: &OwnedFd, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = CString::new(name.as_bytes()).map_err(|_| io::Error::other("path with NUL"))?;
-    open_subdir_at(dir, &c)
+    openat(
+        Some(dir.as_raw_fd()),
+        std::path::Path::new(name),
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+    )
 }
 
 /// The names in an open directory (without `.` and `..`), at most `limit` of them; the flag says

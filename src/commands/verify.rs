@@ -61,8 +61,53 @@ fn check_attestation(
     key: &VerifyingKey,
     claims: &Claims,
 ) -> Result<Option<usize>, Fail> {
-    use crate::attest::{name, recheck, statement};
-    let fail = |m: String| Fail(code::ATTESTATION, "attestation", m);
+    use crate::attest::{name, recheck};
+    let Some((text, shown)) = read_attestation(args, dir, claims)? else {
+        return Ok(None);
+    };
+    let body = crate::attest::dsse::open(&text, key)
+        .map_err(|e| attestation_fail(format!("attestation {} {e}", shown.display())))?;
+    let st = statement_of(&body, &shown, claims)?;
+    check_coverage(args, claims, &st)?;
+    let ignore: Vec<String> = args.attest_ignore.iter().map(|p| name::encode(plain(p).as_bytes())).collect();
+    // The walk keeps its time bound between entries only: one read can wait in the kernel for
+    // good (a FUSE mount that never answers), past every signal. The re-check runs in a process
+    // of its own, and verify gives up on it at the bound and leaves it there.
+    let limit = Duration::from_secs(st.predicate.bounds.seconds.saturating_add(RECHECK_SLACK_S));
+    let job = recheck::Recheck { ignore, threads: crate::kernel::process::cpus().clamp(1, 2) };
+    let job = recheck::job(&job, &body).map_err(attestation_fail)?;
+    drop(body);
+    match run_recheck(job, limit) {
+        Ok(recheck::Verdict::Same(n)) => Ok(Some(n)),
+        Ok(recheck::Verdict::Differs(d)) => {
+            Err(attestation_fail(format!("the tree is not the one attested: {d}")))
+        }
+        Err(e) => Err(attestation_fail(e)),
+    }
+}
+
+fn attestation_fail(m: String) -> Fail {
+    Fail(code::ATTESTATION, "attestation", m)
+}
+
+/// A path as the attestation names it: no trailing slash, the root as "/".
+fn plain(p: &str) -> String {
+    let t = p.trim_end_matches('/');
+    if t.is_empty() {
+        "/".to_string()
+    } else {
+        t.to_string()
+    }
+}
+
+/// The attestation's bytes and where they were read; None when there is none and none is
+/// wanted. One the init is still writing is waited for, until the marker is --max-age old.
+fn read_attestation(
+    args: &VerifyArgs,
+    dir: Option<&StateDir>,
+    claims: &Claims,
+) -> Result<Option<(Vec<u8>, PathBuf)>, Fail> {
+    let fail = attestation_fail;
     // The marker's claim counts as --attest for its paths: it was signed before the attestation
     // ran, so a missing envelope (removed, or never written) is a refusal, not a pass.
     let none_wanted = args.attest.is_empty() && claims.attest.is_empty();
@@ -77,7 +122,6 @@ fn check_attestation(
                 .into(),
         )),
     };
-    // An attestation still running is waited for, until the marker is --max-age old.
     let until = Instant::now()
         + Duration::from_secs(claims.iat.saturating_add(args.max_age).saturating_sub(now_unix()));
     let text = loop {
@@ -120,9 +164,14 @@ fn check_attestation(
             Err(e) => return Err(fail(e.to_string())),
         }
     };
-    let body = crate::attest::dsse::open(&text, key)
-        .map_err(|e| fail(format!("attestation {} {e}", shown.display())))?;
-    let st: statement::Head = serde_json::from_slice(&body)
+    Ok(Some((text, shown)))
+}
+
+/// The statement's head, once it is a quiesce statement of the marker's freeze.
+fn statement_of(body: &[u8], shown: &Path, claims: &Claims) -> Result<crate::attest::statement::Head, Fail> {
+    use crate::attest::statement;
+    let fail = attestation_fail;
+    let st: statement::Head = serde_json::from_slice(body)
         .map_err(|e| fail(format!("attestation {} is not a quiesce statement: {e}", shown.display())))?;
     if st.kind != statement::STATEMENT_TYPE || st.predicate_type != statement::PREDICATE_TYPE {
         return Err(fail(format!(
@@ -140,14 +189,17 @@ fn check_attestation(
             st.predicate.freeze.jti, claims.jti
         )));
     }
-    let plain = |p: &str| {
-        let t = p.trim_end_matches('/');
-        if t.is_empty() {
-            "/".to_string()
-        } else {
-            t.to_string()
-        }
-    };
+    Ok(st)
+}
+
+/// Every path --attest or the marker names is under one the attestation covers.
+fn check_coverage(
+    args: &VerifyArgs,
+    claims: &Claims,
+    st: &crate::attest::statement::Head,
+) -> Result<(), Fail> {
+    use crate::attest::name;
+    let fail = attestation_fail;
     for want in args.attest.iter().chain(&claims.attest) {
         let w = name::encode(plain(want).as_bytes());
         let covered = st.predicate.paths.iter().any(|p| {
@@ -161,19 +213,7 @@ fn check_attestation(
             )));
         }
     }
-    let ignore: Vec<String> = args.attest_ignore.iter().map(|p| name::encode(plain(p).as_bytes())).collect();
-    // The walk keeps its time bound between entries only: one read can wait in the kernel for
-    // good (a FUSE mount that never answers), past every signal. The re-check runs in a process
-    // of its own, and verify gives up on it at the bound and leaves it there.
-    let limit = Duration::from_secs(st.predicate.bounds.seconds.saturating_add(RECHECK_SLACK_S));
-    let job = recheck::Recheck { ignore, threads: crate::kernel::process::cpus().clamp(1, 2) };
-    let job = recheck::job(&job, &body).map_err(fail)?;
-    drop(body);
-    match run_recheck(job, limit) {
-        Ok(recheck::Verdict::Same(n)) => Ok(Some(n)),
-        Ok(recheck::Verdict::Differs(d)) => Err(fail(format!("the tree is not the one attested: {d}"))),
-        Err(e) => Err(fail(e)),
-    }
+    Ok(())
 }
 
 /// Start the re-check process, hand it its job and wait for its verdict within `limit`.

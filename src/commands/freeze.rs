@@ -117,103 +117,105 @@ fn json_with_marker(dir: &StateDir, st: &Status) -> String {
 }
 
 pub fn freeze(args: FreezeArgs) -> i32 {
-    // The client is root and alive for exactly the length of every freeze: a root escapee must
-    // not be able to ptrace it into forking a process the freeze cannot tell from the client's.
-    if let Err(e) = process::set_not_dumpable() {
-        eprintln!("quiesce freeze: cannot mark this process non-dumpable: {e}");
-        return 2;
-    }
-    let sig = match crate::cli::args::freeze_signal(&args.freeze_signal) {
-        Ok(s) => s,
+    let asked = match ask(&args) {
+        Ok(a) => a,
         Err(e) => {
             eprintln!("quiesce freeze: {e}");
             return 2;
         }
     };
-    let dir = match StateDir::open(&args.state.state_dir) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
-    let limit = match crate::cli::args::seconds("--timeout", args.timeout) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
-    let results = match dir.sub(requests::RESULTS) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
-    // Without its start time the client is not the init's own during the freeze: a freeze with
-    // lineage off may then fail naming it, never pass another process for it.
-    let me = Reader::default().start_time(process::getpid()).ok().flatten();
-    let request_id = match requests::submit(&dir, args.nonce.clone(), me, args.attest.clone()) {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("quiesce freeze: {e}");
-            return 2;
-        }
-    };
-    if let Err(e) = signal_until_taken(&dir, &request_id, sig, limit) {
-        eprintln!("quiesce freeze: {e}");
-        return 2;
-    }
     if !args.wait {
         if !args.json {
-            eprintln!("quiesce freeze: requested ({request_id})");
+            eprintln!("quiesce freeze: requested ({})", asked.request_id);
         }
         return 0;
     }
-    let until = Instant::now() + limit;
+    match wait_for_result(&asked) {
+        Ok(Some(st)) => {
+            if args.json {
+                println!("{}", json_with_marker(&asked.dir, &st));
+            } else {
+                println!("{}", status_line(&st));
+            }
+            if st.state == FreezeState::Quiescent {
+                0
+            } else {
+                1
+            }
+        }
+        Ok(None) => {
+            eprintln!(
+                "quiesce freeze: no final status within {:?}: is quiesce running here with a --sandbox-user?",
+                asked.limit
+            );
+            2
+        }
+        Err(e) => {
+            eprintln!("quiesce freeze: {e}");
+            2
+        }
+    }
+}
+
+/// A freeze request the init has taken.
+struct Asked {
+    dir: StateDir,
+    results: StateDir,
+    request_id: String,
+    limit: Duration,
+}
+
+/// Submit the request and signal the init until it takes it.
+fn ask(args: &FreezeArgs) -> Result<Asked, String> {
+    // The client is root and alive for exactly the length of every freeze: a root escapee must
+    // not be able to ptrace it into forking a process the freeze cannot tell from the client's.
+    process::set_not_dumpable().map_err(|e| format!("cannot mark this process non-dumpable: {e}"))?;
+    let sig = crate::cli::args::freeze_signal(&args.freeze_signal)?;
+    let dir = StateDir::open(&args.state.state_dir)?;
+    let limit = crate::cli::args::seconds("--timeout", args.timeout)?;
+    let results = dir.sub(requests::RESULTS)?;
+    // Without its start time the client is not the init's own during the freeze: a freeze with
+    // lineage off may then fail naming it, never pass another process for it.
+    let me = Reader::default().start_time(process::getpid()).ok().flatten();
+    let request_id = requests::submit(&dir, args.nonce.clone(), me, args.attest.clone())?;
+    signal_until_taken(&dir, &request_id, sig, limit)?;
+    Ok(Asked { dir, results, request_id, limit })
+}
+
+/// The request's final status, within its --timeout; None when none came.
+fn wait_for_result(asked: &Asked) -> Result<Option<Status>, String> {
+    let until = Instant::now() + asked.limit;
     while Instant::now() < until {
-        match requests::read_result(&results, &request_id) {
+        match requests::read_result(&asked.results, &asked.request_id)? {
             // The init answers again when the attestation ends; its result is waited for within
             // the same bound, and never changes this command's exit status.
-            Ok(Some(st))
+            Some(st)
                 if st.attestation.as_ref().is_some_and(|a| a.state == AttestationState::Running)
                     && Instant::now() + Duration::from_millis(10) < until => {}
-            Ok(Some(st)) => {
-                if args.json {
-                    println!("{}", json_with_marker(&dir, &st));
-                } else {
-                    println!(
-                        "{} {} (freeze {}, {} killed, {} ms){}{}",
-                        st.state,
-                        st.nonce.as_deref().unwrap_or("-"),
-                        st.id,
-                        st.killed,
-                        st.phases_ms.total,
-                        st.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default(),
-                        st.attestation
-                            .as_ref()
-                            .map(|a| format!(
-                                "; attestation {}{}",
-                                a.state,
-                                a.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
-                            ))
-                            .unwrap_or_default()
-                    );
-                }
-                return if st.state == FreezeState::Quiescent { 0 } else { 1 };
-            }
-            Ok(None) => {}
-            Err(e) => {
-                eprintln!("quiesce freeze: {e}");
-                return 2;
-            }
+            Some(st) => return Ok(Some(st)),
+            None => {}
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    eprintln!(
-        "quiesce freeze: no final status within {:?}: is quiesce running here with a --sandbox-user?",
-        limit
-    );
-    2
+    Ok(None)
+}
+
+fn status_line(st: &Status) -> String {
+    format!(
+        "{} {} (freeze {}, {} killed, {} ms){}{}",
+        st.state,
+        st.nonce.as_deref().unwrap_or("-"),
+        st.id,
+        st.killed,
+        st.phases_ms.total,
+        st.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default(),
+        st.attestation
+            .as_ref()
+            .map(|a| format!(
+                "; attestation {}{}",
+                a.state,
+                a.reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default()
+            ))
+            .unwrap_or_default()
+    )
 }

@@ -49,6 +49,17 @@ def _b64(s: object, what: str) -> bytes:
         raise AttestationInvalid("format", f"{what} is not base64") from None
 
 
+def _json_object(raw: bytes, check: str, subject: str, what: str) -> dict[str, Any]:
+    """`raw` as a JSON object, or the refusal under `check` ("<subject>not JSON", "not <what>")."""
+    try:
+        got = json.loads(raw)
+    except ValueError as e:
+        raise AttestationInvalid(check, f"{subject}not JSON: {e}") from None
+    if not isinstance(got, dict):
+        raise AttestationInvalid(check, f"{subject}not {what} (a JSON object)")
+    return got
+
+
 def verify_attestation(
     envelope: str | bytes,
     public_key_pem: str | bytes,
@@ -68,12 +79,7 @@ def verify_attestation(
     raw = envelope.encode() if isinstance(envelope, str) else envelope
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise AttestationInvalid("format", f"{len(raw)} bytes, more than any attestation")
-    try:
-        env = json.loads(raw)
-    except ValueError as e:
-        raise AttestationInvalid("format", f"not JSON: {e}") from None
-    if not isinstance(env, dict):
-        raise AttestationInvalid("format", "not a DSSE envelope (a JSON object)")
+    env = _json_object(raw, "format", "", "a DSSE envelope")
     if env.get("payloadType") != PAYLOAD_TYPE:
         raise AttestationInvalid(
             "format", f"payloadType is {env.get('payloadType')!r}, not {PAYLOAD_TYPE}"
@@ -98,12 +104,7 @@ def verify_attestation(
         raise AttestationInvalid(
             "signature", "the signature does not verify with this key"
         ) from None
-    try:
-        st = json.loads(body)
-    except ValueError as e:
-        raise AttestationInvalid("statement", f"the payload is not JSON: {e}") from None
-    if not isinstance(st, dict):
-        raise AttestationInvalid("statement", "the payload is not a statement (a JSON object)")
+    st = _json_object(body, "statement", "the payload is ", "a statement")
     if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
         raise AttestationInvalid(
             "statement", f"a {st.get('_type')!r} of {st.get('predicateType')!r}, not quiesce's"

@@ -69,28 +69,25 @@ def _freeze(a: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str) -> bytes:
-    return Path(path).read_bytes()
+class _Usage(Exception):
+    """A command line that names neither a file nor a container to read it from."""
+
+
+def _kept_or_read(c: Container | None, path: str | None, name: str, option: str) -> bytes:
+    """The file the harness kept (`path`), else the copy `name` in the container's state dir."""
+    if path:
+        return Path(path).read_bytes()
+    if c is None:
+        raise _Usage(f"give {option} FILE or a container")
+    return c.read_file(f"{c.state_dir}/{name}")
 
 
 def _verify(a: argparse.Namespace) -> int:
     c = _target(a)
     try:
-        if a.marker:
-            jws = _read(a.marker)
-        elif c is not None:
-            jws = c.read_file(f"{c.state_dir}/quiescence.jws")
-        else:
-            print("quiesce_harness: give --marker FILE or a container", file=sys.stderr)
-            return 2
-        if a.public_key:
-            pem = _read(a.public_key)
-        elif c is not None:
-            # Root in the container could replace this copy: prefer a key kept outside.
-            pem = c.read_file(f"{c.state_dir}/signing.pub")
-        else:
-            print("quiesce_harness: give --public-key FILE or a container", file=sys.stderr)
-            return 2
+        jws = _kept_or_read(c, a.marker, "quiescence.jws", "--marker")
+        # Root in the container could replace its copy of the key: prefer one kept outside.
+        pem = _kept_or_read(c, a.public_key, "signing.pub", "--public-key")
         claims = verify_marker(
             jws,
             pem,
@@ -99,6 +96,9 @@ def _verify(a: argparse.Namespace) -> int:
             container=c if (c is not None and not a.no_container_check) else None,
             accept_privilege_escalation=a.accept_privilege_escalation,
         )
+    except _Usage as e:
+        print(f"quiesce_harness: {e}", file=sys.stderr)
+        return 2
     except MarkerInvalid as e:
         print(json.dumps({"valid": False, "check": e.check, "reason": e.reason}))
         print(f"quiesce_harness: {e}", file=sys.stderr)

@@ -8,6 +8,7 @@ run_verifier(box, ["./run-tests.sh"], nonce=result.nonce)
 """
 
 from .attestation import verify_attestation
+from .binary import binary_path
 from .container import Container, ExecResult
 from .errors import AttestationInvalid, FreezeFailed, MarkerInvalid, QuiesceError, Unreachable
 from .freeze import freeze
@@ -26,6 +27,7 @@ __all__ = [
     "QuiesceError",
     "Survivor",
     "Unreachable",
+    "binary_path",
     "freeze",
     "key_id",
     "run_verifier",

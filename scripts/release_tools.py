@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The parts of `scripts/release` that write or check bytes: the static-binary check, the
-CycloneDX SBOM, the licence file, the OCI image archive. Standard library only.
+CycloneDX SBOM, the licence file, the OCI image archive, the Python wheel. Standard library only.
 
 Every output is a function of its inputs and SOURCE_DATE_EPOCH alone: no clock, no build path,
 no user or host name, sorted where an order could vary, so two runs from two clones agree."""
 
 from __future__ import annotations
 
+import ast
+import base64
 import hashlib
 import io
 import json
@@ -16,10 +18,14 @@ import struct
 import subprocess
 import sys
 import tarfile
+import time
+import tomllib
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 # Debian and OCI names of the Rust targets' architectures, and the ELF machine of each.
 ARCH = {
@@ -29,7 +35,7 @@ ARCH = {
 LICENCE_FILE = re.compile(r"^(LICEN[CS]E|COPYING|COPYRIGHT|NOTICE|UNLICENSE)([-_.].*)?$", re.IGNORECASE)
 
 
-def fail(msg: str) -> None:
+def fail(msg: str) -> NoReturn:
     print(f"scripts/release: {msg}", file=sys.stderr)
     sys.exit(1)
 
@@ -320,6 +326,160 @@ def oci(binary: Path, target: str, version: str, commit: str, source: str, out: 
     ], t))
 
 
+# --- the Python wheel ----------------------------------------------------------------------
+
+WHEEL_TAG = "py3-none-any"
+# One deflate level for every entry: the bytes depend on it (and on zlib, as for every zip).
+WHEEL_LEVEL = 9
+
+
+def cargo_version(root_dir: Path) -> str:
+    m = re.search(r'^version = "([^"]+)"$', (root_dir / "Cargo.toml").read_text(), re.MULTILINE)
+    if m is None:
+        fail(f"{root_dir / 'Cargo.toml'}: no version line")
+    return m.group(1)
+
+
+def kit_version(init_py: Path) -> str:
+    """`__version__` of the kit, read from its source (importing it would need its dependencies)."""
+    for node in ast.parse(init_py.read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["__version__"]:
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                return node.value.value
+    fail(f"{init_py}: no __version__ = \"...\" line")
+
+
+def wheel_version(root_dir: Path) -> str:
+    """Cargo.toml's version, which the kit's __version__ (and a static pyproject version) must be."""
+    version = cargo_version(root_dir)
+    kit = kit_version(root_dir / "python/src/quiesce_harness/__init__.py")
+    if kit != version:
+        fail(f"quiesce_harness.__version__ is {kit} and Cargo.toml's version {version}: "
+             "set python/src/quiesce_harness/__init__.py's to the release's")
+    project = tomllib.loads((root_dir / "python/pyproject.toml").read_text())["project"]
+    if project.get("version", version) != version:
+        fail(f"python/pyproject.toml's version is {project['version']}, not Cargo.toml's {version}: "
+             "leave it dynamic (from __version__)")
+    return version
+
+
+def tracked_files(root_dir: Path, sub: str) -> list[str]:
+    """Files under `sub` that git tracks (never __pycache__ or anything else left in the tree)."""
+    out = subprocess.run(["git", "-C", str(root_dir), "ls-files", "-z", "--", sub],
+                         check=True, capture_output=True).stdout
+    return sorted(f for f in out.decode().split("\0") if f and "__pycache__" not in f.split("/"))
+
+
+def metadata(project: dict[str, object], version: str, readme: str, licence_files: list[str]) -> str:
+    """Core metadata 2.4 (PEP 639: License-Expression, License-File under .dist-info/licenses)."""
+    lines = [
+        "Metadata-Version: 2.4",
+        f"Name: {project['name']}",
+        f"Version: {version}",
+        f"Summary: {project['description']}",
+        f"License-Expression: {project['license']}",
+        *(f"License-File: {f}" for f in licence_files),
+        f"Requires-Python: {project['requires-python']}",
+    ]
+    deps = project.get("dependencies", [])
+    assert isinstance(deps, list)
+    lines += [f"Requires-Dist: {d}" for d in deps]
+    extras = project.get("optional-dependencies", {})
+    assert isinstance(extras, dict)
+    for extra in sorted(extras):
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in extras[extra]]
+    lines.append("Description-Content-Type: text/markdown")
+    return "\n".join(lines) + "\n\n" + readme
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def zip_entry(name: str, mode: int, t: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=time.gmtime(max(t, 315532800))[:6])
+    info.create_system = 3  # Unix: installers read the mode from the high half of external_attr
+    info.external_attr = (0o100000 | mode) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def wheel(root_dir: Path, binaries: list[tuple[str, Path]], licences_txt: Path, out_dir: Path) -> Path:
+    """The one pure wheel: the kit (python/src/quiesce_harness, as git tracks it), both static
+    binaries as package data (quiesce_harness/bin/quiesce-TARGET, mode 755), and the .dist-info
+    (METADATA, WHEEL, entry_points.txt, licences, RECORD last). Entries sorted, the dist-info's
+    after the package's (installers read it from the end); times SOURCE_DATE_EPOCH; modes 644
+    and 755; deflate at one level."""
+    t = epoch()
+    pyproject = tomllib.loads((root_dir / "python/pyproject.toml").read_text())
+    project = pyproject["project"]
+    name = project["name"]
+    version = wheel_version(root_dir)
+    readme = (root_dir / "python" / project["readme"]).read_text()
+    files: list[tuple[str, bytes, int]] = []
+    for f in tracked_files(root_dir, "python/src/quiesce_harness"):
+        files.append((f.removeprefix("python/src/"), (root_dir / f).read_bytes(), 0o644))
+    for target, path in binaries:
+        files.append((f"quiesce_harness/bin/quiesce-{target}", path.read_bytes(), 0o755))
+    files.sort()
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    licence_files = ["LICENSE-MIT", "LICENSE-APACHE", "LICENSES.txt"]
+    sources = [root_dir / "LICENSE-MIT", root_dir / "LICENSE-APACHE", licences_txt]
+    scripts = project.get("scripts", {})
+    meta = [
+        (f"{info}/METADATA", metadata(project, version, readme, licence_files).encode()),
+        (f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: quiesce scripts/release_tools.py\n"
+                          f"Root-Is-Purelib: true\nTag: {WHEEL_TAG}\n\n".encode()),
+        (f"{info}/entry_points.txt", ("[console_scripts]\n" + "".join(
+            f"{k} = {scripts[k]}\n" for k in sorted(scripts)) + "\n").encode()),
+        *((f"{info}/licenses/{n}", p.read_bytes()) for n, p in zip(licence_files, sources)),
+    ]
+    entries = files + sorted((n, d, 0o644) for n, d in meta)
+    record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d, _ in entries) + f"{info}/RECORD,,\n"
+    entries.append((f"{info}/RECORD", record.encode(), 0o644))
+    out = out_dir / f"{name.replace('-', '_')}-{version}-{WHEEL_TAG}.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for n, d, mode in entries:
+            z.writestr(zip_entry(n, mode, t), d, compresslevel=WHEEL_LEVEL)
+    return out
+
+
+def check_wheel(whl: Path, dist: Path, version: str, root_dir: Path) -> None:
+    """The wheel as an installer reads it: RECORD last and naming every entry with its digest and
+    size, the binaries 755 and byte for byte dist/'s, everything else 644, the kit exactly the
+    files git tracks."""
+    info = f"quiesce-{version}.dist-info"
+    with zipfile.ZipFile(whl) as z:
+        entries = z.infolist()
+        names = [e.filename for e in entries]
+        if not names or names[-1] != f"{info}/RECORD":
+            fail(f"{whl}: its last entry is not {info}/RECORD")
+        record: dict[str, str] = {}
+        for line in z.read(f"{info}/RECORD").decode().splitlines():
+            path, digest, size = line.rsplit(",", 2)
+            record[path] = f"{digest},{size}"
+        if sorted(record) != sorted(names) or len(set(names)) != len(names):
+            fail(f"{whl}: RECORD and the entries differ: {sorted(set(record) ^ set(names))}")
+        for e in entries:
+            data = z.read(e)
+            if e.filename != f"{info}/RECORD" and record[e.filename] != f"{record_hash(data)},{len(data)}":
+                fail(f"{whl}: {e.filename} is not what RECORD says")
+            want = 0o755 if e.filename.startswith("quiesce_harness/bin/") else 0o644
+            if e.create_system != 3 or e.external_attr >> 16 != 0o100000 | want:
+                fail(f"{whl}: {e.filename} has mode {e.external_attr >> 16:o}, not {0o100000 | want:o}")
+        for target in ARCH:
+            if z.read(f"quiesce_harness/bin/quiesce-{target}") != (dist / f"quiesce-{version}-{target}").read_bytes():
+                fail(f"{whl}: quiesce_harness/bin/quiesce-{target} is not dist/'s quiesce-{version}-{target}")
+        meta = z.read(f"{info}/METADATA").decode()
+        if f"\nName: quiesce\nVersion: {version}\n" not in meta:
+            fail(f"{whl}: METADATA does not name quiesce {version}")
+    kit = {n for n in names if n.startswith("quiesce_harness/") and not n.startswith("quiesce_harness/bin/")}
+    tracked = {f.removeprefix("python/src/") for f in tracked_files(root_dir, "python/src/quiesce_harness")}
+    if kit != tracked:
+        fail(f"{whl}: the kit's files are not the ones git tracks: {sorted(kit ^ tracked)}")
+
+
 def main(argv: list[str]) -> None:
     cmd, args = argv[0], argv[1:]
     if cmd == "check-static":
@@ -334,6 +494,17 @@ def main(argv: list[str]) -> None:
     elif cmd == "oci":
         binary, target, version, commit, source, out = args
         oci(Path(binary), target, version, commit, source, Path(out))
+    elif cmd == "check-versions":
+        # Before any build: the wheel's kit must carry the release's version.
+        wheel_version(Path(args[0]))
+    elif cmd == "wheel":
+        # wheel ROOT LICENCES_TXT OUT_DIR TARGET=BINARY...
+        root_dir, licences_txt, out_dir, *pairs = args
+        bins = [(p.split("=", 1)[0], Path(p.split("=", 1)[1])) for p in pairs]
+        print(wheel(Path(root_dir), bins, Path(licences_txt), Path(out_dir)))
+    elif cmd == "check-wheel":
+        whl, dist, version, root_dir = args
+        check_wheel(Path(whl), Path(dist), version, Path(root_dir))
     elif cmd == "deb-arch":
         print(ARCH[args[0]]["deb"])
     else:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 
 import pytest
 
 import quiesce_harness
 from quiesce_harness import binary
+
+from support import REPO
 
 X86 = "quiesce-x86_64-unknown-linux-musl"
 ARM = "quiesce-aarch64-unknown-linux-musl"
@@ -76,3 +79,11 @@ def test_a_bin_dir_with_one_binary_serves_only_that_one(
     assert quiesce_harness.binary_path("amd64") == tmp_path / X86
     with pytest.raises(FileNotFoundError, match=ARM):
         quiesce_harness.binary_path("aarch64")
+
+
+def test_the_kit_carries_the_release_version() -> None:
+    # scripts/release refuses to build a wheel whose kit says another version than the binary.
+    cargo = (REPO / "Cargo.toml").read_text()
+    m = re.search(r'^version = "([^"]+)"$', cargo, re.MULTILINE)
+    assert m is not None, "Cargo.toml has no version line"
+    assert quiesce_harness.__version__ == m.group(1)

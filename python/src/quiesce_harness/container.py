@@ -2,24 +2,31 @@
 
 Docker and Compose containers are reached through the Docker SDK (Compose's containers are
 Docker containers carrying the project and service labels); Podman and Kubernetes through their
-command-line clients. An exec that the engine could not start (the sandbox holds the pids limit)
-is reported as `started=False`, so that freeze() can fall back to the engine's signal.
+command-line clients; any other sandbox through the caller's own exec function
+(`Container.from_exec`). An exec that the engine could not start (the sandbox holds the pids
+limit) is reported as `started=False`, so that freeze() can fall back to the engine's signal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import Unreachable
+from .provider import SandboxExec, SandboxKill, SandboxUpload, settle
 
 if TYPE_CHECKING:
     import docker as docker_sdk
 
-Engine = Literal["docker", "podman", "compose", "kubectl"]
+Engine = Literal["docker", "podman", "compose", "kubectl", "exec"]
+# The state dir the init and its clients use when given none; a Container with another one
+# names it to the client (`--state-dir`), which then needs no locator to find it.
+DEFAULT_STATE_DIR = "/run/quiesce"
 
 # What engines print when the runtime could not start the exec'd process at all (fork failed
 # under the container's pids limit, or the runtime's own init could not be cloned into it).
@@ -72,11 +79,14 @@ def _classify(rc: int, out: bytes, err: bytes) -> ExecResult:
 
 @dataclass(frozen=True)
 class Container:
-    """The container whose init is quiesce. Make one with Container.docker/podman/compose/kubectl.
+    """The container whose init (or sidecar) is quiesce. Make one with
+    Container.docker/podman/compose/kubectl, or Container.from_exec for any other sandbox.
 
     `binary` is quiesce's path inside the container: `quiesce` when it is in the image,
     `/sbin/docker-init` (Docker) or `/run/podman-init` (Podman) when the engine injects it.
-    `freeze_signal` must be the init's `--freeze-signal` (USR1 unless changed).
+    `freeze_signal` must be the init's `--freeze-signal` (USR1 unless changed). `sidecar_pid`
+    is the pid, in the container, of a quiesce sidecar (start_sidecar sets it): PID 1 is then
+    someone else's process, and signal() reaches the sidecar instead.
     """
 
     engine: Engine
@@ -89,7 +99,12 @@ class Container:
     project: str | None = None
     files: tuple[str, ...] = ()
     cli: str = ""
+    sidecar_pid: int | None = None
     _client: Any = field(default=None, repr=False, compare=False)
+    _exec_fn: SandboxExec | None = field(default=None, repr=False, compare=False)
+    _upload_fn: SandboxUpload | None = field(default=None, repr=False, compare=False)
+    _kill_fn: SandboxKill | None = field(default=None, repr=False, compare=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False, compare=False)
 
     # --- constructors -------------------------------------------------------------------------
 
@@ -177,6 +192,55 @@ class Container:
             cli=kubectl,
         )
 
+    @classmethod
+    def from_exec(
+        cls,
+        exec_fn: SandboxExec,
+        upload_fn: SandboxUpload | None = None,
+        kill_fn: SandboxKill | None = None,
+        *,
+        name: str = "sandbox",
+        binary: str = "quiesce",
+        state_dir: str = DEFAULT_STATE_DIR,
+        freeze_signal: str = "USR1",
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Container:
+        """A sandbox the kit has no client for, reached through the caller's functions.
+
+        `exec_fn(argv, *, user=None, stdin=None)` runs argv in the sandbox (as `user`, else the
+        sandbox's default user; `stdin` bytes on its standard input) and returns
+        `(exit_code, stdout, stderr)`, or an awaitable of it. It may also take `env=` (a mapping
+        set over the sandbox's environment); run_verifier then sets what it sets on Docker.
+        `upload_fn(local_path, remote_path)` copies a file in; without it a file goes in through
+        an exec of `sh -c 'cat > PATH'` with the file on stdin. `kill_fn(signal_name)` (e.g.
+        "USR1") signals the sandbox's PID 1 from outside, where the provider can: the way in
+        when no exec can start. All three may be sync or async.
+
+        An awaitable runs to completion on `loop` when given (a loop running in another thread,
+        e.g. the harness's own, captured with asyncio.get_running_loop() when its coroutines
+        are bound to it; then call the kit's functions through asyncio.to_thread), else on a
+        private loop of the kit's in a thread of its own, the same loop for every call, whether
+        or not a loop runs in the calling thread. A call made from inside a running loop blocks
+        that loop until it returns: call the kit through asyncio.to_thread from async code.
+        Each call is bounded by the exec's timeout; a sync function runs in a worker thread so
+        that its budget holds too. An exception raised by any of them is Unreachable.
+
+        The engine's record (inspect()) does not exist here: identity() is read through execs
+        (cat and stat in the sandbox), and is_running() is assumed true until an exec says
+        otherwise.
+        """
+        return cls(
+            "exec",
+            name,
+            binary,
+            state_dir,
+            freeze_signal,
+            _exec_fn=exec_fn,
+            _upload_fn=upload_fn,
+            _kill_fn=kill_fn,
+            _loop=loop,
+        )
+
     # --- engine access ------------------------------------------------------------------------
 
     def _docker(self) -> docker_sdk.DockerClient:
@@ -232,10 +296,16 @@ class Container:
         return ids[0]
 
     def _cli_exec_argv(
-        self, argv: Sequence[str], user: str | None, env: Mapping[str, str] | None = None
+        self,
+        argv: Sequence[str],
+        user: str | None,
+        env: Mapping[str, str] | None = None,
+        *,
+        interactive: bool = False,
     ) -> list[str]:
         if self.engine == "podman":
-            opts = ["-u", user] if user else []
+            opts = ["-i"] if interactive else []
+            opts += ["-u", user] if user else []
             for k, v in (env or {}).items():
                 opts += ["-e", f"{k}={v}"]
             return [self.cli, "exec", *opts, self.name, *argv]
@@ -243,7 +313,7 @@ class Container:
             raise ValueError("kubectl exec cannot choose the user: run `quiesce exec --user`")
         if env:
             raise ValueError("kubectl exec cannot set the environment: the pod's own is read")
-        out = [self.cli, "exec"]
+        out = [self.cli, "exec", *(["-i"] if interactive else [])]
         if self.namespace:
             out += ["-n", self.namespace]
         out.append(self.name)
@@ -261,16 +331,39 @@ class Container:
     ) -> ExecResult:
         """Run argv in the container; Unreachable when the container is gone or stopped.
 
-        `env` is set in the exec's environment, over the container's (not with kubectl).
+        `env` is set in the exec's environment, over the container's (not with kubectl, nor
+        with a from_exec function that takes no `env`).
         """
+        return self._exec(argv, user, timeout, env, None)
+
+    def exec_with_stdin(
+        self, argv: Sequence[str], stdin: bytes, *, user: str | None = None, timeout: float = 60.0
+    ) -> ExecResult:
+        """exec() with `stdin` fed to the command: Podman, kubectl and from_exec sandboxes
+        (Docker's SDK exec takes none; its containers take files through upload())."""
+        return self._exec(argv, user, timeout, None, stdin)
+
+    def _exec(
+        self,
+        argv: Sequence[str],
+        user: str | None,
+        timeout: float,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
+        if self.engine == "exec":
+            return self._fn_exec(argv, user, timeout, env, stdin)
         if self.engine in ("docker", "compose"):
+            if stdin is not None:
+                raise ValueError("docker exec through the SDK takes no stdin: use upload()")
             return self._sdk_exec(argv, user, timeout, env)
         try:
             p = subprocess.run(
-                self._cli_exec_argv(argv, user, env),
+                self._cli_exec_argv(argv, user, env, interactive=stdin is not None),
                 capture_output=True,
                 timeout=timeout,
                 check=False,
+                input=stdin,
             )
         except FileNotFoundError:
             raise Unreachable(f"{self.cli}: not installed on this machine") from None
@@ -323,12 +416,134 @@ class Container:
             raise Unreachable(f"docker exec in {cid}: the engine did not answer: {e}") from None
         return _classify(126 if rc is None else int(rc), out or b"", err or b"")
 
+    def _fn_exec(
+        self,
+        argv: Sequence[str],
+        user: str | None,
+        timeout: float,
+        env: Mapping[str, str] | None,
+        stdin: bytes | None,
+    ) -> ExecResult:
+        fn = self._exec_fn
+        if fn is None:
+            raise ValueError("Container.from_exec needs an exec function")
+        kwargs: dict[str, Any] = {"user": user, "stdin": stdin}
+        if env:
+            if not _takes_env(fn):
+                raise ValueError(
+                    f"{self.name}: the exec function takes no env=: "
+                    "add an `env` keyword to it to set the environment"
+                )
+            kwargs["env"] = dict(env)
+        what = f"exec of {argv[0] if argv else '?'} in {self.name}"
+        got = settle(what, lambda: fn(list(argv), **kwargs), timeout, self._loop)
+        rc, out, err = _exec_triple(what, got)
+        return _classify(rc, out, err)
+
+    def upload(
+        self, local_path: str | os.PathLike[str], remote_path: str, *, timeout: float = 120.0
+    ) -> None:
+        """Copy a local file into the container at remote_path (created or replaced, as root).
+
+        Docker and Compose: the engine's archive API; Podman: `podman cp`; kubectl and a
+        from_exec sandbox without upload_fn: an exec of `sh -c 'cat > PATH'` with the file on
+        stdin (the image needs sh and cat); a from_exec sandbox's upload_fn otherwise.
+        Unreachable when the copy could not be made.
+        """
+        local = Path(local_path)
+        if self.engine == "exec" and self._upload_fn is not None:
+            up = self._upload_fn
+            settle(
+                f"upload of {local} to {self.name}:{remote_path}",
+                lambda: up(str(local), remote_path),
+                timeout,
+                self._loop,
+            )
+            return
+        if self.engine in ("docker", "compose"):
+            self._sdk_upload(local, remote_path)
+            return
+        if self.engine == "podman":
+            try:
+                p = subprocess.run(
+                    [self.cli, "cp", str(local), f"{self.name}:{remote_path}"],
+                    capture_output=True,
+                    timeout=timeout,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise Unreachable(f"podman cp {local} {self.name}:{remote_path}: {e}") from None
+            if p.returncode != 0:
+                err = p.stderr.decode(errors="replace").strip()
+                raise Unreachable(f"podman cp {local} {self.name}:{remote_path}: {err}")
+            return
+        try:
+            data = local.read_bytes()
+        except OSError as e:
+            raise Unreachable(f"cannot read {local} to copy it in: {e}") from None
+        r = self.exec_with_stdin(
+            ["sh", "-c", 'cat > "$1"', "sh", remote_path],
+            data,
+            user=self.root_user,
+            timeout=timeout,
+        )
+        if not r.started or r.returncode != 0:
+            raise Unreachable(
+                f"{self.name}: could not write {remote_path} through `sh -c 'cat > PATH'` "
+                f"({r.text or f'exit {r.returncode}'}); an image without sh and cat needs "
+                "upload_fn"
+            )
+
+    def _sdk_upload(self, local: Path, remote_path: str) -> None:
+        import io
+        import posixpath
+        import tarfile
+
+        import docker as docker_sdk
+        import requests
+
+        try:
+            data = local.read_bytes()
+            st = local.stat()
+        except OSError as e:
+            raise Unreachable(f"cannot read {local} to copy it in: {e}") from None
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(remote_path))
+            info.size = len(data)
+            info.mode = st.st_mode & 0o777
+            tar.addfile(info, io.BytesIO(data))
+        cid = self._docker_id()
+        try:
+            ok = self._docker().api.put_archive(cid, posixpath.dirname(remote_path), buf.getvalue())
+        except docker_sdk.errors.DockerException as e:
+            raise Unreachable(f"docker cp to {cid}:{remote_path}: {e}") from None
+        except (requests.exceptions.RequestException, OSError) as e:
+            raise Unreachable(f"docker cp to {cid}: the engine did not answer: {e}") from None
+        if not ok:
+            raise Unreachable(f"docker cp to {cid}:{remote_path}: the engine refused the archive")
+
     def signal(self, sig: str | None = None) -> None:
         """Send sig (default: the freeze signal) to the container's PID 1 through the engine.
 
-        Needs no process in the container, so it works where no exec can start.
+        Needs no process in the container, so it works where no exec can start. A from_exec
+        sandbox is signalled through its kill_fn; without one, through an exec of `kill -s SIG
+        1` (which, like every exec, cannot start where the sandbox holds the pids limit). Where
+        quiesce is a sidecar, PID 1 is not quiesce: the signal goes to the sidecar's pid
+        through an exec of `kill`, never to PID 1 (whose default action for USR1 may be to end
+        the container).
         """
         sig = sig or self.freeze_signal
+        if self.sidecar_pid is not None:
+            self._exec_kill(sig, self.sidecar_pid, "the sidecar")
+            return
+        if self.engine == "exec":
+            if self._kill_fn is not None:
+                kill = self._kill_fn
+                settle(f"kill -s {sig} of {self.name}'s PID 1", lambda: kill(sig), 60.0, self._loop)
+                return
+            self._exec_kill(sig, 1, "PID 1")
+            return
         if self.engine in ("docker", "compose"):
             import docker as docker_sdk
 
@@ -359,6 +574,19 @@ class Container:
                 f"podman kill -s {sig} {self.name}: {p.stderr.decode(errors='replace').strip()}"
             )
 
+    def _exec_kill(self, sig: str, pid: int, whom: str) -> None:
+        """`kill -s SIG PID` through an exec as root; Unreachable when it did not happen."""
+        r = self.exec(["kill", "-s", sig, str(pid)], user=self.root_user, timeout=60)
+        if not r.started:
+            raise Unreachable(
+                f"{self.name}: no exec can start to signal {whom} ({r.text}): the sandbox may "
+                "hold the pids limit; cap the sandbox user's processes (RLIMIT_NPROC) below it "
+                "so that root's execs still start"
+                + ("" if self.sidecar_pid is not None else ", or give from_exec a kill_fn")
+            )
+        if r.returncode != 0:
+            raise Unreachable(f"{self.name}: kill -s {sig} {pid} ({whom}): {r.text}")
+
     def inspect(self) -> dict[str, Any]:
         """The engine's record of the container (Docker, Compose, Podman)."""
         if self.engine in ("docker", "compose"):
@@ -383,18 +611,44 @@ class Container:
                 raise Unreachable(f"podman inspect {self.name}: {err}")
             data = json.loads(p.stdout)
             return dict(data[0])
+        if self.engine == "exec":
+            raise Unreachable(
+                f"{self.name}: a from_exec sandbox has no engine record; identity() is read "
+                "through execs"
+            )
         raise Unreachable("kubectl: the kit reads no pod record; use the exec path")
 
     def is_running(self) -> bool:
-        if self.engine == "kubectl":
+        """Whether the engine says the container runs (kubectl and from_exec: assumed true)."""
+        if self.engine in ("kubectl", "exec"):
             return True
         try:
             return bool(self.inspect().get("State", {}).get("Running"))
         except Unreachable:
             return False
 
+    @property
+    def root_user(self) -> str | None:
+        """The exec user that is root: "0", or None with kubectl (which cannot choose one; the
+        pod's own user is used, and quiesce refuses there if it is not root)."""
+        return None if self.engine == "kubectl" else "0"
+
+    @property
+    def sets_env(self) -> bool:
+        """Whether exec() can set the environment here (not kubectl, nor an exec function
+        without an `env` keyword)."""
+        if self.engine == "exec":
+            return self._exec_fn is not None and _takes_env(self._exec_fn)
+        return self.engine != "kubectl"
+
     def quiesce(self, *args: str) -> list[str]:
-        """The command line of a quiesce subcommand in this container."""
+        """The command line of a quiesce subcommand in this container.
+
+        A state dir other than the default is named to the subcommands that take one
+        (freeze, verify), so that they reach it without the init's locator.
+        """
+        if self.state_dir != DEFAULT_STATE_DIR and args and args[0] in ("freeze", "verify"):
+            return [self.binary, args[0], "--state-dir", self.state_dir, *args[1:]]
         return [self.binary, *args]
 
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
@@ -416,7 +670,7 @@ class Container:
         return host if host is not None else self._exec_identity()
 
     def _host_identity(self) -> dict[str, object] | None:
-        if self.engine == "kubectl":
+        if self.engine in ("kubectl", "exec"):
             return None
         try:
             info = self.inspect()
@@ -461,3 +715,37 @@ class Container:
 
 
 ExecFn = Callable[[Sequence[str]], ExecResult]
+
+
+def _takes_env(fn: Callable[..., object]) -> bool:
+    """Whether an exec function names an `env` keyword (the kit then passes the environment)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    p = params.get("env")
+    return p is not None and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+
+
+def _exec_triple(what: str, got: object) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) from what an exec function returned; str is taken as UTF-8."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        raise TypeError(
+            f"{what}: the exec function returned {type(got).__name__}; "
+            "return (exit_code, stdout_bytes, stderr_bytes)"
+        )
+    rc, out, err = got
+    if not isinstance(rc, int) or isinstance(rc, bool):
+        raise TypeError(f"{what}: the exec function's exit code is {rc!r}, not an int")
+    parts = []
+    for v, name in ((out, "stdout"), (err, "stderr")):
+        if isinstance(v, str):
+            v = v.encode()
+        if v is None:
+            v = b""
+        if not isinstance(v, (bytes, bytearray)):
+            raise TypeError(f"{what}: the exec function's {name} is {type(v).__name__}, not bytes")
+        parts.append(bytes(v))
+    return rc, parts[0], parts[1]

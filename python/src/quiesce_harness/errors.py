@@ -44,3 +44,18 @@ class MarkerInvalid(QuiesceError):
         self.check = check
         self.reason = reason
         super().__init__(f"marker refused ({check}): {reason}")
+
+
+class SidecarRefused(QuiesceError):
+    """`quiesce sidecar` refused to start; `line` is what it said (one line naming the fix)
+    and `returncode` its exit code (2 for its refusals)."""
+
+    def __init__(self, line: str, returncode: int) -> None:
+        self.line = line
+        self.returncode = returncode
+        super().__init__(f"quiesce sidecar refused to start (exit {returncode}): {line}")
+
+
+class InstallFailed(QuiesceError):
+    """quiesce could not be put into the sandbox, or not run from where it was put; the
+    message names the path and the fix."""

@@ -48,8 +48,9 @@ def run_verifier(
     ran without no-new-privileges: its `setuid` claim is true, or absent) is refused with
     code 18 unless `accept_privilege_escalation`, which passes --accept-privilege-escalation.
     Without it, the exec sets QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=0 on Docker, Compose and
-    Podman, so that the container's environment cannot accept it either (`kubectl exec` sets
-    no environment: there the pod's own is read).
+    Podman, and through a from_exec function that takes `env=`, so that the container's
+    environment cannot accept it either (`kubectl exec`, and an exec function without `env`,
+    set no environment: there the container's own is read).
     """
     argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
@@ -64,7 +65,7 @@ def run_verifier(
     env: dict[str, str] | None = None
     if accept_privilege_escalation:
         opts.append("--accept-privilege-escalation")
-    elif container.engine != "kubectl":
+    elif container.sets_env:
         env = {ACCEPT_ENV: "0"}
     full = container.quiesce("verify", *opts, "--", *argv)
     r = container.exec(full, timeout=timeout if timeout is not None else 3600.0, env=env)

@@ -1,0 +1,450 @@
+"""start_sidecar(): quiesce beside a container's own PID 1, put there and started by the kit.
+
+    from quiesce_harness import Container, freeze, run_verifier, start_sidecar, verify_marker
+
+    box = Container.from_exec(my_exec)          # or Container.docker(...), .podman(...), ...
+    sc = start_sidecar(box, "agent")            # before the agent starts
+    ...                                         # the agent works (launched through
+                                                #   `sc.binary exec --user agent -- ...`)
+    r = freeze(sc.container)                    # raises FreezeFailed / Unreachable
+    verify_marker(r.marker, sc.public_key, nonce=r.nonce, container=sc.container)
+    run_verifier(sc.container, ["./run-tests.sh"], nonce=r.nonce)
+
+`sc.container` is the container given, pointed at the sidecar: its binary path in the sandbox,
+its state dir and its pid. freeze(), run_verifier() and verify_marker() take it as they take
+any Container, so a harness that already calls them changes only which Container it passes.
+`sc.public_key` is the key the sidecar printed when it started, before the agent ran: check
+the marker against it, never against a `signing.pub` read back from the sandbox later.
+
+The binary goes to `install_path`, by default /run/quiesce-bin/quiesce: a directory of the
+kit's own (no file of the image is replaced), root's and 0755 (nothing in it is secret, and
+only root may write there), usually on the container's writable layer. Every directory from
+it up to / must be root's and writable by root alone, else the sandbox user could swap the
+binary between its copy and its run: such a path is refused (InstallFailed). A copy that is
+already there with the same sha256 is kept. The copy goes in through the container's own
+(Docker's archive API, `podman cp`, a from_exec upload_fn), else through an exec of
+`sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256, or the size where the
+image has no sha256sum) and run once with --version before the sidecar starts. The sandbox
+needs sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import posixpath
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .container import DEFAULT_STATE_DIR, Container, ExecResult
+from .errors import InstallFailed, MarkerInvalid, SidecarRefused, Unreachable
+from .marker import load_public_key
+
+DEFAULT_INSTALL_PATH = "/run/quiesce-bin/quiesce"
+# What `uname -m` says, as the packaged binaries are named.
+_ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
+# ELF e_machine of each.
+_ELF_MACHINE = {62: "x86_64", 183: "aarch64"}
+
+# Run as root with the install path, then "check" or "place". check: refuse the directory
+# unless it (made where missing, and only under a safe one) and every directory above it
+# (links resolved) are root's and writable by root alone, and root can write in it; print
+# `dir REAL` and, for a file already there, `have SUM`. place: move the
+# uploaded `.NAME.new` into place (root's, 0755), print `have SUM` and `ran CODE` of its
+# --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
+_SCRIPT = r"""
+umask 022
+f=$1
+d=${f%/*}
+[ -n "$d" ] || d=/
+sum() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        s=$(sha256sum "$1") || exit 3
+        set -- $s
+        echo "have sha256:$1"
+    else
+        s=$(wc -c < "$1") || exit 3
+        set -- $s
+        echo "have size:$1"
+    fi
+}
+safe() {  # $1 and every directory above it: root's, writable by root alone
+    a=$1
+    while :; do
+        s=$(stat -c '%u %a' "$a") || exit 3
+        set -- $s
+        case $2 in
+        *[2367]? | *[2367]) echo "unsafe $a mode $2"; exit 4 ;;
+        esac
+        [ "$1" = 0 ] || { echo "unsafe $a owner $1"; exit 4; }
+        [ "$a" = / ] && break
+        a=${a%/*}
+        [ -n "$a" ] || a=/
+    done
+}
+case $2 in
+check)
+    e=$d
+    while [ ! -e "$e" ]; do e=${e%/*}; [ -n "$e" ] || e=/; done
+    safe "$(cd "$e" && pwd -P)"
+    mkdir -p "$d" || exit 3
+    real=$(cd "$d" && pwd -P) || exit 3
+    safe "$real"
+    p=$d/.${f##*/}.probe
+    : > "$p" && rm -f "$p" || exit 3
+    echo "dir $real"
+    if [ -f "$f" ]; then sum "$f"; fi
+    ;;
+place)
+    t=$d/.${f##*/}.new
+    chown 0:0 "$t" && chmod 0755 "$t" && mv -f "$t" "$f" || exit 3
+    sum "$f"
+    "$f" --version >/dev/null
+    echo "ran $?"
+    ;;
+esac
+"""
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A running quiesce sidecar, as its start line described it.
+
+    `container` is the container it runs in, pointed at it (binary, state dir, pid): pass it
+    to freeze(), run_verifier() and verify_marker(). `public_key` is the PEM key its markers
+    are signed with, as printed at its start. `started` is False when one was already running
+    (a second start_sidecar changes nothing and returns the running one). `line` is the JSON
+    line it printed, as printed.
+    """
+
+    container: Container
+    public_key: str
+    pid: int
+    start_time: int
+    state_dir: str
+    version: str
+    started: bool
+    binary: str
+    sandbox_uids: tuple[int, ...]
+    lineage: bool
+    line: str
+
+
+def start_sidecar(
+    container: Container,
+    sandbox_user: str,
+    *,
+    state_dir: str = DEFAULT_STATE_DIR,
+    binary: str | Path | None = None,
+    arch: str | None = None,
+    install_path: str = DEFAULT_INSTALL_PATH,
+    timeout: float = 60.0,
+    extra_args: Sequence[str] = (),
+    user: str | None = None,
+) -> Sidecar:
+    """Put quiesce into the sandbox and start it as a sidecar for `sandbox_user`; return it.
+
+    `binary` is the local quiesce binary to put in (default: the kit's packaged one for the
+    sandbox's architecture, which `uname -m` names there, or `arch`). `extra_args` go to
+    `quiesce sidecar` after the kit's (--signing-key F, --freeze-timeout S, ...). Every exec
+    runs as `user`, root by default ("0"; kubectl's pod user): the sidecar must be started by
+    root, and refuses otherwise. `timeout` bounds the whole start.
+
+    Raises InstallFailed when the binary could not be put in or run (the message names the
+    fix: another install_path where the directory is unsafe or on a noexec mount, arch= where
+    the sandbox has no uname, binary= where the kit has no build for it), SidecarRefused with
+    the sidecar's own line when it refused to start, and Unreachable when the sandbox could
+    not be reached.
+    """
+    deadline = time.monotonic() + timeout
+    as_user = container.root_user if user is None else user
+    if not install_path.startswith("/") or install_path.endswith("/"):
+        raise InstallFailed(f"install_path {install_path!r}: give an absolute path to a file")
+    want_arch = _sandbox_arch(container, arch, as_user, deadline)
+    local = _local_binary(binary, want_arch)
+    data = _read_local(local)
+    _check_elf(local, data, want_arch)
+    want = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    real_dir, have = _check_dir(container, install_path, as_user, deadline)
+    if have is not None and have not in (want, f"size:{len(data)}"):
+        have = None  # another build is there: replace it
+    if have is None:
+        _place(container, local, install_path, want, len(data), as_user, deadline)
+    _check_exec(container, install_path, real_dir, as_user, deadline)
+    argv = [
+        install_path,
+        "sidecar",
+        "--sandbox-user",
+        sandbox_user,
+        "--state-dir",
+        state_dir,
+        *extra_args,
+    ]
+    r = container.exec(argv, user=as_user, timeout=_left(deadline, "the sidecar's start"))
+    if not r.started:
+        raise Unreachable(f"{container.name}: the sidecar's exec could not start ({r.text})")
+    return _sidecar(container, install_path, r)
+
+
+def _left(deadline: float, what: str) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise Unreachable(f"start_sidecar: no time left for {what}: give a larger timeout")
+    return left
+
+
+def _ran(container: Container, r: ExecResult, what: str) -> ExecResult:
+    if not r.started:
+        raise Unreachable(f"{container.name}: no exec can start for {what} ({r.text})")
+    return r
+
+
+def _sandbox_arch(container: Container, arch: str | None, user: str | None, deadline: float) -> str:
+    """The sandbox's architecture as the binaries name it: `uname -m` there, checked against
+    `arch` when both say."""
+    given = None
+    if arch is not None:
+        given = _ARCHES.get(arch.lower())
+        if given is None:
+            raise InstallFailed(f"arch {arch!r}: quiesce is built for x86_64 and aarch64 only")
+    r = _ran(
+        container,
+        container.exec(["uname", "-m"], user=user, timeout=_left(deadline, "uname -m")),
+        "uname -m",
+    )
+    if r.returncode != 0:
+        if given is not None:
+            return given
+        raise InstallFailed(
+            f"{container.name}: cannot read the sandbox's architecture with uname -m "
+            f"({r.text or f'exit {r.returncode}'}): pass arch="
+        )
+    said = r.stdout.decode("ascii", "replace").strip()
+    found = _ARCHES.get(said.lower())
+    if found is None:
+        raise InstallFailed(
+            f"{container.name}: the sandbox is {said!r}; quiesce is built for x86_64 and "
+            "aarch64 only"
+        )
+    if given is not None and given != found:
+        raise InstallFailed(
+            f"{container.name}: arch={arch!r} was given, but the sandbox is {said!r}: "
+            "drop arch= or give the sandbox's"
+        )
+    return found
+
+
+def _local_binary(binary: str | Path | None, arch: str) -> Path:
+    if binary is not None:
+        return Path(binary)
+    try:
+        # Imported when needed: a harness that passes binary= never needs the packaged ones.
+        packaged = importlib.import_module(f"{__package__}.binary")
+    except ImportError:
+        raise InstallFailed(
+            "this kit carries no packaged quiesce binary: pass binary= (a static quiesce "
+            f"built for {arch})"
+        ) from None
+    try:
+        path = Path(packaged.binary_path(arch))
+    except (LookupError, OSError, ValueError) as e:
+        raise InstallFailed(f"no packaged quiesce for {arch}: {e}; pass binary=") from None
+    return path
+
+
+def _read_local(local: Path) -> bytes:
+    try:
+        return local.read_bytes()
+    except OSError as e:
+        raise InstallFailed(f"cannot read the quiesce binary {local}: {e}") from None
+
+
+def _check_elf(local: Path, data: bytes, arch: str) -> None:
+    """A binary for another machine would fail in the sandbox with a less clear message."""
+    if data[:4] != b"\x7fELF" or len(data) < 20:
+        raise InstallFailed(f"{local} is not an ELF executable: pass the quiesce binary")
+    machine = _ELF_MACHINE.get(int.from_bytes(data[18:20], "little"))
+    if machine != arch:
+        raise InstallFailed(
+            f"{local} is built for {machine or 'another machine'}, the sandbox is {arch}: "
+            f"pass the {arch} build"
+        )
+
+
+def _script(
+    container: Container, path: str, step: str, user: str | None, deadline: float
+) -> ExecResult:
+    argv = ["sh", "-c", _SCRIPT, "quiesce-install", path, step]
+    r = container.exec(argv, user=user, timeout=_left(deadline, f"the install's {step}"))
+    _ran(container, r, f"the install's {step}")
+    if r.returncode == 127 and b"sh" in r.stderr:
+        raise InstallFailed(
+            f"{container.name}: the sandbox has no sh to install quiesce with: put quiesce "
+            "in the image, or run the sidecar from a path the image has"
+        )
+    return r
+
+
+def _lines(r: ExecResult) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in r.stdout.decode("utf-8", "replace").splitlines():
+        key, _, rest = line.partition(" ")
+        out[key] = rest
+    return out
+
+
+def _check_dir(
+    container: Container, path: str, user: str | None, deadline: float
+) -> tuple[str, str | None]:
+    """The install directory, made where missing and checked: (its real path, what is there)."""
+    r = _script(container, path, "check", user, deadline)
+    said = _lines(r)
+    if "unsafe" in said:
+        raise InstallFailed(
+            f"{container.name}: {posixpath.dirname(path)} is not safe for quiesce: "
+            f"{said['unsafe']} (every directory up to / must be root's and writable by root "
+            "alone, or the sandbox user could swap the binary): pass another install_path"
+        )
+    if r.returncode != 0 or "dir" not in said:
+        raise InstallFailed(
+            f"{container.name}: cannot write in {posixpath.dirname(path)} "
+            f"({r.text or f'exit {r.returncode}'}): the kit's execs must run as root there, "
+            "and on a read-only root file system install_path= must name a writable, "
+            "exec-able mount"
+        )
+    return said["dir"], said.get("have")
+
+
+def _place(
+    container: Container,
+    local: Path,
+    path: str,
+    want: str,
+    size: int,
+    user: str | None,
+    deadline: float,
+) -> None:
+    d, name = posixpath.split(path)
+    container.upload(local, f"{d}/.{name}.new", timeout=_left(deadline, "the copy"))
+    r = _script(container, path, "place", user, deadline)
+    said = _lines(r)
+    if r.returncode != 0 or "have" not in said:
+        raise InstallFailed(
+            f"{container.name}: cannot put quiesce at {path} ({r.text or f'exit {r.returncode}'})"
+        )
+    if said["have"] not in (want, f"size:{size}"):
+        raise InstallFailed(
+            f"{container.name}: the copy at {path} is not the binary given ({said['have']}, "
+            f"want {want}): the copy was cut short or changed; start again"
+        )
+
+
+def _mount_options(mountinfo: str, path: str) -> tuple[str, set[str]] | None:
+    """The mount point holding `path` and its per-mount options, from /proc/self/mountinfo."""
+    best: tuple[str, set[str]] | None = None
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, set(fields[5].split(",")))
+    return best
+
+
+def _check_exec(
+    container: Container, path: str, real_dir: str, user: str | None, deadline: float
+) -> None:
+    """quiesce runs from `path`: not on a noexec mount, and its --version answers."""
+    noexec_fix = (
+        "pass install_path= on an exec-able mount (a --tmpfs mount is noexec unless given "
+        "exec: `--tmpfs /run:exec`)"
+    )
+    r = container.exec(
+        ["cat", "/proc/self/mountinfo"], user=user, timeout=_left(deadline, "the mounts")
+    )
+    if r.started and r.returncode == 0:
+        found = _mount_options(r.stdout.decode("utf-8", "replace"), real_dir)
+        if found is not None and "noexec" in found[1]:
+            raise InstallFailed(
+                f"{container.name}: {path} is on {found[0]}, mounted noexec: {noexec_fix}"
+            )
+    v = _ran(
+        container,
+        container.exec([path, "--version"], user=user, timeout=_left(deadline, "--version")),
+        f"{path} --version",
+    )
+    if v.returncode != 0 or not v.stdout.startswith(b"quiesce "):
+        denied = "permission denied" in v.text.lower()
+        raise InstallFailed(
+            f"{container.name}: {path} does not run ({v.text or f'exit {v.returncode}'})"
+            + (f": {noexec_fix}" if denied else "")
+        )
+
+
+def _sidecar(container: Container, path: str, r: ExecResult) -> Sidecar:
+    out = r.stdout.decode("utf-8", "replace").strip()
+    err = r.stderr.decode("utf-8", "replace").strip()
+    if r.returncode != 0:
+        raise SidecarRefused(err or out or "(it said nothing)", r.returncode)
+    lines = out.splitlines()
+    if len(lines) != 1:
+        raise Unreachable(
+            f"{container.name}: quiesce sidecar printed {len(lines)} lines, not one: {out[:200]!r}"
+        )
+    v = _start_line(lines[0])
+    sc = Sidecar(
+        container=replace(container, binary=path, state_dir=v["state_dir"], sidecar_pid=v["pid"]),
+        public_key=v["public_key"],
+        pid=v["pid"],
+        start_time=v["start_time"],
+        state_dir=v["state_dir"],
+        version=v["version"],
+        started=v["started"],
+        binary=path,
+        sandbox_uids=tuple(v["sandbox_uids"]),
+        lineage=v["lineage"],
+        line=lines[0],
+    )
+    return sc
+
+
+def _start_line(line: str) -> dict[str, Any]:
+    """The sidecar's start line, each field of the type it must have."""
+
+    def bad(why: str) -> Unreachable:
+        return Unreachable(f"quiesce sidecar's start line {why}: {line[:200]!r}")
+
+    try:
+        v = json.loads(line)
+    except ValueError:
+        raise bad("is not JSON") from None
+    if not isinstance(v, dict) or v.get("sidecar") != "quiesce":
+        raise bad("is not a quiesce sidecar's")
+    for key, types in (
+        ("pid", int),
+        ("start_time", int),
+        ("state_dir", str),
+        ("version", str),
+        ("public_key", str),
+        ("started", bool),
+        ("lineage", bool),
+        ("sandbox_uids", list),
+    ):
+        value = v.get(key)
+        if not isinstance(value, types) or (types is int and isinstance(value, bool)):
+            raise bad(f"has no {key} of type {types.__name__}")
+    if v["pid"] <= 1:
+        raise bad(f"names pid {v['pid']}")
+    if not all(isinstance(u, int) and not isinstance(u, bool) for u in v["sandbox_uids"]):
+        raise bad("has sandbox_uids that are not all integers")
+    try:
+        load_public_key(v["public_key"])
+    except MarkerInvalid as e:
+        raise bad(f"carries no Ed25519 key ({e.reason})") from None
+    return v

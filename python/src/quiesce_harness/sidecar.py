@@ -31,7 +31,6 @@ needs sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do).
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import posixpath
 import time
@@ -40,11 +39,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .binary import binary_path
 from .container import DEFAULT_STATE_DIR, Container, ExecResult
 from .errors import InstallFailed, MarkerInvalid, SidecarRefused, Unreachable
 from .marker import load_public_key
 
 DEFAULT_INSTALL_PATH = "/run/quiesce-bin/quiesce"
+_WRITABLE_FIX = (
+    "the kit's execs must run as root there, and on a read-only root file system "
+    "install_path= must name a writable, exec-able mount"
+)
 # What `uname -m` says, as the packaged binaries are named.
 _ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 # ELF e_machine of each.
@@ -52,8 +56,8 @@ _ELF_MACHINE = {62: "x86_64", 183: "aarch64"}
 
 # Run as root with the install path, then "check" or "place". check: refuse the directory
 # unless it (made where missing, and only under a safe one) and every directory above it
-# (links resolved) are root's and writable by root alone, and root can write in it; print
-# `dir REAL` and, for a file already there, `have SUM`. place: move the
+# (links resolved) are root's and writable by root alone; print `writable yes` where this
+# user can write in it, `dir REAL` and, for a file already there, `have SUM`. place: move the
 # uploaded `.NAME.new` into place (root's, 0755), print `have SUM` and `ran CODE` of its
 # --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
 _SCRIPT = r"""
@@ -95,7 +99,7 @@ check)
     real=$(cd "$d" && pwd -P) || exit 3
     safe "$real"
     p=$d/.${f##*/}.probe
-    : > "$p" && rm -f "$p" || exit 3
+    if (: > "$p") 2>/dev/null; then rm -f "$p"; echo "writable yes"; fi
     echo "dir $real"
     if [ -f "$f" ]; then sum "$f"; fi
     ;;
@@ -162,19 +166,7 @@ def start_sidecar(
     """
     deadline = time.monotonic() + timeout
     as_user = container.root_user if user is None else user
-    if not install_path.startswith("/") or install_path.endswith("/"):
-        raise InstallFailed(f"install_path {install_path!r}: give an absolute path to a file")
-    want_arch = _sandbox_arch(container, arch, as_user, deadline)
-    local = _local_binary(binary, want_arch)
-    data = _read_local(local)
-    _check_elf(local, data, want_arch)
-    want = f"sha256:{hashlib.sha256(data).hexdigest()}"
-    real_dir, have = _check_dir(container, install_path, as_user, deadline)
-    if have is not None and have not in (want, f"size:{len(data)}"):
-        have = None  # another build is there: replace it
-    if have is None:
-        _place(container, local, install_path, want, len(data), as_user, deadline)
-    _check_exec(container, install_path, real_dir, as_user, deadline)
+    _install(container, binary, arch, install_path, as_user, deadline)
     argv = [
         install_path,
         "sidecar",
@@ -188,6 +180,34 @@ def start_sidecar(
     if not r.started:
         raise Unreachable(f"{container.name}: the sidecar's exec could not start ({r.text})")
     return _sidecar(container, install_path, r)
+
+
+def _install(
+    container: Container,
+    binary: str | Path | None,
+    arch: str | None,
+    install_path: str,
+    user: str | None,
+    deadline: float,
+) -> None:
+    """quiesce at install_path in the sandbox, checked, and shown to run there."""
+    if not install_path.startswith("/") or install_path.endswith("/"):
+        raise InstallFailed(f"install_path {install_path!r}: give an absolute path to a file")
+    want_arch = _sandbox_arch(container, arch, user, deadline)
+    local = _local_binary(binary, want_arch)
+    data = _read_local(local)
+    _check_elf(local, data, want_arch)
+    want = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    real_dir, have, writable = _check_dir(container, install_path, user, deadline)
+    if have not in (want, f"size:{len(data)}"):
+        # None there, or another build (replaced: a running sidecar keeps its own file).
+        if not writable:
+            raise InstallFailed(
+                f"{container.name}: cannot write in {posixpath.dirname(install_path)}: "
+                f"{_WRITABLE_FIX}"
+            )
+        _place(container, local, install_path, want, len(data), user, deadline)
+    _check_exec(container, install_path, real_dir, user, deadline)
 
 
 def _left(deadline: float, what: str) -> float:
@@ -242,18 +262,9 @@ def _local_binary(binary: str | Path | None, arch: str) -> Path:
     if binary is not None:
         return Path(binary)
     try:
-        # Imported when needed: a harness that passes binary= never needs the packaged ones.
-        packaged = importlib.import_module(f"{__package__}.binary")
-    except ImportError:
-        raise InstallFailed(
-            "this kit carries no packaged quiesce binary: pass binary= (a static quiesce "
-            f"built for {arch})"
-        ) from None
-    try:
-        path = Path(packaged.binary_path(arch))
-    except (LookupError, OSError, ValueError) as e:
-        raise InstallFailed(f"no packaged quiesce for {arch}: {e}; pass binary=") from None
-    return path
+        return binary_path(arch)
+    except (OSError, ValueError) as e:
+        raise InstallFailed(f"no packaged quiesce for {arch}: {e}; or pass binary=") from None
 
 
 def _read_local(local: Path) -> bytes:
@@ -299,8 +310,9 @@ def _lines(r: ExecResult) -> dict[str, str]:
 
 def _check_dir(
     container: Container, path: str, user: str | None, deadline: float
-) -> tuple[str, str | None]:
-    """The install directory, made where missing and checked: (its real path, what is there)."""
+) -> tuple[str, str | None, bool]:
+    """The install directory, made where missing and checked: its real path, what is there,
+    and whether this user can write in it."""
     r = _script(container, path, "check", user, deadline)
     said = _lines(r)
     if "unsafe" in said:
@@ -311,12 +323,10 @@ def _check_dir(
         )
     if r.returncode != 0 or "dir" not in said:
         raise InstallFailed(
-            f"{container.name}: cannot write in {posixpath.dirname(path)} "
-            f"({r.text or f'exit {r.returncode}'}): the kit's execs must run as root there, "
-            "and on a read-only root file system install_path= must name a writable, "
-            "exec-able mount"
+            f"{container.name}: cannot make {posixpath.dirname(path)} "
+            f"({r.text or f'exit {r.returncode}'}): {_WRITABLE_FIX}"
         )
-    return said["dir"], said.get("have")
+    return said["dir"], said.get("have"), "writable" in said
 
 
 def _place(

@@ -1,0 +1,334 @@
+"""start_sidecar() on real containers whose PID 1 is not quiesce, reached only through
+Container.from_exec over `docker exec -i` (and `podman exec -i`): the hostile workloads run as
+the sandbox user through `quiesce exec`, freeze() through the sidecar, the marker checked with
+the key its start printed, the verifier behind `quiesce verify`; and each refused start."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from quiesce_harness import (
+    Container,
+    InstallFailed,
+    SandboxExec,
+    SidecarRefused,
+    freeze,
+    run_verifier,
+    start_sidecar,
+    verify_marker,
+)
+from quiesce_harness.sidecar import DEFAULT_INSTALL_PATH, _install
+
+import support
+from support import PREFIX, Box
+
+UID = support.AGENT_UID  # a bare UID: the images name no such user
+BASE = "debian:bookworm-slim"
+BUSYBOX = f"{PREFIX}busybox"
+# What each image runs as PID 1 (Docker's --init: its tini, then sleep).
+PID1 = {
+    "sleep": (BASE, ["sleep", "infinity"], False),
+    "tini": (BASE, ["sleep", "infinity"], True),
+    "sh-loop": (BASE, ["sh", "-c", "while :; do sleep 1; done"], False),
+    "busybox": (BUSYBOX, ["sleep", "1000000"], False),
+}
+# The hostile workloads need perl, which the busybox image has not: its own is the writer.
+# The bomb runs beside a PID 1 that reaps (tini, sh): beside one that never does (sleep), the
+# bomb's orphans hold the pids limit as zombies, the sidecar can take no pid for its final
+# look, and the freeze rightly fails (no marker).
+WORKLOADS = {
+    "sleep": ["setsid-writer", "respawn-chain", "fd-writer"],
+    "tini": ["setsid-writer", "respawn-chain", "fd-writer", "fork-bomb"],
+    "sh-loop": ["setsid-writer", "respawn-chain", "fd-writer", "fork-bomb"],
+    "busybox": ["setsid-writer"],
+}
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[docker.DockerClient]:
+    """A Docker engine that answers, with debian:bookworm-slim (the kit's own images, which
+    the other modules build, are not needed: no image here has quiesce in it)."""
+    try:
+        c = docker.from_env(timeout=300)
+        c.ping()
+    except docker.errors.DockerException as e:
+        support.skip_log("sidecar", f"no Docker engine answers ({e}); start one with docker/engine")
+        pytest.skip("no Docker engine answers")
+    try:
+        c.images.get(BASE)
+    except docker.errors.ImageNotFound:
+        subprocess.run(["bash", str(support.REPO / "docker/base-images")], check=True)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def quiesce_bin(client: docker.DockerClient) -> Path:
+    """The release binary, where it has the sidecar subcommand."""
+    b = support.need_binary()
+    p = subprocess.run([str(b), "sidecar", "--help"], capture_output=True, timeout=30, check=False)
+    if p.returncode != 0:
+        support.skip_log("sidecar", f"{b} has no sidecar subcommand: build one with it")
+        pytest.skip(f"{b} has no sidecar subcommand")
+    return b
+
+
+@pytest.fixture(scope="module")
+def busybox_image(client: docker.DockerClient) -> str:
+    """FROM scratch with the host's static BusyBox (Debian's busybox-static) and nothing else."""
+    bb = shutil.which("busybox")
+    static = bb is not None and b"ld-linux" not in Path(bb).read_bytes()[:4096]
+    if bb is None or not static:
+        support.skip_log(
+            "sidecar busybox", "no static busybox here (apt-get install busybox-static)"
+        )
+        pytest.skip("no static busybox binary")
+    with tempfile.TemporaryDirectory() as ctx:
+        root = Path(ctx) / "root"
+        for d in ("bin", "run", "tmp", "proc", "workspace"):
+            (root / d).mkdir(parents=True)
+        (root / "tmp").chmod(0o1777)
+        shutil.copy(bb, root / "bin/busybox")
+        (Path(ctx) / "Dockerfile").write_text(
+            'FROM scratch\nCOPY root/ /\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+            "ENV PATH=/bin\n"
+        )
+        client.images.build(path=ctx, tag=BUSYBOX, rm=True, labels={support.LABEL: "1"})
+    return BUSYBOX
+
+
+def cli_exec(cli: str, name: str) -> SandboxExec:
+    """The exec function a harness without an SDK writes: `CLI exec -i [-u USER] NAME argv`."""
+
+    def run(
+        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        p = subprocess.run(
+            [cli, "exec", "-i", *(["-u", user] if user else []), name, *argv],
+            input=stdin or b"",
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        return p.returncode, p.stdout, p.stderr
+
+    return run
+
+
+@contextlib.contextmanager
+def plain_box(
+    client: docker.DockerClient, pid1: str = "sleep", *, workspace: bool = True, **run: Any
+) -> Iterator[Box]:
+    """A container whose PID 1 is `pid1`'s, not quiesce, with /workspace the sandbox user's."""
+    image, cmd, init = PID1[pid1]
+    ctr = client.containers.run(
+        image,
+        cmd,
+        detach=True,
+        name=f"{PREFIX}sc-{uuid.uuid4().hex[:10]}",
+        labels={support.LABEL: "1"},
+        network_mode="none",
+        pids_limit=support.PIDS_LIMIT,
+        security_opt=[support.SECURITY_OPT],
+        init=init,
+        **run,
+    )
+    try:
+        if workspace:
+            rc, out = ctr.exec_run(["sh", "-c", f"mkdir -p /workspace && chown {UID} /workspace"])
+            assert rc == 0, out
+        yield Box(client, ctr)
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            ctr.remove(force=True)
+
+
+def outside_parents(b: Box) -> list[int]:
+    """Host pids of the container's processes whose parent is outside it, by `docker top` and
+    the engine's record (no exec): PID 1 alone, once every exec has ended (an exec's process is
+    a child of the engine's shim, outside the container)."""
+    top = b.client.api.top(b.id, ps_args="-o pid,ppid")
+    procs = [(int(p[0]), int(p[1])) for p in top["Processes"] or []]
+    pids = {pid for pid, _ in procs}
+    return sorted(pid for pid, ppid in procs if ppid not in pids)
+
+
+def host_pid1(b: Box) -> int:
+    b.ctr.reload()
+    return int(b.ctr.attrs["State"]["Pid"])
+
+
+def launch(b: Box, sc_binary: str, workload: str) -> None:
+    """A workload as the sandbox user through `quiesce exec`, detached from the exec."""
+    cmd = [sc_binary, "exec", "--user", UID, "--", "sh", "-c", support.WORKLOADS[workload]]
+    e = b.client.api.exec_create(b.id, cmd)
+    b.client.api.exec_start(e["Id"], detach=True)
+
+
+@pytest.mark.parametrize("pid1", list(PID1))
+def test_the_sidecar_freezes_beside_a_foreign_pid1(
+    client: docker.DockerClient, quiesce_bin: Path, pid1: str, request: pytest.FixtureRequest
+) -> None:
+    if pid1 == "busybox":
+        request.getfixturevalue("busybox_image")
+    with plain_box(client, pid1) as b:
+        c = Container.from_exec(cli_exec("docker", b.name), name=b.name)
+        pid1_before = c.read_file("/proc/1/stat")
+        sc = start_sidecar(c, UID, binary=quiesce_bin)
+        assert sc.started and sc.sandbox_uids == (int(UID),) and sc.binary == DEFAULT_INSTALL_PATH
+        assert (sc.container.binary, sc.container.sidecar_pid) == (sc.binary, sc.pid)
+        # The exec that started it has ended; the sidecar lives on, a child of PID 1.
+        stat = c.read_file(f"/proc/{sc.pid}/stat").decode()
+        fields = stat.rsplit(")", 1)[1].split()
+        assert (fields[1], int(fields[19])) == ("1", sc.start_time)
+        assert outside_parents(b) == [host_pid1(b)]
+        # A second start changes nothing and says so.
+        again = start_sidecar(c, UID, binary=quiesce_bin)
+        assert (again.pid, again.public_key, again.started) == (sc.pid, sc.public_key, False)
+
+        workloads = WORKLOADS[pid1]
+        for w in workloads:
+            launch(b, sc.binary, w)
+            support.until(lambda: (b.size() or 0) > 0, 30, f"{w} never wrote")
+        support.until(lambda: b.agents() >= len(workloads), 30, "the workloads never ran")
+        if "fork-bomb" in workloads:
+            # Held at the limit beside the other workloads (threads and exiting tasks count
+            # there too, so `docker top` sees fewer processes than the limit).
+            support.until(lambda: b.pids() >= support.PIDS_LIMIT // 2, 30, "the bomb never grew")
+
+        r = freeze(sc.container, nonce=f"sc-{pid1}")
+        assert r.state == "quiescent" and r.killed >= len(workloads) and r.marker is not None
+        support.until(lambda: b.agents() == 0, 5, "sandbox processes left after the freeze")
+        s0 = b.size() or 0
+        support.until(lambda: b.size() == s0, 2, "a write after the freeze")
+        claims = verify_marker(r.marker, sc.public_key, nonce=r.nonce, container=sc.container)
+        assert claims["jti"] == r.freeze_id and claims["setuid"] is False
+        done = run_verifier(sc.container, ["sh", "-c", "echo scored"], nonce=r.nonce)
+        assert (done.returncode, done.stdout) == (0, b"scored\n"), done.stderr
+        # PID 1 is the same process, and the sidecar still runs for the next freeze.
+        assert c.read_file("/proc/1/stat").split()[:2] == pid1_before.split()[:2]
+        assert c.exec(["test", "-d", f"/proc/{sc.pid}"]).returncode == 0
+
+
+def test_a_start_the_sidecar_refuses_names_its_fix(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    cases: list[tuple[str, dict[str, Any], str | None, tuple[str, ...]]] = [
+        ("no capabilities", {"cap_drop": ["ALL"]}, None, ("cap",)),
+        ("no CAP_KILL", {"cap_drop": ["KILL"]}, None, ("cap_kill",)),
+        ("read-only state dir", {}, None, ("read-only", "state")),
+        ("not root", {}, UID, ("root",)),
+    ]
+    with tempfile.TemporaryDirectory() as ro:
+        for what, opts, user, words in cases:
+            if what == "read-only state dir":
+                opts = {"volumes": {ro: {"bind": "/run/quiesce", "mode": "ro"}}}
+            with plain_box(client, workspace=False, **opts) as b:
+                c = Container.from_exec(cli_exec("docker", b.name), name=b.name)
+                if user is not None:
+                    # Put there by root, started by the sandbox user: the sidecar's own refusal.
+                    _install(c, quiesce_bin, None, DEFAULT_INSTALL_PATH, "0", time.monotonic() + 60)
+                with pytest.raises(SidecarRefused) as e:
+                    start_sidecar(c, UID, binary=quiesce_bin, user=user)
+                line = e.value.line
+                assert e.value.returncode == 2 and "\n" not in line, (what, line)
+                assert all(w in line.lower() for w in words), (what, line)
+                # Nothing was left running: PID 1 alone.
+                assert b.pids() == 1, (what, b.pids())
+
+
+def test_an_install_the_kit_refuses_names_its_fix(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    # Docker's --tmpfs is noexec unless told otherwise.
+    with plain_box(client, tmpfs={"/run": ""}) as b:
+        c = Container.from_exec(cli_exec("docker", b.name), name=b.name)
+        with pytest.raises(InstallFailed, match=r"noexec: pass install_path="):
+            start_sidecar(c, UID, binary=quiesce_bin)
+        with pytest.raises(InstallFailed, match=r"/tmp mode 1777 .* pass another install_path"):
+            start_sidecar(c, UID, binary=quiesce_bin, install_path="/tmp/q/quiesce")
+        with pytest.raises(InstallFailed, match="arch='aarch64' was given"):
+            start_sidecar(c, UID, binary=quiesce_bin, arch="aarch64")
+        assert c.exec(["test", "-e", "/tmp/q"]).returncode == 1
+        # The engines' own copies: Docker's archive API, and a caller's upload_fn.
+        d = Container.docker(b.name, client=client)
+        d.upload(quiesce_bin, "/usr/local/sbin/q1")
+        copied: list[str] = []
+
+        def docker_cp(local: str, remote: str) -> None:
+            subprocess.run(["docker", "cp", local, f"{b.name}:{remote}"], check=True, timeout=60)
+            copied.append(remote)
+
+        up = Container.from_exec(cli_exec("docker", b.name), docker_cp, name=b.name)
+        _install(up, quiesce_bin, None, "/usr/local/sbin/q2", "0", time.monotonic() + 60)
+        assert copied == ["/usr/local/sbin/.q2.new"]
+        sums = c.exec(["sha256sum", "/usr/local/sbin/q1", "/usr/local/sbin/q2"]).stdout.split()
+        assert sums[0] == sums[2] and b"q2" in sums[3]
+
+
+PODMAN_RUN = [
+    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--network", "none",
+    "--security-opt", support.SECURITY_OPT, "--pids-limit", str(support.PIDS_LIMIT),
+]  # fmt: skip
+
+
+def test_the_sidecar_in_a_podman_container(quiesce_bin: Path) -> None:
+    if shutil.which("podman") is None:
+        support.skip_log("sidecar podman", "podman is not installed (docker/matrix installs it)")
+        pytest.skip("no podman")
+    if subprocess.run(["podman", "image", "exists", BASE], check=False).returncode != 0:
+        save = subprocess.Popen(["docker", "save", BASE], stdout=subprocess.PIPE)
+        subprocess.run(["podman", "load", "-q"], stdin=save.stdout, check=True, timeout=300)
+        save.wait(timeout=60)
+    name = f"{PREFIX}sc-pm-{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        ["podman", "run", "-d", "--name", name, *PODMAN_RUN, BASE, "sleep", "infinity"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    try:
+        c = Container.from_exec(cli_exec("podman", name), name=name)
+        # `podman cp` is the Podman container's own copy.
+        Container.podman(name).upload(quiesce_bin, "/usr/local/sbin/quiesce")
+        sc = start_sidecar(c, UID, binary=quiesce_bin)
+        assert sc.started
+        writer = support.WORKLOADS["setsid-writer"].replace("/workspace/out", "/tmp/out")
+        subprocess.run(
+            [
+                "podman",
+                "exec",
+                "-d",
+                name,
+                sc.binary,
+                "exec",
+                "--user",
+                UID,
+                "--",
+                "sh",
+                "-c",
+                writer,
+            ],
+            check=True,
+            timeout=60,
+        )
+        support.until(lambda: c.exec(["test", "-s", "/tmp/out"]).returncode == 0, 30, "no write")
+        r = freeze(sc.container, nonce="sc-podman")
+        assert r.state == "quiescent" and r.killed >= 2 and r.marker is not None
+        verify_marker(r.marker, sc.public_key, nonce="sc-podman", container=sc.container)
+        done = run_verifier(sc.container, "echo scored", nonce="sc-podman")
+        assert (done.returncode, done.stdout) == (0, b"scored\n"), done.stderr
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, check=False)

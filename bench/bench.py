@@ -611,11 +611,13 @@ def main():
     L += shape_goals(fs)
     L += ["",
           "Reproduce: `bench/run` (as root; installs tini, dumb-init and catatonit from Debian's packages)."]
-    # The attestation's section is bench/attest's: kept as that script last wrote it.
-    begin, end = "<!-- attest: begin (bench/attest) -->", "<!-- attest: end -->"
+    # The sidecar's and the attestation's sections are bench/sidecar.py's and bench/attest's:
+    # kept as those scripts last wrote them.
     old = open(a.out).read() if os.path.exists(a.out) else ""
-    if begin in old and end in old:
-        L += ["", old[old.index(begin):old.index(end) + len(end)]]
+    for begin, end in (("<!-- sidecar: begin (bench/sidecar.py) -->", "<!-- sidecar: end -->"),
+                       ("<!-- attest: begin (bench/attest) -->", "<!-- attest: end -->")):
+        if begin in old and end in old:
+            L += ["", old[old.index(begin):old.index(end) + len(end)]]
     open(a.out, "w").write("\n".join(L) + "\n")
     print("\n".join(L))
 

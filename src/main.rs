@@ -56,6 +56,13 @@ fn main() {
 }
 
 fn subcommand(name: &str, argv: Vec<String>) -> i32 {
+    if name == "sidecar" {
+        // Its own logging: to stderr for the start, to its log file once detached.
+        return match cli::args::SidecarArgs::try_parse_from(&argv) {
+            Ok(a) => commands::sidecar::sidecar(a, &std::env::args().collect::<Vec<_>>()),
+            Err(e) => cli::args::refuse_in_one_line(e, "quiesce sidecar"),
+        };
+    }
     let _ = init::logging::init(0, false);
     match name {
         "ps" => commands::ps::ps(cli::args::PsArgs::parse_from(argv)),

@@ -3,7 +3,7 @@
 use clap::{ArgAction, Args, Parser};
 use std::path::PathBuf;
 
-pub const SUBCOMMANDS: &[&str] = &["ps", "exec", "freeze", "verify", "keygen"];
+pub const SUBCOMMANDS: &[&str] = &["ps", "exec", "freeze", "verify", "keygen", "sidecar"];
 
 #[derive(Parser, Debug)]
 #[command(
@@ -15,7 +15,8 @@ pub const SUBCOMMANDS: &[&str] = &["ps", "exec", "freeze", "verify", "keygen"];
         quiesce exec     run a command as a sandbox user, tagged for tracking\n  \
         quiesce freeze   ask the init to freeze and wait for the result\n  \
         quiesce verify   check the signed marker, then run the verifier\n  \
-        quiesce keygen   write an Ed25519 signing key pair\n\
+        quiesce keygen   write an Ed25519 signing key pair\n  \
+        quiesce sidecar  start an init beside a PID 1 that is not quiesce, detached\n\
         Run 'quiesce SUBCOMMAND --help' for each. A command named like a subcommand goes after --."
 )]
 pub struct InitArgs {
@@ -337,6 +338,101 @@ pub struct VerifyArgs {
 pub struct KeygenArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quiesce sidecar",
+    about = "Start the init beside a PID 1 that is not quiesce, detached from this exec; print its ready line"
+)]
+pub struct SidecarArgs {
+    /// More log output in the sidecar's log (-v info, -vv debug, -vvv trace)
+    #[arg(short, long, action = ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    #[command(flatten)]
+    pub state: StateArgs,
+
+    /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
+    #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+
+    /// Budget in seconds for one freeze, after which it fails
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        env = "QUIESCE_FREEZE_TIMEOUT",
+        allow_negative_numbers = true
+    )]
+    pub freeze_timeout: f64,
+
+    /// Signal that requests a freeze
+    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
+    pub freeze_signal: String,
+
+    /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        env = "QUIESCE_TRACK_INTERVAL",
+        allow_negative_numbers = true
+    )]
+    pub track_interval: f64,
+
+    /// Do not count a loginuid as a sandbox launch's tag (tracking falls back to history)
+    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub no_lineage: bool,
+
+    #[command(flatten)]
+    pub attest: AttestArgs,
+
+    /// The detached sidecar itself, re-executed by its start with the lock at fd 3 and the
+    /// ready pipe at fd 4: never given by hand
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
+
+impl SidecarArgs {
+    /// The init's options these stand for: an init with no command, no --run-as, that stays.
+    pub fn init_args(&self) -> InitArgs {
+        InitArgs {
+            verbose: self.verbose,
+            pgroup: false,
+            subreaper: true,
+            remap_exit: Vec::new(),
+            grace: 3.0,
+            sandbox: self.sandbox.clone(),
+            run_as: None,
+            allow_setuid: false,
+            no_lineage: self.no_lineage,
+            track_interval: self.track_interval,
+            freeze_signal: self.freeze_signal.clone(),
+            freeze_timeout: self.freeze_timeout,
+            after_freeze: "stay".into(),
+            state: self.state.clone(),
+            attest: self.attest.clone(),
+            signing_key: self.signing_key.clone(),
+            command: Vec::new(),
+        }
+    }
+}
+
+/// A command line clap cannot read, refused in one line naming the help (help and version are
+/// printed as clap prints them). Returns the exit code, 2.
+pub fn refuse_in_one_line(e: clap::Error, who: &str) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("cannot read the command line");
+    eprintln!("{who}: {}: see '{who} --help'", first.trim_start_matches("error: "));
+    2
 }
 
 /// Boolean variables as containers write them: 1/0, true/false, yes/no, on/off, in any case;

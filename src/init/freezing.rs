@@ -46,7 +46,7 @@ pub(super) fn do_freeze(
     let command = own_command(sb, reaper, &reader);
     let (client, client_refused) = own_client(sb, &reader, pending_request.as_ref());
     let lingering = lingering.and_then(|pid| Some((pid, reader.start_time(pid).ok().flatten()?)));
-    let own: Vec<(Pid, u64)> = command.map(|t| (reaper.main, t)).into_iter().chain(lingering).collect();
+    let own: Vec<(Pid, u64)> = command.into_iter().chain(lingering).collect();
     let request_id = pending_request.map(|r| r.request_id);
     let mut status = Status {
         id: id.clone(),
@@ -59,6 +59,7 @@ pub(super) fn do_freeze(
         unstopped: 0,
         phases_ms: Default::default(),
         history: sb.tracking.policy.history.len(),
+        unreaped_zombies: 0,
         attestation: None,
     };
     if !announce(sb, &mut status) {
@@ -91,6 +92,7 @@ pub(super) fn do_freeze(
     if !out.unstopped.is_empty() {
         log::warn!("freeze {id}: never stopped: {:?}", out.unstopped);
     }
+    status.unreaped_zombies = unreaped_zombies(sb, &reader, &id);
     if out.ok {
         sign(sb, reaper, &mut status, &mut out, nonce, &asked);
     } else {
@@ -99,14 +101,40 @@ pub(super) fn do_freeze(
     publish(sb, &status);
 }
 
-/// The command's start time when it is the init's own: the same pid with the same start time (a
-/// later process with its pid is another one), whenever it was born, unless it is the sandbox's
-/// own launch (--run-as), which history holds from its start.
-fn own_command(sb: &Sandbox, reaper: &Reaper, reader: &Reader) -> Option<u64> {
-    reaper
-        .main_start
-        .filter(|_| !sb.settings.command_is_sandbox)
-        .filter(|&t| reader.start_time(reaper.main).ok().flatten() == Some(t))
+/// Zombies of the sandbox UIDs whose parent is not this init, counted (and logged by UID) after
+/// the freeze: beside a PID 1 that never reaps (a sidecar's), each one holds a pid until the
+/// container ends, and a pids limit counts it. The proof is not concerned: a zombie runs nothing.
+fn unreaped_zombies(sb: &Sandbox, reader: &Reader, id: &str) -> usize {
+    let snap = match reader.snapshot(crate::observe::procs::model::Detail::Light) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("freeze {id}: cannot count the zombies left: {e}");
+            return 0;
+        }
+    };
+    let Ok(pass) = reader.pass() else { return 0 };
+    let me = process::getpid();
+    let mut by_uid = std::collections::BTreeMap::<u32, usize>::new();
+    // A dead process's credentials are not read (its stat line says all a freeze needs): its
+    // /proc directory's owner, its effective UID, says whose it was.
+    let dead = snap.procs.values().filter(|p| !p.alive() && p.ppid != me);
+    for uid in dead.filter_map(|p| pass.owner(p.pid)).filter(|u| sb.tracking.policy.uids.contains(u)) {
+        *by_uid.entry(uid).or_default() += 1;
+    }
+    let n = by_uid.values().sum();
+    if n > 0 {
+        log::info!("freeze {id}: {n} sandbox zombie(s) whose parent does not reap them hold their pids: {by_uid:?} (by UID)");
+    }
+    n
+}
+
+/// The command's pid and start time when it is the init's own: the same pid with the same start
+/// time (a later process with its pid is another one), whenever it was born, unless it is the
+/// sandbox's own launch (--run-as), which history holds from its start. None too for a sidecar.
+fn own_command(sb: &Sandbox, reaper: &Reaper, reader: &Reader) -> Option<(Pid, u64)> {
+    let (main, t) = reaper.main.zip(reaper.main_start)?;
+    (!sb.settings.command_is_sandbox && reader.start_time(main).ok().flatten() == Some(t))
+        .then_some((main, t))
 }
 
 /// The client that asked for this freeze, when it is the init's own; else the process the

@@ -1,7 +1,8 @@
 //! PID 1's duties: start-up and its refusals (start), the loop over its events (run), reaping
 //! (reaper), one freeze from request to signed marker (freezing), the tracking refresh and launch
 //! records (tracking), the end of the container (shutdown), the attestation worker (attesting),
-//! starting the command (spawn), and log output that cannot block (logging).
+//! starting the command (spawn), log output that cannot block (logging), and the detached
+//! sidecar's set-up and ready line (sidecar).
 //! May use every folder below it. Once the command runs, nothing here may end the init by error.
 
 pub mod attesting;
@@ -10,6 +11,7 @@ pub mod logging;
 mod reaper;
 pub mod run;
 mod shutdown;
+pub mod sidecar;
 pub mod spawn;
 pub mod start;
 pub mod tracking;

@@ -8,7 +8,8 @@ use crate::kernel::{
 };
 
 pub(super) struct Reaper {
-    pub(super) main: Pid,
+    /// The command's pid; None in a sidecar, which has no command.
+    pub(super) main: Option<Pid>,
     /// The command's start time, read once it ran (None: unreadable).
     pub(super) main_start: Option<u64>,
     pub(super) status: Option<i32>,
@@ -43,7 +44,7 @@ impl Reaper {
                     if Some(pid) == self.watch {
                         self.watch = None;
                         self.watched = Some(code);
-                    } else if pid == self.main && self.status.is_none() {
+                    } else if Some(pid) == self.main && self.status.is_none() {
                         log::debug!("command (pid {pid}) ended with status {code}");
                         self.status = Some(code);
                     }

@@ -5,7 +5,8 @@
 //!
 //! Before the command runs, a failure to set up ends the init (exit code 2). Once it runs,
 //! `run` returns only through the shutdown, with the command's exit code: every error after that
-//! point is logged and the loop goes on.
+//! point is logged and the loop goes on. A sidecar runs the loop with no command: it ends on
+//! SIGTERM or SIGINT, with 0.
 
 use crate::freeze;
 use crate::init::attesting::{self, Worker};
@@ -56,7 +57,8 @@ pub struct Settings {
 }
 
 pub struct Config {
-    pub plan: Plan,
+    /// None: a sidecar's loop, with no command of its own.
+    pub plan: Option<Plan>,
     pub pgroup: bool,
     pub remap_exit: Vec<u8>,
     pub grace: Duration,
@@ -69,7 +71,8 @@ enum Event {
     Child,
     /// The freeze signal, from the pid that sent it.
     Freeze(Pid),
-    /// Any other signal: the command's, forwarded to it.
+    /// Any other signal: the command's, forwarded to it (with no command: SIGTERM and SIGINT
+    /// end the loop, the rest are dropped).
     Forward(i32),
     /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
     Tick,
@@ -96,6 +99,8 @@ struct Pid1 {
     schedule: Schedule,
     /// Children left to reap after a full batch: the next turn does not wait.
     backlog: bool,
+    /// With no command: SIGTERM or SIGINT came, and the loop ends with 0.
+    stopped: bool,
 }
 
 /// Run the init; returns the exit code.
@@ -107,7 +112,7 @@ pub fn run(mut cfg: Config) -> i32 {
             return 2;
         }
     };
-    let main = match cfg.plan.spawn() {
+    let main = match cfg.plan.as_ref().map(Plan::spawn).transpose() {
         Ok(pid) => pid,
         Err(e) => {
             crate::init::logging::line(format_args!("quiesce: cannot start the command: {e}"));
@@ -159,16 +164,19 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
 }
 
 impl Pid1 {
-    /// The command started as `main`: hold it, make the start-time files durable, take the first
-    /// tracking observation.
-    fn start(cfg: &mut Config, main: Pid) -> Pid1 {
-        log::debug!("command started as pid {main}");
-        let main_start = Reader::default().start_time(main).ok().flatten();
+    /// The command started as `main` (None: no command): hold it, make the start-time files
+    /// durable, take the first tracking observation.
+    fn start(cfg: &mut Config, main: Option<Pid>) -> Pid1 {
+        match main {
+            Some(pid) => log::debug!("command started as pid {pid}"),
+            None => log::debug!("no command: waiting for freeze requests until SIGTERM or SIGINT"),
+        }
+        let main_start = main.and_then(|m| Reader::default().start_time(m).ok().flatten());
         let reaper = Reaper { main, main_start, status: None, childless: false, watch: None, watched: None };
-        if let (Some(sb), Some(t)) = (cfg.sandbox.as_mut(), main_start) {
+        if let (Some(sb), Some(m), Some(t)) = (cfg.sandbox.as_mut(), main, main_start) {
             if sb.settings.command_is_sandbox {
                 // The init's own launch: the sandbox's from its first instruction, seen or not.
-                sb.tracking.policy.history.insert((main, t));
+                sb.tracking.policy.history.insert((m, t));
             }
         }
         let mut schedule = Schedule::new();
@@ -186,6 +194,7 @@ impl Pid1 {
             term_after_freeze: false,
             schedule,
             backlog: false,
+            stopped: false,
         }
     }
 
@@ -210,14 +219,23 @@ impl Pid1 {
         }
     }
 
-    /// A signal for the command: sent on to it (or its process group) while it runs.
+    /// A signal for the command: sent on to it (or its process group) while it runs. With no
+    /// command, SIGTERM and SIGINT stop the loop and any other is dropped.
     fn forward(&mut self, cfg: &Config, sig: i32) {
         if self.frozen && (sig == libc::SIGTERM || sig == libc::SIGINT) {
             // After a freeze the init waits for this to end the container.
             self.term_after_freeze = true;
         }
+        let Some(main) = self.reaper.main else {
+            if sig == libc::SIGTERM || sig == libc::SIGINT {
+                log::info!("{}: stopping", signal::signal_name(sig));
+                self.stopped = true;
+            } else {
+                log::debug!("{} dropped: there is no command to forward it to", signal::signal_name(sig));
+            }
+            return;
+        };
         if self.reaper.status.is_none() {
-            let main = self.reaper.main;
             let target = if cfg.pgroup { -main } else { main };
             log::debug!("forwarding {} to {target}", signal::signal_name(sig));
             if let Err(e) = signal::kill(target, sig) {
@@ -242,8 +260,10 @@ impl Pid1 {
             self.take_requests(sb, &turn.freeze_senders);
             self.track_if_due(sb, turn.child);
         }
-        let code = self.reaper.status?;
-        let stay = self.frozen && cfg.sandbox.as_ref().is_some_and(|sb| !sb.settings.after_freeze_exit);
+        let code = if self.stopped { 0 } else { self.reaper.status? };
+        let stay = !self.stopped
+            && self.frozen
+            && cfg.sandbox.as_ref().is_some_and(|sb| !sb.settings.after_freeze_exit);
         if stay && !self.term_after_freeze {
             return None;
         }

@@ -93,7 +93,7 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Err(e) => return fatal(e),
     };
     init::run::run(init::run::Config {
-        plan,
+        plan: Some(plan),
         pgroup: a.pgroup,
         remap_exit: a.remap_exit.clone(),
         grace,
@@ -127,7 +127,7 @@ fn lineage(off: bool, probe_uid: u32) -> bool {
 }
 
 /// What a freeze needs of the host: root, the capabilities it signals and reads with, and /proc.
-fn can_freeze_here() -> Result<(), String> {
+pub fn can_freeze_here() -> Result<(), String> {
     if creds::geteuid() != 0 {
         return Err(format!(
             "a freeze needs root, and quiesce runs as uid {}: run the container as root (no \
@@ -171,7 +171,8 @@ fn publish_locator(state: &state::dir::StateDir, me: process::Pid, start_time: u
     }
 }
 
-fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
+/// The sandbox's side of the init, set up from `a`: shared by the init and the sidecar.
+pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
     can_freeze_here()?;
     let freeze_signal = cli::args::freeze_signal(&a.freeze_signal)?;
     let attest = init::attesting::Setup {

@@ -1,7 +1,7 @@
 //! Changes to the entries of a directory held open: create (exclusively), rename, unlink, make
 //! and remove directories, chmod, and sync the directory so that a rename is durable. No link is
 //! followed; each name is one entry of `dir`, never a path.
-//! May use: libc, std and kernel::{errno, dirfd}.
+//! May use: libc, std and kernel::{errno, dirfd, stat}.
 
 use std::ffi::CString;
 use std::io;
@@ -22,6 +22,25 @@ pub fn create_excl_at(dir: &OwnedFd, name: &str, mode: u32) -> io::Result<std::f
     let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) } as _)?;
     // SAFETY: the kernel just gave us this descriptor.
     Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+}
+
+/// Open `name` in `dir` for reading and writing, created with `mode` when missing (`truncate`:
+/// emptied), following no link: a root-only file of the state dir (the sidecar's lock and log).
+/// Refused unless it is a regular file of root's; its mode is set to `mode` on the descriptor.
+pub fn open_private_at(dir: &OwnedFd, name: &str, mode: u32, truncate: bool) -> io::Result<std::fs::File> {
+    let c = cstr(name)?;
+    let trunc = if truncate { libc::O_TRUNC } else { 0 };
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY | trunc;
+    // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags, mode as libc::c_uint) } as _)?;
+    // SAFETY: the kernel just gave us this descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let st = crate::kernel::stat::fstat(&fd)?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != 0 {
+        return Err(io::Error::other(format!("{name} is not a regular file of root's: remove it")));
+    }
+    fchmod(&fd, mode)?;
+    Ok(std::fs::File::from(fd))
 }
 
 /// Rename `from` to `to`, both in `dir`.

@@ -1,9 +1,9 @@
 //! One open descriptor: read from it (retried on EINTR), write to it, wait until it is readable,
-//! make it non-blocking, ask whether it is a terminal.
+//! make it non-blocking, ask whether it is a terminal; a pipe; a descriptor inherited by number.
 //! May use: libc, std and kernel::errno.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::kernel::errno::check;
@@ -62,4 +62,22 @@ pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor the caller holds, with integer arguments.
     let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) } as _)?;
     check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags as i32 | libc::O_NONBLOCK) } as _).map(drop)
+}
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: the kernel writes two descriptors into the local array.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } as _)?;
+    // SAFETY: the kernel just gave us these descriptors.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Take the descriptor `fd` handed over at exec (its number agreed beforehand): refused unless it
+/// is open; made close-on-exec, so that nothing this process starts inherits it.
+pub fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: fcntl with integer arguments on a number that may not be open (EBADF then).
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } as _)?;
+    // SAFETY: open (checked just now), and by the agreement at exec no one else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -11,6 +11,8 @@
 //! - `stat`: what a file is (fstat, statx), procfs, a namespace's inode.
 //! - `dirfd`: opening and reading through a directory descriptor, following no link.
 //! - `dirwrite`: changing a directory's entries (create, rename, unlink, mkdir, rmdir, sync).
+//! - `flock`: the whole-file lock a running sidecar holds.
+//! - `detach`: starting a process that outlives its starter (fork, setsid, fork, exec).
 //! - `random`: random bytes.
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
@@ -21,10 +23,12 @@
 
 pub mod capcheck;
 pub mod creds;
+pub mod detach;
 pub mod dirfd;
 pub mod dirwrite;
 pub mod errno;
 pub mod fdio;
+pub mod flock;
 pub mod ipc;
 pub mod pidfd;
 pub mod process;

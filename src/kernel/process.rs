@@ -1,6 +1,6 @@
 //! This process and the processes it starts: its ids, fork and the shared-memory spawn, exit, the
-//! prctl flags it holds (dumpable, subreaper, parent-death signal, no_new_privs), the CPUs it may
-//! run on and the boot clock a process's start time is counted in.
+//! prctl flags it holds (dumpable, subreaper, parent-death signal, no_new_privs, its name), the
+//! CPUs it may run on and the boot clock a process's start time is counted in.
 //! May use: libc, std and kernel::errno.
 
 use std::io;
@@ -58,6 +58,15 @@ pub fn no_new_privs() -> io::Result<bool> {
 pub fn getppid() -> Pid {
     // SAFETY: getppid cannot fail.
     unsafe { libc::getppid() }
+}
+
+/// Name this process (its comm, 15 bytes at most, as ps shows it).
+pub fn set_name(name: &str) -> io::Result<()> {
+    let mut buf = [0u8; 16];
+    let n = name.len().min(15);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: prctl reads a NUL-terminated name of at most 16 bytes from the local buffer.
+    check(unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr(), 0, 0, 0) } as _).map(|_| ())
 }
 
 pub fn set_not_dumpable() -> io::Result<()> {

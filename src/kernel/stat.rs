@@ -1,5 +1,5 @@
 //! What a file is, asked of the kernel without opening it for reading: fstat, fstatat and statx
-//! (following no link), the file system a path is on (procfs), a namespace's inode.
+//! (following no link), the file system a path is on (procfs, read-only), a namespace's inode.
 //! May use: libc, std and kernel::errno.
 
 use std::ffi::CString;
@@ -33,6 +33,16 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
         let mut st: libc::stat = std::mem::zeroed();
         check(libc::fstat(fd.as_raw_fd(), &mut st) as _)?;
         Ok(st)
+    }
+}
+
+/// Is the file system of `fd` mounted read-only (statvfs's ST_RDONLY)?
+pub fn read_only(fd: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: a valid descriptor and a local out struct.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        check(libc::fstatvfs(fd.as_raw_fd(), &mut st) as _)?;
+        Ok(st.f_flag & libc::ST_RDONLY != 0)
     }
 }
 

@@ -51,6 +51,10 @@ pub struct Status {
     /// namespace; the soak watches it).
     #[serde(default)]
     pub history: usize,
+    /// Dead sandbox processes (zombies) whose parent is not the init, after the freeze: a PID 1
+    /// that never reaps holds their pids for good. They run nothing and pass the proof.
+    #[serde(default)]
+    pub unreaped_zombies: usize,
     /// The attestation of the frozen trees, when paths are named: it never changes `state`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<Attestation>,
@@ -348,6 +352,35 @@ impl StateDir {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// A root-only file of this directory (0600), opened for reading and writing, created when
+    /// missing, emptied when `truncate`; no link followed, never passed to a command it execs.
+    pub fn open_private(&self, name: &str, truncate: bool) -> io::Result<fs::File> {
+        crate::kernel::dirwrite::open_private_at(&self.fd, name, 0o600, truncate)
+    }
+
+    /// Can the init write here? Refused: a read-only mount, or a directory where a file cannot be
+    /// made and removed (a full or immutable one, a policy that denies it). Said with the fix.
+    pub fn check_writable(&self) -> Result<(), String> {
+        let shown = self.path.display();
+        match crate::kernel::stat::read_only(&self.fd) {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(format!(
+                    "state dir {shown} is on a read-only mount: mount a tmpfs there or pick a writable --state-dir"
+                ))
+            }
+            Err(e) => return Err(format!("cannot statvfs state dir {shown}: {e}: pick another --state-dir")),
+        }
+        let mut rnd = [0u8; 8];
+        crate::kernel::random::getrandom(&mut rnd).map_err(|e| format!("cannot read random bytes: {e}"))?;
+        let probe = format!(".probe.{}", hex(&rnd));
+        crate::kernel::dirwrite::create_excl_at(&self.fd, &probe, 0o600)
+            .and_then(|_| crate::kernel::dirwrite::unlink_at(&self.fd, &probe))
+            .map_err(|e| {
+                format!("state dir {shown} is not writable ({e}): make it root's and writable, or pick another --state-dir")
+            })
     }
 
     pub fn write_status(&self, st: &Status) -> io::Result<()> {

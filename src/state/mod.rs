@@ -1,5 +1,6 @@
 //! The state directory: status, marker, public key, what the init publishes (sandbox.json),
-//! freeze requests and their results; files read and removed through descriptors only.
+//! freeze requests and their results, a sidecar's lock, log and ready line (sidecar); files read
+//! and removed through descriptors only.
 //! May use: kernel. Reads no /proc and runs no freeze: it stores what it is given. It holds the
 //! records a freeze leaves (`dir::Phases`, `dir::Survivor`, the status and its states) and the
 //! request queue's policy (`requests`: whose signal takes which request), because the marker,
@@ -12,3 +13,4 @@ pub mod locator;
 pub mod published;
 pub mod removal;
 pub mod requests;
+pub mod sidecar;

@@ -413,6 +413,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
         unstopped: 0,
         phases_ms: Default::default(),
         history: 0,
+        unreaped_zombies: 0,
         attestation: None,
     }
 }

@@ -131,6 +131,7 @@ fn status() -> impl Strategy<Value = Status> {
             unstopped: killed / 2,
             phases_ms,
             history: killed / 3,
+            unreaped_zombies: killed / 4,
             attestation: None,
         })
 }

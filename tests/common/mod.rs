@@ -580,6 +580,43 @@ impl Container {
         ctr
     }
 
+    /// A PID namespace whose PID 1 is `pid1` (e.g. `sleep infinity`, which never reaps), not
+    /// quiesce, with no-new-privileges: the sandbox of a provider whose init is its own. `state`
+    /// is where a sidecar started into it is told to keep its state; nothing runs there yet.
+    pub fn foreign(pid1: &[&str]) -> Container {
+        let scratch = scratch("foreign");
+        let dir = scratch.to_path_buf();
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .args(pid1)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        no_new_privs(&mut c);
+        let unshare = c.spawn().expect("spawn unshare");
+        let upid = unshare.id();
+        let comm: String =
+            Path::new(pid1[0]).file_name().unwrap().to_string_lossy().chars().take(15).collect();
+        let mut ctr = Container {
+            unshare,
+            init: 0,
+            pidfd: None,
+            state: dir.join("state"),
+            dir,
+            exited: None,
+            setuid: false,
+            _watchdog: None,
+            _scratch: scratch,
+        };
+        wait_for("the foreign PID 1 to start", Duration::from_secs(10), || {
+            let Some(pid) = init_of(upid, false, &comm) else { return false };
+            ctr.pidfd = pidfd_open(pid);
+            ctr.init = pid;
+            ctr.pidfd.is_some() && init_of(upid, false, &comm) == Some(pid)
+        });
+        ctr._watchdog = Some(ctr.kill_after(CONTAINER_BUDGET));
+        ctr
+    }
+
     /// Run a command inside the namespace, as `docker exec` would (root unless wrapped).
     pub fn exec<S: AsRef<str>>(&self, args: &[S]) -> Output {
         output(&mut self.exec_cmd(args))
@@ -981,6 +1018,7 @@ impl Drop for Container {
             .flatten()
             .map(|m| format!("/run/quiesce-inits/pidns-{}.json", std::os::unix::fs::MetadataExt::ino(&m)))
             .and_then(|l| Some((l, self.stat(1)?.start_time)));
+        let state = self.state.clone();
         if let Some(fd) = &self.pidfd {
             let _ = pidfd_signal(fd, libc::SIGKILL);
             let until = Instant::now() + Duration::from_secs(30);
@@ -1008,7 +1046,11 @@ impl Drop for Container {
             let ours = std::fs::read_to_string(&l)
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                .is_some_and(|v| v["start_time"].as_u64() == Some(start));
+                .is_some_and(|v| {
+                    // The init's (PID 1), or a sidecar's, which keeps its state in this container's.
+                    v["start_time"].as_u64() == Some(start)
+                        || v["state_dir"].as_str().map(Path::new) == Some(&state)
+                });
             if ours {
                 let _ = std::fs::remove_file(l);
             }

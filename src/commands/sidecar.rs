@@ -1,0 +1,255 @@
+//! `quiesce sidecar`: start the init beside a PID 1 that is not quiesce, by one exec that ends
+//! once it is ready. Everything that can be refused is refused here, before anything detaches;
+//! a sidecar already running with this state dir answers instead (its lock is held); otherwise
+//! the start forks, the child setsid()s and forks the sidecar, which re-executes this binary
+//! (init::sidecar) and says its ready line through a pipe, printed here.
+
+use crate::cli::args::SidecarArgs;
+use crate::init::{self, sidecar::LOCK_FD, sidecar::READY_FD};
+use crate::kernel::{detach, detach::Detach, fdio, flock, reap};
+use crate::observe::{procs::model::Detail, procs::reader::Reader, proctrust};
+use crate::state::{dir::StateDir, locator, published, sidecar};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// How long a start waits for a sidecar another start holds the lock for to say it is ready.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+/// How long a start waits for the sidecar it started to say it is ready.
+const READY_WAIT: Duration = Duration::from_secs(15);
+/// The longest ready line read: a line, a key and a few numbers.
+const MAX_LINE: usize = 64 * 1024;
+
+pub fn sidecar(a: SidecarArgs, argv: &[String]) -> i32 {
+    if a.detached {
+        return init::sidecar::run(&a);
+    }
+    let _ = init::logging::init(a.verbose, false);
+    match start(&a, argv) {
+        Ok(line) => {
+            println!("{line}");
+            0
+        }
+        Err(e) => {
+            eprintln!("quiesce sidecar: {e}");
+            2
+        }
+    }
+}
+
+/// The ready line of the sidecar this start made, or of the one it found running.
+fn start(a: &SidecarArgs, argv: &[String]) -> Result<String, String> {
+    can_run_here()?;
+    check_options(a)?;
+    let state = StateDir::create(&a.state.state_dir)?;
+    state.check_writable()?;
+    let lock: OwnedFd = state
+        .open_private(sidecar::LOCK, false)
+        .map_err(|e| format!("cannot open {}: {e}", state.file(sidecar::LOCK).display()))?
+        .into();
+    if !locked(&lock, &state)? {
+        if let Some(mut running) = answer_or_lock(&lock, &state)? {
+            running.started = false;
+            return Ok(running.line());
+        }
+    }
+    refuse_other_init(&state)?;
+    detach(&state, lock, argv)
+}
+
+/// Root, the capabilities a freeze needs, and this PID namespace's own /proc.
+fn can_run_here() -> Result<(), String> {
+    init::start::can_freeze_here()?;
+    proctrust::check(std::path::Path::new("/proc")).map_err(|e| {
+        format!(
+            "{e}: mount a proc of this PID namespace at /proc (a foreign /proc shows another \
+             namespace's processes; enter the container's mount namespace with its PID namespace)"
+        )
+    })
+}
+
+/// The options the detached sidecar reads, refused here in one line rather than in its log.
+fn check_options(a: &SidecarArgs) -> Result<(), String> {
+    if a.sandbox.users.is_empty() {
+        return Err("no sandbox user: add --sandbox-user USER (or QUIESCE_SANDBOX_USER)".into());
+    }
+    crate::kernel::users::resolve_uids(&a.sandbox.users)?;
+    crate::cli::args::freeze_signal(&a.freeze_signal)?;
+    crate::cli::args::seconds("--freeze-timeout", a.freeze_timeout)?;
+    crate::cli::args::seconds("--track-interval", a.track_interval)?;
+    init::attesting::check_setup(&init::attesting::Setup {
+        paths: a.attest.paths.clone(),
+        allow: a.attest.allow.clone(),
+        bounds: a.attest.bounds(),
+    })?;
+    if let Some(key) = &a.signing_key {
+        crate::marker::jws::load_private(key)?;
+    }
+    Ok(())
+}
+
+fn locked(lock: &OwnedFd, state: &StateDir) -> Result<bool, String> {
+    flock::try_lock_exclusive(lock)
+        .map_err(|e| format!("cannot lock {}: {e}", state.file(sidecar::LOCK).display()))
+}
+
+/// Another start holds the lock: the sidecar it runs or is starting, once sidecar.json names it
+/// live. None: the lock came free (that start gave up), and this start holds it now.
+fn answer_or_lock(lock: &OwnedFd, state: &StateDir) -> Result<Option<sidecar::Ready>, String> {
+    let until = Instant::now() + ANSWER_WAIT;
+    loop {
+        if let Some(r) = sidecar::read(state)?.filter(|r| !r.stopped && running(r.pid, r.start_time)) {
+            return Ok(Some(r));
+        }
+        if locked(lock, state)? {
+            return Ok(None);
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "{} is held, but no running sidecar answered in {} within {} s: see {}",
+                state.file(sidecar::LOCK).display(),
+                state.file(sidecar::READY_FILE).display(),
+                ANSWER_WAIT.as_secs(),
+                state.file(sidecar::LOG).display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Is `pid` the live process that started at `start_time`? A zombie is not: it runs nothing,
+/// and under a PID 1 that never reaps, it stays.
+fn running(pid: i32, start_time: u64) -> bool {
+    let reader = Reader::default();
+    let Ok(mut pass) = reader.pass() else { return false };
+    pid > 0
+        && matches!(pass.read(pid, Detail::Light, None), Ok(Some(p)) if p.start_time == start_time && p.alive())
+}
+
+/// An init of quiesce that runs in this PID namespace (its locator), or with this state dir
+/// (its sandbox.json), and is no sidecar of this lock: a second init would race it.
+fn refuse_other_init(state: &StateDir) -> Result<(), String> {
+    if let Some(l) = locator::find()?.filter(|l| running(l.pid, l.start_time)) {
+        let dir = l.state_dir.display();
+        if l.pid == 1 {
+            return Err(format!(
+                "quiesce is already PID 1 of this PID namespace (state dir {dir}): freeze it with \
+                 `quiesce freeze --state-dir {dir}`; no sidecar is needed"
+            ));
+        }
+        return Err(format!(
+            "an init of quiesce already runs in this PID namespace (pid {}, state dir {dir}): use \
+             it (`--state-dir {dir}`) or stop it first",
+            l.pid
+        ));
+    }
+    if let Some(p) = published::published_in(state)?.filter(|p| running(p.pid, p.start_time)) {
+        return Err(format!(
+            "an init of quiesce already runs with state dir {} (pid {}): use it or stop it first",
+            state.path.display(),
+            p.pid
+        ));
+    }
+    Ok(())
+}
+
+/// Start the sidecar, detached, with the lock held for it; its ready line once it says it.
+fn detach(state: &StateDir, lock: OwnedFd, argv: &[String]) -> Result<String, String> {
+    // An earlier sidecar's line names a process that is gone: no start may answer with it.
+    state
+        .remove(sidecar::READY_FILE)
+        .map_err(|e| format!("cannot remove the old {}: {e}", sidecar::READY_FILE))?;
+    let log_path = state.file(sidecar::LOG);
+    let log: OwnedFd = state
+        .open_private(sidecar::LOG, true)
+        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?
+        .into();
+    let null: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("cannot open /dev/null: {e}: the sidecar's stdin reads it"))?
+        .into();
+    let (ready_r, ready_w) = fdio::pipe().map_err(|e| format!("cannot make the ready pipe: {e}"))?;
+    // The same line again, as the sidecar itself: its options, and the descriptors it is handed.
+    let mut args = vec![
+        argv.first().cloned().unwrap_or_else(|| "quiesce".into()),
+        "sidecar".into(),
+        "--detached".into(),
+    ];
+    args.extend(argv.iter().skip(2).cloned());
+    // Kept in this order at 3 and 4, where the sidecar takes them (LOCK_FD, READY_FD).
+    let keep = vec![lock, ready_w];
+    let d = Detach::new(
+        "/proc/self/exe",
+        &args,
+        null,
+        log,
+        keep,
+        (READY_FD - LOCK_FD) as usize,
+        "quiesce sidecar: cannot execute /proc/self/exe\n",
+    )
+    .map_err(|e| format!("cannot prepare the sidecar: {e}"))?;
+    let child = d.spawn().map_err(|e| format!("cannot fork the sidecar: {e}"))?;
+    // Its copies of the lock and the pipe go: the sidecar holds its own, and the pipe's end
+    // comes only once the sidecar has written or died.
+    drop(d);
+    match first_child_end(child) {
+        Ok(0) => {}
+        Ok(detach::SETSID_FAILED) => return Err("setsid failed in the sidecar's first child".into()),
+        Ok(detach::FORK_FAILED) => {
+            return Err("the sidecar's first child cannot fork: is a pids limit reached?".into())
+        }
+        Ok(c) => return Err(format!("the sidecar's first child ended with {c}")),
+        Err(e) => return Err(e),
+    }
+    let line = read_line(&ready_r, READY_WAIT).map_err(|e| format!("{e}: see {}", log_path.display()))?;
+    if line.starts_with('{') {
+        Ok(line)
+    } else {
+        Err(line.trim_start_matches("quiesce sidecar: ").to_string())
+    }
+}
+
+/// The exit code of the sidecar's first child, which only calls setsid and forks.
+fn first_child_end(child: i32) -> Result<i32, String> {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match reap::try_reap(child) {
+            Ok(Some(code)) => return Ok(code),
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
+            Ok(None) => {
+                return Err(format!("the sidecar's first child (pid {child}) did not end within 5 s"))
+            }
+            Err(e) => return Err(format!("cannot wait for the sidecar's first child: {e}")),
+        }
+    }
+}
+
+/// The first line on `fd` within `budget`.
+fn read_line(fd: &OwnedFd, budget: Duration) -> Result<String, String> {
+    let until = Instant::now() + budget;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.contains(&b'\n') {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("the sidecar did not say it was ready within {} s", budget.as_secs()));
+        }
+        if !fdio::wait_readable(fd.as_raw_fd(), left)
+            .map_err(|e| format!("cannot wait for the sidecar: {e}"))?
+        {
+            continue;
+        }
+        let n =
+            fdio::read_some(fd, &mut chunk).map_err(|e| format!("cannot read the sidecar's line: {e}"))?;
+        if n == 0 {
+            return Err("the sidecar ended before it said it was ready".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_LINE {
+            return Err(format!("the sidecar's line is longer than {MAX_LINE} bytes"));
+        }
+    }
+    let text = String::from_utf8_lossy(&buf);
+    Ok(text.lines().next().unwrap_or_default().to_string())
+}

@@ -344,3 +344,52 @@ fn sigterm_stops_it_with_exit_0_and_a_new_start_follows() {
     assert_eq!(again["started"], true);
     assert_ne!(again["pid"], pid);
 }
+
+#[test]
+fn a_fork_loop_launched_with_nproc_stops_at_its_cap_and_root_still_forks_and_freezes() {
+    // A UID of this test's own: RLIMIT_NPROC counts the UID's processes on the whole host.
+    let uid = 4917u32;
+    let u = uid.to_string();
+    let c = Container::foreign(&["sleep", "infinity"]);
+    let q = quiesce();
+    let st = c.state.to_str().unwrap();
+    ready(&c.exec(&[q.to_str().unwrap(), "sidecar", "--sandbox-user", &u, "--state-dir", st]));
+    for bad in ["0", "-3", "many"] {
+        let out = c.exec(&[q.to_str().unwrap(), "exec", "--user", &u, "--nproc", bad, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "--nproc {bad}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Every process forks as fast as it can; it asks for a cap of 1000 itself, which the hard
+    // limit of 50 refuses. Ready once the first fork fails.
+    let a = adv();
+    let cmd = c.exec_cmd(&[
+        q.to_str().unwrap(),
+        "exec",
+        "--user",
+        &u,
+        "--nproc",
+        "50",
+        "--",
+        &a,
+        "bomb-flat",
+        "1000",
+    ]);
+    let _w = c.start_ready(cmd, "fork loop under --nproc 50");
+    // A fork that fails at the cap may have held a count for an instant: the 50th comes soon.
+    let mut most = 0;
+    wait_for("the fork loop to reach 50 processes", Duration::from_secs(10), || {
+        most = most.max(c.live_of_uid(uid).len());
+        most >= 50
+    });
+    for _ in 0..10 {
+        most = most.max(c.live_of_uid(uid).len());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(most, 50, "the UID's processes under --nproc 50");
+    let root = c.exec(&["sh", "-c", "sleep 0 & wait; echo forked"]);
+    assert_eq!(String::from_utf8_lossy(&root.stdout).trim(), "forked", "root could not fork");
+    let (code, st) = c.freeze("nproc");
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert!(st["killed"].as_u64().unwrap() >= 50, "{st}");
+    assert!(c.live_of_uid(uid).is_empty());
+}

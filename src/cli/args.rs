@@ -247,6 +247,9 @@ pub struct ExecArgs {
     /// Do not tag the launch with an audit session
     #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub no_lineage: bool,
+    /// Cap the user's processes at N (RLIMIT_NPROC, soft and hard) for the command and all it starts
+    #[arg(long, value_name = "N", env = "QUIESCE_EXEC_NPROC", value_parser = clap::value_parser!(u64).range(1..))]
+    pub nproc: Option<u64>,
     #[command(flatten)]
     pub state: StateArgs,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]

@@ -40,6 +40,14 @@ pub fn exec(args: ExecArgs) -> i32 {
         eprintln!("quiesce exec: {e}");
         return 2;
     }
+    if let Some(n) = args.nproc {
+        // Set as root, before the drop: the user cannot raise it, and a fork bomb of the command
+        // stops at N processes of its UID while root's execs still start.
+        if let Err(e) = process::set_nproc_limit(n) {
+            eprintln!("quiesce exec: cannot set --nproc {n} (RLIMIT_NPROC): {e}");
+            return 2;
+        }
+    }
     let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: false };
     match Plan::new(&args.command, Some(drop)) {
         Ok(plan) => plan.exec_in_place(),

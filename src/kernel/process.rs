@@ -1,6 +1,6 @@
 //! This process and the processes it starts: its ids, fork and the shared-memory spawn, exit, the
-//! prctl flags it holds (dumpable, subreaper, parent-death signal, no_new_privs, its name), the
-//! CPUs it may run on and the boot clock a process's start time is counted in.
+//! prctl flags it holds (dumpable, subreaper, parent-death signal, no_new_privs, its name), its
+//! process-count limit, the CPUs it may run on and the boot clock a process's start time is counted in.
 //! May use: libc, std and kernel::errno.
 
 use std::io;
@@ -58,6 +58,14 @@ pub fn no_new_privs() -> io::Result<bool> {
 pub fn getppid() -> Pid {
     // SAFETY: getppid cannot fail.
     unsafe { libc::getppid() }
+}
+
+/// RLIMIT_NPROC, soft and hard, set to `n`: once this process runs as another user, neither it
+/// nor anything it starts may fork while that user's real UID has `n` processes.
+pub fn set_nproc_limit(n: u64) -> io::Result<()> {
+    let r = libc::rlimit { rlim_cur: n as libc::rlim_t, rlim_max: n as libc::rlim_t };
+    // SAFETY: a valid rlimit struct, read by the kernel.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &r) } as _).map(|_| ())
 }
 
 /// Name this process (its comm, 15 bytes at most, as ps shows it).

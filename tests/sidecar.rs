@@ -339,6 +339,16 @@ fn sigterm_stops_it_with_exit_0_and_a_new_start_follows() {
     assert_eq!(file["stopped"], true, "{file}");
     assert_eq!(file["pid"], pid);
     assert!(read(&c.state.join("sidecar.log")).contains("sidecar stopped"));
+    // Its zombie answers nothing: a freeze says it is gone at once, and a launch finds no init
+    // to record with (it runs, as beside no init), instead of waiting on it.
+    let t = std::time::Instant::now();
+    let (code, st) = c.freeze_within("after-stop", Some(30));
+    assert_ne!(code, 0, "{st}");
+    assert!(st["client_stderr"].as_str().unwrap_or_default().contains("is gone"), "{st}");
+    let q = quiesce();
+    let out = c.exec(&[q.to_str().unwrap(), "exec", "--user", &UID.to_string(), "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(10), "waited {:?} on a stopped sidecar", t.elapsed());
     // Its zombie holds no lock, and its locator names no live process: a new start starts.
     let again = ready(&start(&c, &[]));
     assert_eq!(again["started"], true);

@@ -71,7 +71,8 @@ fn init_dir(args: &ExecArgs, reader: &Reader) -> Result<Option<(StateDir, Publis
         // There but not to be trusted: never the same as none.
         Err(e) => return Err(e),
     };
-    let alive = |pid: Pid, start_time: u64| reader.start_time(pid).ok().flatten() == Some(start_time);
+    // An init's zombie (beside a PID 1 that never reaps) takes no record: no one is there.
+    let alive = |pid: Pid, start_time: u64| reader.live_start_time(pid).ok().flatten() == Some(start_time);
     if let Some(d) = here {
         // What an init of an earlier container left in a kept directory names no one here.
         if let Some(p) = published_in(&d)?.filter(|p| alive(p.pid, p.start_time)) {

@@ -29,7 +29,8 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
         )
     };
     let fd = pidfd::pidfd_open(p.pid).map_err(|_| gone())?;
-    match Reader::default().start_time(p.pid) {
+    // An init's zombie (beside a PID 1 that never reaps) would never answer.
+    match Reader::default().live_start_time(p.pid) {
         Ok(Some(t)) if t == p.start_time => {}
         _ => return Err(gone()),
     }

@@ -7,7 +7,7 @@
 use crate::cli::args::SidecarArgs;
 use crate::init::{self, sidecar::LOCK_FD, sidecar::READY_FD};
 use crate::kernel::{detach, detach::Detach, fdio, flock, reap};
-use crate::observe::{procs::model::Detail, procs::reader::Reader, proctrust};
+use crate::observe::{procs::reader::Reader, proctrust};
 use crate::state::{dir::StateDir, locator, published, sidecar};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -119,10 +119,7 @@ fn answer_or_lock(lock: &OwnedFd, state: &StateDir) -> Result<Option<sidecar::Re
 /// Is `pid` the live process that started at `start_time`? A zombie is not: it runs nothing,
 /// and under a PID 1 that never reaps, it stays.
 fn running(pid: i32, start_time: u64) -> bool {
-    let reader = Reader::default();
-    let Ok(mut pass) = reader.pass() else { return false };
-    pid > 0
-        && matches!(pass.read(pid, Detail::Light, None), Ok(Some(p)) if p.start_time == start_time && p.alive())
+    pid > 0 && matches!(Reader::default().live_start_time(pid), Ok(Some(t)) if t == start_time)
 }
 
 /// An init of quiesce that runs in this PID namespace (its locator), or with this state dir

@@ -200,6 +200,16 @@ impl Reader {
         self.pass()?.start_time(pid)
     }
 
+    /// Start time of `pid` while it can still act; Ok(None) if it exited, a dead process's
+    /// zombie included (its stat line says Z and counts only itself): under a PID 1 that never
+    /// reaps, an init that ended stays one, and answers nothing.
+    pub fn live_start_time(&self, pid: Pid) -> io::Result<Option<u64>> {
+        let stat = self.pass()?.stat(pid)?;
+        Ok(stat
+            .filter(|s| !(crate::observe::procs::model::exited(s.state) && s.num_threads == 1))
+            .map(|s| s.start_time))
+    }
+
     /// Does `pid` run the file this process runs (its exe, by device and inode)? Ok(None): it
     /// exited.
     /// The second word of `pid`'s command line (a subcommand of this binary's), at most

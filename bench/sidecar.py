@@ -92,6 +92,7 @@ def main():
     q = os.environ.get("QUIESCE") or bench.Q
     adv = os.environ.get("ADVERSARY") or bench.ADV
     res = {"pid1": [], "sidecar": []}
+    load0 = os.getloadavg()[0]
     for i in range(a.runs):
         for mode in ("pid1", "sidecar"):
             ok, killed, wall, total = one(mode, q, adv, a.procs)
@@ -106,18 +107,24 @@ def main():
             "killed": bench.med([r[1] for r in good]),
             "wall": bench.med([r[2] for r in good]),
             "total": bench.med([r[3] for r in good if r[3] is not None]),
+            "range": (min((r[3] for r in good if r[3] is not None), default=float("nan")),
+                      max((r[3] for r in good if r[3] is not None), default=float("nan"))),
         }
+    load1 = os.getloadavg()[0]
     p1, sc = rows["pid1"], rows["sidecar"]
     L = [BEGIN, "## The sidecar against the init (anchor: quiesce as PID 1)", "",
          f"Measured {time.strftime('%Y-%m-%d')} in one run of `bench/sidecar.py --runs {a.runs}` (as root), "
          f"the two alternating run by run: {a.procs} sleepers under a live parent, launched as the sandbox "
          "user through `quiesce exec` from outside the namespace, frozen by `quiesce freeze --wait --json` "
-         "from outside. PID 1 is quiesce itself, or `sleep` with `quiesce sidecar` beside it. Medians.", "",
+         "from outside. PID 1 is quiesce itself, or `sleep` with `quiesce sidecar` beside it. Medians "
+         f"(the freezer's range in parentheses); the machine's 1-minute load average was {load0:.1f} at the start "
+         f"and {load1:.1f} at the end, so compare the two rows with each other, not with the tables above.", "",
          "| quiesce as | freeze, in the freezer (ms) | × PID 1 | wall from outside (ms) | × PID 1 | killed | quiescent |",
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode, label in (("pid1", "PID 1 (init)"), ("sidecar", "sidecar beside `sleep`")):
         r = rows[mode]
-        L.append(f"| {label} | {r['total']:.1f} | {r['total'] / p1['total']:.2f} | {r['wall']:.1f} | "
+        L.append(f"| {label} | {r['total']:.1f} ({r['range'][0]:.0f}–{r['range'][1]:.0f}) | "
+                 f"{r['total'] / p1['total']:.2f} | {r['wall']:.1f} | "
                  f"{r['wall'] / p1['wall']:.2f} | {r['killed']:.0f} | {r['ok']}/{r['runs']} |")
     L += ["", END]
     text = "\n".join(L)

@@ -112,3 +112,10 @@ def test_podman_exec_sets_the_environment_it_is_given() -> None:
     assert argv == [
         "/usr/bin/podman", "exec", "-u", "agent", "-e", "QUIESCE_X=0", "box", "quiesce", "verify",
     ]  # fmt: skip
+
+
+def test_podman_exec_with_stdin_keeps_it_open() -> None:
+    # The argv alone: exec_with_stdin's input reaches the command only with -i.
+    c = Container.podman("box")
+    argv = c._cli_exec_argv(["sh", "-c", "cat > /x"], "0", interactive=True)
+    assert argv == ["podman", "exec", "-i", "-u", "0", "box", "sh", "-c", "cat > /x"]

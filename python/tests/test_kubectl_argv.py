@@ -41,6 +41,10 @@ if "freeze" in cmd:
 if "verify" in cmd:
     print("scored")
     sys.exit(0)
+if cmd[:2] == ["sh", "-c"]:
+    with open(os.environ["FAKE_KUBECTL_LOG"] + ".stdin", "wb") as f:
+        f.write(sys.stdin.buffer.read())
+    sys.exit(0)
 sys.exit(1)
 """
 
@@ -133,3 +137,17 @@ def test_no_exec_can_start_and_no_signal_exists_is_unreachable(
         freeze(c, nonce="n-3", timeout=5)
     # One exec tried, no `kubectl` command that would claim to signal the init.
     assert [a[0] for a in calls(kubectl)] == ["exec"]
+
+
+def test_a_file_goes_in_on_the_execs_stdin(kubectl: Path, tmp_path: Path) -> None:
+    # kubectl has no copy that needs nothing in the pod: start_sidecar's binary goes in through
+    # `kubectl exec -i ... sh -c 'cat > PATH'`, as the pod's own user (kubectl chooses none).
+    f = tmp_path / "quiesce"
+    f.write_bytes(b"\x7fELF binary")
+    Container.kubectl("task-0", namespace="evals").upload(f, "/run/quiesce-bin/.quiesce.new")
+    (argv,) = calls(kubectl)
+    assert argv == [
+        "exec", "-i", "-n", "evals", "task-0", "--",
+        "sh", "-c", 'cat > "$1"', "sh", "/run/quiesce-bin/.quiesce.new",
+    ]  # fmt: skip
+    assert Path(f"{kubectl}.stdin").read_bytes() == b"\x7fELF binary"

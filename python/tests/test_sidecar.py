@@ -173,8 +173,17 @@ def host_pid1(b: Box) -> int:
 def launch(b: Box, sc_binary: str, workload: str) -> None:
     """A workload as the sandbox user through `quiesce exec`, detached from the exec."""
     cmd = [sc_binary, "exec", "--user", UID, "--", "sh", "-c", support.WORKLOADS[workload]]
-    e = b.client.api.exec_create(b.id, cmd)
-    b.client.api.exec_start(e["Id"], detach=True)
+    # The runtime now and then fails to join a busy container ("error executing setns
+    # process"): that launch is tried again, a few times.
+    for attempt in range(3):
+        try:
+            e = b.client.api.exec_create(b.id, cmd)
+            b.client.api.exec_start(e["Id"], detach=True)
+            return
+        except docker.errors.APIError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
 
 
 @pytest.mark.parametrize("pid1", list(PID1))

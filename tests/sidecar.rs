@@ -403,3 +403,46 @@ fn a_fork_loop_launched_with_nproc_stops_at_its_cap_and_root_still_forks_and_fre
     assert!(st["killed"].as_u64().unwrap() >= 50, "{st}");
     assert!(c.live_of_uid(uid).is_empty());
 }
+
+#[test]
+fn a_lock_held_with_no_sidecar_behind_it_is_refused_within_the_wait_naming_the_log() {
+    let c = Container::foreign(&["sleep", "infinity"]);
+    std::fs::create_dir(&c.state).unwrap();
+    chmod(&c.state, 0o755);
+    let lock = c.state.join("sidecar.lock");
+    let _holder = guard(c.exec_cmd(&["flock", "-n", lock.to_str().unwrap(), "sleep", "60"]));
+    wait_for("flock to hold the lock", Duration::from_secs(10), || {
+        c.exec(&["flock", "-n", lock.to_str().unwrap(), "true"]).status.code() == Some(1)
+    });
+    let t = std::time::Instant::now();
+    let out = start(&c, &[]);
+    assert_refused(&out, "sidecar.lock is held, but no running sidecar answered", Some(&c));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sidecar.log"));
+    let waited = t.elapsed();
+    assert!((Duration::from_secs(9)..Duration::from_secs(20)).contains(&waited), "{waited:?}");
+}
+
+#[test]
+fn the_detached_form_run_by_hand_is_refused() {
+    let c = Container::foreign(&["sleep", "infinity"]);
+    let mut argv = sidecar_cmd(&c, &[]);
+    argv.insert(2, "--detached".into());
+    // No descriptors at 3 and 4.
+    let out = c.exec(&argv);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("start it with `quiesce sidecar`"));
+    // Descriptors there, but not the held lock: the error goes to fd 4 as a start would read it.
+    std::fs::create_dir(&c.state).unwrap();
+    chmod(&c.state, 0o755);
+    let said = c.path("said");
+    let script = r#"exec 3<>"$0" 4>"$1"; shift; exec "$@""#;
+    let mut full = vec!["sh".to_string(), "-c".into(), script.into()];
+    full.push(c.path("not-the-lock").display().to_string());
+    full.push(said.display().to_string());
+    full.extend(argv);
+    let out = c.exec(&full);
+    assert_eq!(out.status.code(), Some(2));
+    let line = read(&said);
+    assert!(line.starts_with("quiesce sidecar: fd 3 is not the held lock"), "{line}");
+    assert!(sidecars(&c).is_empty() && !c.state.join("sidecar.json").exists());
+}

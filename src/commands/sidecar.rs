@@ -155,10 +155,29 @@ fn detach(state: &StateDir, lock: OwnedFd, argv: &[String]) -> Result<String, St
     state
         .remove(sidecar::READY_FILE)
         .map_err(|e| format!("cannot remove the old {}: {e}", sidecar::READY_FILE))?;
-    let log_path = state.file(sidecar::LOG);
+    let (ready_r, ready_w) = fdio::pipe().map_err(|e| format!("cannot make the ready pipe: {e}"))?;
+    let d = plan(state, lock, ready_w, argv)?;
+    let child = d.spawn().map_err(|e| format!("cannot fork the sidecar: {e}"))?;
+    // Its copies of the lock and the pipe go: the sidecar holds its own, and the pipe's end
+    // comes only once the sidecar has written or died.
+    drop(d);
+    first_child_ended(child)?;
+    let log = state.file(sidecar::LOG);
+    let line = read_line(&ready_r, READY_WAIT).map_err(|e| format!("{e}: see {}", log.display()))?;
+    if line.starts_with('{') {
+        Ok(line)
+    } else {
+        Err(line.trim_start_matches("quiesce sidecar: ").to_string())
+    }
+}
+
+/// The sidecar's exec, prepared: this binary again through /proc/self/exe with the same
+/// options, stdin from /dev/null, stdout and stderr to its log (emptied), the lock at fd 3 and
+/// the ready pipe at fd 4.
+fn plan(state: &StateDir, lock: OwnedFd, ready_w: OwnedFd, argv: &[String]) -> Result<Detach, String> {
     let log: OwnedFd = state
         .open_private(sidecar::LOG, true)
-        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?
+        .map_err(|e| format!("cannot open {}: {e}", state.file(sidecar::LOG).display()))?
         .into();
     let null: OwnedFd = std::fs::OpenOptions::new()
         .read(true)
@@ -166,44 +185,23 @@ fn detach(state: &StateDir, lock: OwnedFd, argv: &[String]) -> Result<String, St
         .open("/dev/null")
         .map_err(|e| format!("cannot open /dev/null: {e}: the sidecar's stdin reads it"))?
         .into();
-    let (ready_r, ready_w) = fdio::pipe().map_err(|e| format!("cannot make the ready pipe: {e}"))?;
-    // The same line again, as the sidecar itself: its options, and the descriptors it is handed.
-    let mut args = vec![
-        argv.first().cloned().unwrap_or_else(|| "quiesce".into()),
-        "sidecar".into(),
-        "--detached".into(),
-    ];
-    args.extend(argv.iter().skip(2).cloned());
-    // Kept in this order at 3 and 4, where the sidecar takes them (LOCK_FD, READY_FD).
+    let head =
+        [argv.first().cloned().unwrap_or_else(|| "quiesce".into()), "sidecar".into(), "--detached".into()];
+    let args: Vec<String> = head.into_iter().chain(argv.iter().skip(2).cloned()).collect();
+    // Kept in this order, at LOCK_FD (3) and READY_FD (4).
     let keep = vec![lock, ready_w];
-    let d = Detach::new(
-        "/proc/self/exe",
-        &args,
-        null,
-        log,
-        keep,
-        (READY_FD - LOCK_FD) as usize,
-        "quiesce sidecar: cannot execute /proc/self/exe\n",
-    )
-    .map_err(|e| format!("cannot prepare the sidecar: {e}"))?;
-    let child = d.spawn().map_err(|e| format!("cannot fork the sidecar: {e}"))?;
-    // Its copies of the lock and the pipe go: the sidecar holds its own, and the pipe's end
-    // comes only once the sidecar has written or died.
-    drop(d);
-    match first_child_end(child) {
-        Ok(0) => {}
-        Ok(detach::SETSID_FAILED) => return Err("setsid failed in the sidecar's first child".into()),
-        Ok(detach::FORK_FAILED) => {
-            return Err("the sidecar's first child cannot fork: is a pids limit reached?".into())
-        }
-        Ok(c) => return Err(format!("the sidecar's first child ended with {c}")),
-        Err(e) => return Err(e),
-    }
-    let line = read_line(&ready_r, READY_WAIT).map_err(|e| format!("{e}: see {}", log_path.display()))?;
-    if line.starts_with('{') {
-        Ok(line)
-    } else {
-        Err(line.trim_start_matches("quiesce sidecar: ").to_string())
+    let failed = "quiesce sidecar: cannot execute /proc/self/exe\n";
+    Detach::new("/proc/self/exe", &args, null, log, keep, (READY_FD - LOCK_FD) as usize, failed)
+        .map_err(|e| format!("cannot prepare the sidecar: {e}"))
+}
+
+/// The sidecar's first child ended as it should (it only calls setsid and forks).
+fn first_child_ended(child: i32) -> Result<(), String> {
+    match first_child_end(child)? {
+        0 => Ok(()),
+        detach::SETSID_FAILED => Err("setsid failed in the sidecar's first child".into()),
+        detach::FORK_FAILED => Err("the sidecar's first child cannot fork: is a pids limit reached?".into()),
+        c => Err(format!("the sidecar's first child ended with {c}")),
     }
 }
 

@@ -60,11 +60,7 @@ fn say(ready: &OwnedFd, text: &str) {
 /// Everything the init does before its command runs, here without a command; then sidecar.json.
 fn set_up(a: &cli::args::SidecarArgs) -> Result<(init::run::Config, Ready, OwnedFd), String> {
     let lock = hold_lock(a)?;
-    // Executed as /proc/self/exe, the kernel named it "exe": it takes its binary's name again.
-    let own = std::env::args().next().unwrap_or_default();
-    let name = std::path::Path::new(&own).file_name().map(|n| n.to_string_lossy().into_owned());
-    process::set_name(name.as_deref().unwrap_or("quiesce"))
-        .map_err(|e| format!("cannot name the sidecar: {e}"))?;
+    take_own_name()?;
     // Dispositions an exec's parent ignored would survive into this process: an ignored SIGTERM
     // would never reach the signalfd. Before any thread exists, as in the init.
     signal::reset_all_dispositions();
@@ -78,26 +74,7 @@ fn set_up(a: &cli::args::SidecarArgs) -> Result<(init::run::Config, Ready, Owned
     let sb = init::start::setup_sandbox(&a.init_args(), uids)?;
     // The key path is no business of anything the sidecar starts.
     std::env::remove_var("QUIESCE_SIGNING_KEY");
-    let me = process::getpid();
-    let start_time = procs::reader::Reader::default()
-        .start_time(me)
-        .map_err(|e| format!("cannot read the sidecar's own start time: {e}"))?
-        .ok_or("cannot find the sidecar in /proc: mount proc for this PID namespace")?;
-    let line = Ready {
-        sidecar: "quiesce".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        pid: me,
-        start_time,
-        state_dir: std::fs::canonicalize(&sb.state.path)
-            .unwrap_or_else(|_| sb.state.path.clone())
-            .display()
-            .to_string(),
-        public_key: marker::jws::public_pem(&sb.settings.key.verifying_key()),
-        sandbox_uids: sb.tracking.policy.uids.clone(),
-        lineage: sb.tracking.policy.lineage,
-        started: true,
-        stopped: false,
-    };
+    let line = ready_line(&sb)?;
     sb.state
         .write_atomic(state::sidecar::READY_FILE, line.line().as_bytes(), 0o644)
         .map_err(|e| format!("cannot write {}: {e}", sb.state.file(state::sidecar::READY_FILE).display()))?;
@@ -109,6 +86,36 @@ fn set_up(a: &cli::args::SidecarArgs) -> Result<(init::run::Config, Ready, Owned
         sandbox: Some(sb),
     };
     Ok((cfg, line, lock))
+}
+
+/// Executed as /proc/self/exe, the kernel named it "exe": it takes its binary's name again.
+fn take_own_name() -> Result<(), String> {
+    let own = std::env::args().next().unwrap_or_default();
+    let name = std::path::Path::new(&own).file_name().map(|n| n.to_string_lossy().into_owned());
+    process::set_name(name.as_deref().unwrap_or("quiesce"))
+        .map_err(|e| format!("cannot name the sidecar: {e}"))
+}
+
+/// What the harness keeps of this sidecar, from the sandbox as set up.
+fn ready_line(sb: &init::run::Sandbox) -> Result<Ready, String> {
+    let me = process::getpid();
+    let start_time = procs::reader::Reader::default()
+        .start_time(me)
+        .map_err(|e| format!("cannot read the sidecar's own start time: {e}"))?
+        .ok_or("cannot find the sidecar in /proc: mount proc for this PID namespace")?;
+    let dir = std::fs::canonicalize(&sb.state.path).unwrap_or_else(|_| sb.state.path.clone());
+    Ok(Ready {
+        sidecar: "quiesce".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: me,
+        start_time,
+        state_dir: dir.display().to_string(),
+        public_key: marker::jws::public_pem(&sb.settings.key.verifying_key()),
+        sandbox_uids: sb.tracking.policy.uids.clone(),
+        lineage: sb.tracking.policy.lineage,
+        started: true,
+        stopped: false,
+    })
 }
 
 /// The lock the start took is at fd 3 and held through it: the state dir's own lock file, which

@@ -177,6 +177,12 @@ fn each_refusal_is_one_line_before_anything_starts() {
     no_kill.extend(as_user.iter());
     assert_refused(&c.exec(&no_kill), "CAP_KILL", Some(&c));
 
+    // A /proc that is no procfs (a mount namespace of its own, with a tmpfs there).
+    let script = r#"mount -t tmpfs tmpfs /proc && exec "$@""#;
+    let mut full = vec!["unshare", "--mount", "sh", "-c", script, "sh"];
+    full.extend(as_user.iter());
+    assert_refused(&c.exec(&full), "/proc is not a mounted proc file system", Some(&c));
+
     // A read-only mount over the state dir's parent, and one remounted read-only under it.
     let ro = c.path("ro").display().to_string();
     let script = r#"mkdir -p "$1" && mount -t tmpfs -o ro tmpfs "$1" && shift && exec "$@""#;

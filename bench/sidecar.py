@@ -110,15 +110,15 @@ def main():
             "range": (min((r[3] for r in good if r[3] is not None), default=float("nan")),
                       max((r[3] for r in good if r[3] is not None), default=float("nan"))),
         }
-    load1 = os.getloadavg()[0]
     p1, sc = rows["pid1"], rows["sidecar"]
     L = [BEGIN, "## The sidecar against the init (anchor: quiesce as PID 1)", "",
          f"Measured {time.strftime('%Y-%m-%d')} in one run of `bench/sidecar.py --runs {a.runs}` (as root), "
          f"the two alternating run by run: {a.procs} sleepers under a live parent, launched as the sandbox "
          "user through `quiesce exec` from outside the namespace, frozen by `quiesce freeze --wait --json` "
          "from outside. PID 1 is quiesce itself, or `sleep` with `quiesce sidecar` beside it. Medians "
-         f"(the freezer's range in parentheses); the machine's 1-minute load average was {load0:.1f} at the start "
-         f"and {load1:.1f} at the end, so compare the two rows with each other, not with the tables above.", "",
+         f"(the freezer's range in parentheses). The machine is shared: its 1-minute load average was {load0:.1f} "
+         "before the run (the bench's own processes raise it during the run), so compare the two rows with each "
+         "other, not with the tables above.", "",
          "| quiesce as | freeze, in the freezer (ms) | × PID 1 | wall from outside (ms) | × PID 1 | killed | quiescent |",
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mode, label in (("pid1", "PID 1 (init)"), ("sidecar", "sidecar beside `sleep`")):

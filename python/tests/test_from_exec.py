@@ -263,3 +263,25 @@ def test_the_install_checks(tmp_path: Path) -> None:
         _check_elf(f, f.read_bytes(), "x86_64")
     with pytest.raises(InstallFailed, match="not an ELF"):
         _check_elf(f, b"#!/bin/sh\n", "x86_64")
+
+
+def test_a_freeze_exec_killed_before_it_answered_is_asked_again() -> None:
+    # As a runtime answers an exec it could not finish joining to a busy container: SIGKILLed,
+    # nothing printed. Asked again within the deadline; twice at most.
+    s = Sandbox()
+    killed = [2]
+
+    def ex(
+        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        if killed[0] > 0 and "freeze" in argv:
+            killed[0] -= 1
+            s.calls.append((list(argv), user, stdin))
+            return 137, b"", b""
+        return s.answer(argv, user, stdin)
+
+    r = freeze(Container.from_exec(ex), nonce="n-k")
+    assert r.state == "quiescent" and len(s.calls) == 3
+    killed[0] = 3
+    with pytest.raises(Unreachable, match="exited 137"):
+        freeze(Container.from_exec(ex), nonce="n-k")

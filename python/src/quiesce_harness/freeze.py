@@ -65,10 +65,27 @@ def _remaining(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+# Exit codes of an exec whose process was SIGKILLed (a shell's 128+9; Python's -9).
+_KILLED = (137, -9)
+# How often an exec killed before it said anything is asked again.
+_KILLED_RETRIES = 2
+
+
 def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
-    wait_s = max(1, int(_remaining(deadline)))
-    argv = c.quiesce("freeze", "--wait", "--json", "--nonce", nonce, "--timeout", str(wait_s))
-    return c.exec(argv, timeout=wait_s + 10)
+    """One `quiesce freeze` exec; asked again (twice at most, within the deadline) when its
+    process was killed before it printed anything. Runtimes do that to an exec they could not
+    finish joining to a container at its pids limit (runc: "error executing setns process"),
+    which a sidecar's container, whose PID 1 the engine's signal cannot reach for it, meets;
+    each ask is its own request, and only an answer carrying this nonce is read."""
+    for attempt in range(_KILLED_RETRIES + 1):
+        wait_s = max(1, int(_remaining(deadline)))
+        argv = c.quiesce("freeze", "--wait", "--json", "--nonce", nonce, "--timeout", str(wait_s))
+        r = c.exec(argv, timeout=wait_s + 10)
+        killed_silent = r.returncode in _KILLED and not r.stdout.strip()
+        if not killed_silent or attempt == _KILLED_RETRIES or _remaining(deadline) < 1.0:
+            return r
+        time.sleep(_POLL_S)
+    return r
 
 
 def _marker(c: Container, status: dict[str, Any]) -> str | None:

@@ -1,10 +1,12 @@
 """start_sidecar() on real containers whose PID 1 is not quiesce, reached only through
-Container.from_exec over `docker exec -i` (and `podman exec -i`): the hostile workloads run as
+Container.from_exec over `docker exec -i` (and `podman exec -i`; beside tini through asyncio's
+subprocesses, run on the kit's own loop): the hostile workloads run as
 the sandbox user through `quiesce exec`, freeze() through the sidecar, the marker checked with
 the key its start printed, the verifier behind `quiesce verify`; and each refused start."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import subprocess
@@ -132,6 +134,25 @@ def cli_exec(cli: str, name: str) -> SandboxExec:
     return run
 
 
+def cli_exec_async(cli: str, name: str) -> SandboxExec:
+    """cli_exec as a coroutine function (asyncio's subprocesses), as async harnesses write it:
+    the kit runs it on its own loop."""
+
+    async def run(
+        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        p = await asyncio.create_subprocess_exec(
+            cli, "exec", "-i", *(["-u", user] if user else []), name, *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(p.communicate(stdin or b""), 120)
+        return p.returncode if p.returncode is not None else -1, out, err
+
+    return run
+
+
 @contextlib.contextmanager
 def plain_box(
     client: docker.DockerClient, pid1: str = "sleep", *, workspace: bool = True, **run: Any
@@ -212,7 +233,9 @@ def test_the_sidecar_freezes_beside_a_foreign_pid1(
     if pid1 == "busybox":
         request.getfixturevalue("busybox_image")
     with plain_box(client, pid1) as b:
-        c = Container.from_exec(cli_exec("docker", b.name), name=b.name)
+        # Beside tini, the exec function is a coroutine function: the kit's own loop runs it.
+        exec_fn = (cli_exec_async if pid1 == "tini" else cli_exec)("docker", b.name)
+        c = Container.from_exec(exec_fn, name=b.name)
         pid1_before = c.read_file("/proc/1/stat")
         sc = start_sidecar(c, UID, binary=quiesce_bin)
         assert sc.started and sc.sandbox_uids == (int(UID),) and sc.binary == DEFAULT_INSTALL_PATH

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quiesce_harness import Container, Unreachable, freeze, run_verifier
-from quiesce_harness.sidecar import _check_elf, _mount_options, _start_line
+from quiesce_harness import Container, SidecarRefused, Unreachable, freeze, run_verifier
+from quiesce_harness.sidecar import Sidecar, _check_elf, _check_guards, _mount_options, _start_line
 
 Call = tuple[list[str], str | None, bytes | None]
 
@@ -244,6 +244,18 @@ def test_the_start_line_is_read_strictly() -> None:
             _start_line(json.dumps({**good, **change}))
     with pytest.raises(Unreachable, match="not JSON"):
         _start_line("quiesce: refused")
+
+
+def test_a_running_sidecar_for_another_uid_is_refused() -> None:
+    sc = Sidecar(
+        container=Container.from_exec(Sandbox().sync), public_key=KEY, pid=12, start_time=4567,
+        state_dir="/run/quiesce", version="0.1.0", started=False, binary="/q",
+        sandbox_uids=(4242,), lineage=True, line="{}",
+    )  # fmt: skip
+    _check_guards(sc, "4242")
+    _check_guards(sc, "agent")  # a name: the sidecar compares it, not the kit
+    with pytest.raises(SidecarRefused, match=r"for sandbox UIDs \[4242\], not 4243"):
+        _check_guards(sc, "4243")
 
 
 def test_the_install_checks(tmp_path: Path) -> None:

@@ -58,8 +58,8 @@ _ELF_MACHINE = {62: "x86_64", 183: "aarch64"}
 # unless it (made where missing, and only under a safe one) and every directory above it
 # (links resolved) are root's and writable by root alone; print `writable yes` where this
 # user can write in it, `dir REAL` and, for a file already there, `have SUM`. place: move the
-# uploaded `.NAME.new` into place (root's, 0755), print `have SUM` and `ran CODE` of its
-# --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
+# uploaded `.NAME.new` into place as a copy root makes (root's, 0755), print `have SUM` and
+# `ran CODE` of its --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
 _SCRIPT = r"""
 umask 022
 f=$1
@@ -105,7 +105,12 @@ check)
     ;;
 place)
     t=$d/.${f##*/}.new
-    chown 0:0 "$t" && chmod 0755 "$t" && mv -f "$t" "$f" || exit 3
+    n=$d/.${f##*/}.$$
+    # The upload may be another user's (podman cp gives it the container's user), who can keep
+    # it open for writing through any chown or move: root copies it into a fresh inode of its
+    # own, which no descriptor opened before reaches, and checks and runs that copy alone.
+    rm -f "$n" && (umask 077 && set -C && cat "$t" > "$n") && rm -f "$t" \
+        && chmod 0755 "$n" && mv -f "$n" "$f" || { rm -f "$n"; exit 3; }
     sum "$f"
     "$f" --version >/dev/null
     echo "ran $?"
@@ -179,7 +184,22 @@ def start_sidecar(
     r = container.exec(argv, user=as_user, timeout=_left(deadline, "the sidecar's start"))
     if not r.started:
         raise Unreachable(f"{container.name}: the sidecar's exec could not start ({r.text})")
-    return _sidecar(container, install_path, r)
+    sc = _sidecar(container, install_path, r)
+    _check_guards(sc, sandbox_user)
+    return sc
+
+
+def _check_guards(sc: Sidecar, sandbox_user: str) -> None:
+    """A sidecar already running answers a second start with its own line: one started for
+    another user guards that user's processes, not these. A UID given is compared here; a name
+    only the sidecar can resolve, and it refuses a second start whose users resolve otherwise."""
+    if sandbox_user.isdigit() and sc.sandbox_uids != (int(sandbox_user),):
+        raise SidecarRefused(
+            f"a sidecar (pid {sc.pid}) already runs in {sc.state_dir} for sandbox UIDs "
+            f"{list(sc.sandbox_uids)}, not {sandbox_user}: stop it (kill -TERM {sc.pid} in "
+            "the sandbox) or start this one for the same user",
+            2,
+        )
 
 
 def _install(

@@ -226,21 +226,19 @@ fn each_refusal_is_one_line_before_anything_starts() {
 fn an_init_already_in_the_namespace_is_named_and_no_second_one_starts() {
     // quiesce as PID 1.
     let c = sandbox(UID, &[]);
+    let elsewhere = c.path("elsewhere");
+    let q = quiesce();
     let out = c.exec(&[
-        quiesce().to_str().unwrap(),
+        q.to_str().unwrap(),
         "sidecar",
         "--sandbox-user",
         "4242",
         "--state-dir",
-        "/tmp/elsewhere-sidecar",
+        elsewhere.to_str().unwrap(),
     ]);
-    assert_refused(
-        &out,
-        &format!("quiesce is already PID 1 of this PID namespace (state dir {}", c.state.display()),
-        None,
-    );
-    assert!(!std::path::Path::new("/tmp/elsewhere-sidecar/sidecar.json").exists());
-    let _ = std::fs::remove_dir_all("/tmp/elsewhere-sidecar");
+    let named = format!("quiesce is already PID 1 of this PID namespace (state dir {}", c.state.display());
+    assert_refused(&out, &named, None);
+    assert!(!elsewhere.join("sidecar.json").exists());
 
     // quiesce as a plain init (not PID 1) with another state dir, and with the same one.
     let f = Container::foreign(&["sleep", "infinity"]);

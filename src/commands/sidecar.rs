@@ -6,7 +6,7 @@
 
 use crate::cli::args::SidecarArgs;
 use crate::init::{self, sidecar::LOCK_FD, sidecar::READY_FD};
-use crate::kernel::{detach, detach::Detach, fdio, flock, reap};
+use crate::kernel::{detach, detach::Detach, fdio, flock, process, reap};
 use crate::observe::{procs::reader::Reader, proctrust};
 use crate::state::{dir::StateDir, locator, published, sidecar};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -38,6 +38,8 @@ pub fn sidecar(a: SidecarArgs, argv: &[String]) -> i32 {
 
 /// The ready line of the sidecar this start made, or of the one it found running.
 fn start(a: &SidecarArgs, argv: &[String]) -> Result<String, String> {
+    // It reads the signing key to check it: as the init, out of reach of a tracer or a core dump.
+    process::set_not_dumpable().map_err(|e| format!("cannot mark this process non-dumpable: {e}"))?;
     can_run_here()?;
     check_options(a)?;
     let state = StateDir::create(&a.state.state_dir)?;

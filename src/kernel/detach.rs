@@ -21,6 +21,10 @@ pub const FORK_FAILED: i32 = 4;
 /// descriptor it keeps can be overwritten by another's move.
 const SPARE_FDS: libc::c_int = 64;
 
+/// Descriptors the grandchild puts in place at most (0, 1, 2 and those kept): its moves use a
+/// fixed array, as nothing may be allocated after the fork.
+const MAX_FDS: usize = 8;
+
 /// Everything the grandchild needs, made before the fork.
 pub struct Detach {
     exe: CString,
@@ -68,6 +72,9 @@ impl Detach {
         let (argv_ptrs, env_ptrs) = (ptrs(&strings[..nargs]), ptrs(&strings[nargs..]));
         let mut fds = vec![stdin, out, err];
         fds.extend(keep);
+        if fds.len() > MAX_FDS {
+            return Err(io::Error::other(format!("at most {} descriptors are kept", MAX_FDS - 3)));
+        }
         Ok(Detach {
             exe: cstring(exe.as_bytes())?,
             argv_ptrs,
@@ -102,7 +109,7 @@ impl Detach {
     fn grandchild(&self) -> ! {
         // SAFETY: async-signal-safe calls on descriptors and data made before the fork.
         unsafe {
-            let mut spare = [0 as libc::c_int; 8];
+            let mut spare = [0 as libc::c_int; MAX_FDS];
             let n = self.fds.len().min(spare.len());
             for (s, fd) in spare.iter_mut().zip(&self.fds) {
                 *s = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD, SPARE_FDS);

@@ -238,7 +238,7 @@ fn an_init_already_in_the_namespace_is_named_and_no_second_one_starts() {
     ]);
     let named = format!("quiesce is already PID 1 of this PID namespace (state dir {}", c.state.display());
     assert_refused(&out, &named, None);
-    assert!(!elsewhere.join("sidecar.json").exists());
+    assert!(!elsewhere.exists(), "the refused start made its state dir");
 
     // quiesce as a plain init (not PID 1) with another state dir, and with the same one.
     let f = Container::foreign(&["sleep", "infinity"]);
@@ -260,6 +260,7 @@ fn an_init_already_in_the_namespace_is_named_and_no_second_one_starts() {
     let out = start(&f, &[]);
     assert_refused(&out, "an init of quiesce already runs in this PID namespace (pid ", Some(&f));
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("state dir {}", other.display())));
+    assert!(!f.state.exists(), "the refused start made its state dir");
     let full =
         [q.to_str().unwrap(), "sidecar", "--sandbox-user", "4242", "--state-dir", other.to_str().unwrap()];
     let out = f.exec(&full);

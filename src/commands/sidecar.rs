@@ -42,6 +42,7 @@ fn start(a: &SidecarArgs, argv: &[String]) -> Result<String, String> {
     process::set_not_dumpable().map_err(|e| format!("cannot mark this process non-dumpable: {e}"))?;
     can_run_here()?;
     check_options(a)?;
+    refuse_init_elsewhere(&a.state.state_dir)?;
     let state = StateDir::create(&a.state.state_dir)?;
     state.check_writable()?;
     let lock: OwnedFd = state
@@ -124,22 +125,22 @@ fn running(pid: i32, start_time: u64) -> bool {
     pid > 0 && matches!(Reader::default().live_start_time(pid), Ok(Some(t)) if t == start_time)
 }
 
-/// An init of quiesce that runs in this PID namespace (its locator), or with this state dir
-/// (its sandbox.json), and is no sidecar of this lock: a second init would race it.
+/// Before anything is made: an init of quiesce this PID namespace's locator names, live, that
+/// is PID 1 or keeps its state anywhere but `dir` (a dir not there yet is no one's). One with
+/// `dir` may be the sidecar a start answers for; the lock decides (`refuse_other_init`).
+fn refuse_init_elsewhere(dir: &std::path::Path) -> Result<(), String> {
+    let ours = std::fs::canonicalize(dir).ok();
+    match live_locator()? {
+        Some(l) if l.pid == 1 || ours.as_deref() != Some(l.state_dir.as_path()) => Err(named(&l)),
+        _ => Ok(()),
+    }
+}
+
+/// With the lock held (no sidecar of this state dir runs): an init of quiesce that runs in this
+/// PID namespace (its locator), or with this state dir (its sandbox.json), would race a second.
 fn refuse_other_init(state: &StateDir) -> Result<(), String> {
-    if let Some(l) = locator::find()?.filter(|l| running(l.pid, l.start_time)) {
-        let dir = l.state_dir.display();
-        if l.pid == 1 {
-            return Err(format!(
-                "quiesce is already PID 1 of this PID namespace (state dir {dir}): freeze it with \
-                 `quiesce freeze --state-dir {dir}`; no sidecar is needed"
-            ));
-        }
-        return Err(format!(
-            "an init of quiesce already runs in this PID namespace (pid {}, state dir {dir}): use \
-             it (`--state-dir {dir}`) or stop it first",
-            l.pid
-        ));
+    if let Some(l) = live_locator()? {
+        return Err(named(&l));
     }
     if let Some(p) = published::published_in(state)?.filter(|p| running(p.pid, p.start_time)) {
         return Err(format!(
@@ -149,6 +150,27 @@ fn refuse_other_init(state: &StateDir) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// What this PID namespace's locator says, when it names a live process.
+fn live_locator() -> Result<Option<locator::Locator>, String> {
+    Ok(locator::find()?.filter(|l| running(l.pid, l.start_time)))
+}
+
+/// The refusal that names the init a locator names, and its state dir.
+fn named(l: &locator::Locator) -> String {
+    let dir = l.state_dir.display();
+    if l.pid == 1 {
+        return format!(
+            "quiesce is already PID 1 of this PID namespace (state dir {dir}): freeze it with \
+             `quiesce freeze --state-dir {dir}`; no sidecar is needed"
+        );
+    }
+    format!(
+        "an init of quiesce already runs in this PID namespace (pid {}, state dir {dir}): use \
+         it (`--state-dir {dir}`) or stop it first",
+        l.pid
+    )
 }
 
 /// Start the sidecar, detached, with the lock held for it; its ready line once it says it.

@@ -223,6 +223,21 @@ fn each_refusal_is_one_line_before_anything_starts() {
 }
 
 #[test]
+fn a_pid_1_of_the_sandbox_user_and_a_running_sidecar_of_other_users_are_refused() {
+    // kill(-1) skips PID 1 and an init ignores SIGKILL from inside: every freeze would fail on it.
+    let c = Container::foreign_as(Some(UID), &["sleep", "infinity"]);
+    assert_refused(&start(&c, &[]), "PID 1 of this namespace runs as sandbox UID 4242", Some(&c));
+
+    // A running sidecar answers a second start only for the users it guards.
+    let c = Container::foreign(&["sleep", "infinity"]);
+    let first = ready(&start(&c, &[]));
+    let out = start(&c, &["--sandbox-user", "4243"]);
+    assert_refused(&out, "for sandbox UIDs [4242], not [4242, 4243]", None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("kill -TERM {}", first["pid"])));
+    assert_eq!(sidecars(&c).len(), 1);
+}
+
+#[test]
 fn an_init_already_in_the_namespace_is_named_and_no_second_one_starts() {
     // quiesce as PID 1.
     let c = sandbox(UID, &[]);

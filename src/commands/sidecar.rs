@@ -7,7 +7,8 @@
 use crate::cli::args::SidecarArgs;
 use crate::init::{self, sidecar::LOCK_FD, sidecar::READY_FD};
 use crate::kernel::{detach, detach::Detach, fdio, flock, process, reap};
-use crate::observe::{procs::reader::Reader, proctrust};
+use crate::observe::procs::{model::Detail, reader::Reader};
+use crate::observe::proctrust;
 use crate::state::{dir::StateDir, locator, published, sidecar};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -41,7 +42,8 @@ fn start(a: &SidecarArgs, argv: &[String]) -> Result<String, String> {
     // It reads the signing key to check it: as the init, out of reach of a tracer or a core dump.
     process::set_not_dumpable().map_err(|e| format!("cannot mark this process non-dumpable: {e}"))?;
     can_run_here()?;
-    check_options(a)?;
+    let uids = check_options(a)?;
+    refuse_sandbox_pid1(&uids)?;
     refuse_init_elsewhere(&a.state.state_dir)?;
     let state = StateDir::create(&a.state.state_dir)?;
     state.check_writable()?;
@@ -51,6 +53,7 @@ fn start(a: &SidecarArgs, argv: &[String]) -> Result<String, String> {
         .into();
     if !locked(&lock, &state)? {
         if let Some(mut running) = answer_or_lock(&lock, &state)? {
+            same_users(&running, &uids)?;
             running.started = false;
             return Ok(running.line());
         }
@@ -70,12 +73,13 @@ fn can_run_here() -> Result<(), String> {
     })
 }
 
-/// The options the detached sidecar reads, refused here in one line rather than in its log.
-fn check_options(a: &SidecarArgs) -> Result<(), String> {
+/// The options the detached sidecar reads, refused here in one line rather than in its log;
+/// the sandbox UIDs they name.
+fn check_options(a: &SidecarArgs) -> Result<Vec<u32>, String> {
     if a.sandbox.users.is_empty() {
         return Err("no sandbox user: add --sandbox-user USER (or QUIESCE_SANDBOX_USER)".into());
     }
-    crate::kernel::users::resolve_uids(&a.sandbox.users)?;
+    let uids = crate::kernel::users::resolve_uids(&a.sandbox.users)?;
     crate::cli::args::freeze_signal(&a.freeze_signal)?;
     crate::cli::args::seconds("--freeze-timeout", a.freeze_timeout)?;
     crate::cli::args::seconds("--track-interval", a.track_interval)?;
@@ -87,7 +91,43 @@ fn check_options(a: &SidecarArgs) -> Result<(), String> {
     if let Some(key) = &a.signing_key {
         crate::marker::jws::load_private(key)?;
     }
-    Ok(())
+    Ok(uids)
+}
+
+/// A PID 1 that holds a sandbox UID (a container run as the agent's user) is out of every
+/// freeze's reach: kill(-1) skips PID 1, and a namespace's init ignores SIGKILL from inside it.
+/// Every freeze would fail on it after its whole budget; said once, here. Unknown is refused too.
+fn refuse_sandbox_pid1(uids: &[u32]) -> Result<(), String> {
+    let reader = Reader::default();
+    let pid1 = reader.pass().and_then(|mut p| p.read(1, Detail::Light, None));
+    let pid1 = match pid1 {
+        Ok(Some(p)) => p,
+        Ok(None) => return Err("/proc/1 is not there: mount a proc of this PID namespace at /proc".into()),
+        Err(e) => return Err(format!("cannot read PID 1 of this namespace: {e}")),
+    };
+    let held = pid1.all_uids().find(|u| uids.contains(u));
+    match held {
+        Some(u) => Err(format!(
+            "PID 1 of this namespace runs as sandbox UID {u}, which no freeze can kill (kill(-1) skips \
+             PID 1): run the container's PID 1 as root (no --user) and the agent through quiesce exec"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A sidecar started for other users guards their processes, not these: its line is no answer.
+fn same_users(running: &sidecar::Ready, uids: &[u32]) -> Result<(), String> {
+    let (mut want, mut have) = (uids.to_vec(), running.sandbox_uids.clone());
+    want.sort_unstable();
+    have.sort_unstable();
+    if want == have {
+        return Ok(());
+    }
+    Err(format!(
+        "a sidecar already runs with this state dir for sandbox UIDs {have:?}, not {want:?}: stop it \
+         (kill -TERM {}) or start this one for the same users",
+        running.pid
+    ))
 }
 
 fn locked(lock: &OwnedFd, state: &StateDir) -> Result<bool, String> {

@@ -584,13 +584,19 @@ impl Container {
     /// quiesce, with no-new-privileges: the sandbox of a provider whose init is its own. `state`
     /// is where a sidecar started into it is told to keep its state; nothing runs there yet.
     pub fn foreign(pid1: &[&str]) -> Container {
+        Container::foreign_as(None, pid1)
+    }
+
+    /// `foreign`, with PID 1 run as `uid` (a container run with `--user`) when one is given.
+    pub fn foreign_as(uid: Option<u32>, pid1: &[&str]) -> Container {
         let scratch = scratch("foreign");
         let dir = scratch.to_path_buf();
         let mut c = Command::new("unshare");
-        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
-            .args(pid1)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        c.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+        if let Some(u) = uid {
+            c.args(["--setuid", &u.to_string(), "--setgid", &u.to_string()]);
+        }
+        c.args(pid1).stdin(Stdio::null()).stdout(Stdio::null());
         no_new_privs(&mut c);
         let unshare = c.spawn().expect("spawn unshare");
         let upid = unshare.id();

@@ -76,14 +76,17 @@ impl Reach<'_> {
     }
 }
 
-/// Signal live sandbox processes through pidfds, children before parents: those `reach` names.
-fn signal_each(
-    reader: &Reader,
-    snap: &Snapshot,
-    tainted: &Tainted,
-    sig: i32,
-    reach: Reach,
-) -> io::Result<usize> {
+/// What one kill aims at: the live sandbox processes of an observation that `reach` names.
+#[derive(Clone, Copy)]
+struct Aim<'a> {
+    snap: &'a Snapshot,
+    tainted: &'a Tainted,
+    reach: Reach<'a>,
+}
+
+/// Signal the processes aimed at through pidfds, children before parents.
+fn signal_each(reader: &Reader, aim: Aim, sig: i32) -> io::Result<usize> {
+    let Aim { snap, tainted, reach } = aim;
     let mut targets: Vec<&Proc> = live(snap, tainted).filter(|p| reach.needs(p)).collect();
     let depth = depths(snap);
     targets.sort_by_key(|p| std::cmp::Reverse(snap.procs.position(p.pid).map_or(0, |i| depth[i])));
@@ -104,7 +107,8 @@ fn signal_each(
 /// it stays in its group. Only groups with a live member `reach` names (a stopped process cannot
 /// fork, exec or hop, so a group of stopped members kill(-1) reaches has no one the group signal
 /// adds).
-fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, reach: Reach) -> Vec<&'a Proc> {
+fn sandbox_groups<'a>(aim: Aim<'a>) -> Vec<&'a Proc> {
+    let Aim { snap, tainted, reach } = aim;
     let own = process::getpgrp();
     // Per group: all live members are sandbox processes; some live member needs the group signal.
     let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
@@ -126,15 +130,9 @@ fn sandbox_groups<'a>(snap: &'a Snapshot, tainted: &Tainted, reach: Reach) -> Ve
 /// start time), never by number: a group number can be reused by a root session between the
 /// observation and the signal, the leader's kernel pid object cannot. Kernels before 6.9 cannot
 /// signal a group through a pidfd; there only the per-process channels act.
-fn kill_groups(
-    reader: &Reader,
-    snap: &Snapshot,
-    tainted: &Tainted,
-    sig: i32,
-    reach: Reach,
-) -> io::Result<usize> {
+fn kill_groups(reader: &Reader, aim: Aim, sig: i32) -> io::Result<usize> {
     let mut n = 0;
-    for leader in sandbox_groups(snap, tainted, reach) {
+    for leader in sandbox_groups(aim) {
         let h = match target::Handle::open(reader, leader.pid, leader.start_time)? {
             Ok(h) => h,
             Err(_) => continue,
@@ -192,8 +190,9 @@ impl Run<'_> {
         self.cred
             .kill_all_as(&self.policy.uids, sig)
             .map_err(|e| format!("credential switch failed: {e}"))?;
-        signal_each(self.reader, snap, tainted, sig, reach).map_err(|e| format!("signal failed: {e}"))?;
-        kill_groups(self.reader, snap, tainted, sig, reach).map_err(|e| format!("signal failed: {e}"))?;
+        let aim = Aim { snap, tainted, reach };
+        signal_each(self.reader, aim, sig).map_err(|e| format!("signal failed: {e}"))?;
+        kill_groups(self.reader, aim, sig).map_err(|e| format!("signal failed: {e}"))?;
         Ok(())
     }
 }

@@ -63,33 +63,8 @@ pub struct InitArgs {
     #[arg(long, env = "QUIESCE_ALLOW_SETUID", action = ArgAction::SetTrue, value_parser = boolish)]
     pub allow_setuid: bool,
 
-    /// Do not tag sandbox launches with an audit session (tracking falls back to history)
-    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
-    pub no_lineage: bool,
-
-    /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 1.0,
-        env = "QUIESCE_TRACK_INTERVAL",
-        allow_negative_numbers = true
-    )]
-    pub track_interval: f64,
-
-    /// Signal that requests a freeze when a sandbox user is configured
-    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
-    pub freeze_signal: String,
-
-    /// Budget in seconds for one freeze, after which it fails
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 10.0,
-        env = "QUIESCE_FREEZE_TIMEOUT",
-        allow_negative_numbers = true
-    )]
-    pub freeze_timeout: f64,
+    #[command(flatten)]
+    pub freeze: FreezeSettings,
 
     /// After a freeze: stay up until SIGTERM (for the verifier) or exit once the command is gone
     #[arg(long, value_name = "WHAT", default_value = "stay", value_parser = ["stay", "exit"], env = "QUIESCE_AFTER_FREEZE")]
@@ -100,10 +75,6 @@ pub struct InitArgs {
 
     #[command(flatten)]
     pub attest: AttestArgs,
-
-    /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
-    #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
-    pub signing_key: Option<PathBuf>,
 
     /// The command and its arguments
     #[arg(trailing_var_arg = true, value_name = "COMMAND")]
@@ -149,6 +120,55 @@ impl InitArgs {
         };
         eprintln!("quiesce: {msg}");
         std::process::exit(2);
+    }
+}
+
+/// How an init tracks and freezes: the init's options and the sidecar's alike.
+#[derive(Args, Debug, Clone)]
+pub struct FreezeSettings {
+    /// Do not tag sandbox launches with an audit session (tracking falls back to history)
+    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub no_lineage: bool,
+
+    /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 1.0,
+        env = "QUIESCE_TRACK_INTERVAL",
+        allow_negative_numbers = true
+    )]
+    pub track_interval: f64,
+
+    /// Signal that requests a freeze when a sandbox user is configured
+    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
+    pub freeze_signal: String,
+
+    /// Budget in seconds for one freeze, after which it fails
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 10.0,
+        env = "QUIESCE_FREEZE_TIMEOUT",
+        allow_negative_numbers = true
+    )]
+    pub freeze_timeout: f64,
+
+    /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
+    #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+}
+
+impl Default for FreezeSettings {
+    /// What clap gives when none of these is named (quickargs' reading).
+    fn default() -> FreezeSettings {
+        FreezeSettings {
+            no_lineage: false,
+            track_interval: 1.0,
+            freeze_signal: "USR1".into(),
+            freeze_timeout: 10.0,
+            signing_key: None,
+        }
     }
 }
 
@@ -359,37 +379,8 @@ pub struct SidecarArgs {
     #[command(flatten)]
     pub state: StateArgs,
 
-    /// Ed25519 private key (PKCS#8 PEM, root-owned, mode 600); default: an ephemeral key
-    #[arg(long, value_name = "FILE", env = "QUIESCE_SIGNING_KEY")]
-    pub signing_key: Option<PathBuf>,
-
-    /// Budget in seconds for one freeze, after which it fails
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 10.0,
-        env = "QUIESCE_FREEZE_TIMEOUT",
-        allow_negative_numbers = true
-    )]
-    pub freeze_timeout: f64,
-
-    /// Signal that requests a freeze
-    #[arg(long, value_name = "SIGNAL", default_value = "USR1", env = "QUIESCE_FREEZE_SIGNAL")]
-    pub freeze_signal: String,
-
-    /// Seconds between process-table refreshes for history tracking (0 = only on SIGCHLD and at freeze)
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 1.0,
-        env = "QUIESCE_TRACK_INTERVAL",
-        allow_negative_numbers = true
-    )]
-    pub track_interval: f64,
-
-    /// Do not count a loginuid as a sandbox launch's tag (tracking falls back to history)
-    #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
-    pub no_lineage: bool,
+    #[command(flatten)]
+    pub freeze: FreezeSettings,
 
     #[command(flatten)]
     pub attest: AttestArgs,
@@ -412,14 +403,10 @@ impl SidecarArgs {
             sandbox: self.sandbox.clone(),
             run_as: None,
             allow_setuid: false,
-            no_lineage: self.no_lineage,
-            track_interval: self.track_interval,
-            freeze_signal: self.freeze_signal.clone(),
-            freeze_timeout: self.freeze_timeout,
+            freeze: self.freeze.clone(),
             after_freeze: "stay".into(),
             state: self.state.clone(),
             attest: self.attest.clone(),
-            signing_key: self.signing_key.clone(),
             command: Vec::new(),
         }
     }

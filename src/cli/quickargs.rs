@@ -58,13 +58,9 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
         sandbox: SandboxArgs { users: Vec::new() },
         run_as: None,
         allow_setuid: false,
-        no_lineage: false,
-        track_interval: 1.0,
-        freeze_signal: "USR1".into(),
-        freeze_timeout: 10.0,
+        freeze: Default::default(),
         after_freeze: "stay".into(),
         state: StateArgs { state_dir: PathBuf::from(crate::state::dir::DEFAULT_DIR) },
-        signing_key: None,
         attest: Default::default(),
         command: Vec::new(),
     };
@@ -90,7 +86,7 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
             "-g" | "--pgroup" => switch(&mut a.pgroup)?,
             "-s" | "--subreaper" => switch(&mut a.subreaper)?,
             "--allow-setuid" => switch(&mut a.allow_setuid)?,
-            "--no-lineage" => switch(&mut a.no_lineage)?,
+            "--no-lineage" => switch(&mut a.freeze.no_lineage)?,
             _ => {
                 let long = arg.strip_prefix("--")?;
                 let (name, value) = match long.split_once('=') {
@@ -107,7 +103,9 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
                 match valued(name)? {
                     Valued::SandboxUser => a.sandbox.users.push(value.to_string()),
                     Valued::RunAs if a.run_as.is_none() => a.run_as = Some(value.to_string()),
-                    Valued::SigningKey if a.signing_key.is_none() => a.signing_key = Some(value.into()),
+                    Valued::SigningKey if a.freeze.signing_key.is_none() => {
+                        a.freeze.signing_key = Some(value.into())
+                    }
                     Valued::StateDir if !seen_state_dir => {
                         seen_state_dir = true;
                         a.state.state_dir = value.into();

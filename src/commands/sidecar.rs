@@ -80,15 +80,15 @@ fn check_options(a: &SidecarArgs) -> Result<Vec<u32>, String> {
         return Err("no sandbox user: add --sandbox-user USER (or QUIESCE_SANDBOX_USER)".into());
     }
     let uids = crate::kernel::users::resolve_uids(&a.sandbox.users)?;
-    crate::cli::args::freeze_signal(&a.freeze_signal)?;
-    crate::cli::args::seconds("--freeze-timeout", a.freeze_timeout)?;
-    crate::cli::args::seconds("--track-interval", a.track_interval)?;
+    crate::cli::args::freeze_signal(&a.freeze.freeze_signal)?;
+    crate::cli::args::seconds("--freeze-timeout", a.freeze.freeze_timeout)?;
+    crate::cli::args::seconds("--track-interval", a.freeze.track_interval)?;
     init::attesting::check_setup(&init::attesting::Setup {
         paths: a.attest.paths.clone(),
         allow: a.attest.allow.clone(),
         bounds: a.attest.bounds(),
     })?;
-    if let Some(key) = &a.signing_key {
+    if let Some(key) = &a.freeze.signing_key {
         crate::marker::jws::load_private(key)?;
     }
     Ok(uids)

@@ -69,7 +69,7 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Some(spec) => match users::resolve(spec, &users::read_passwd()) {
             Ok(user) => {
                 let groups = users::groups_of(&user, &users::read_group());
-                Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.no_lineage })
+                Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.freeze.no_lineage })
             }
             Err(e) => return fatal(format!("--run-as: {e}")),
         },
@@ -174,22 +174,22 @@ fn publish_locator(state: &state::dir::StateDir, me: process::Pid, start_time: u
 /// The sandbox's side of the init, set up from `a`: shared by the init and the sidecar.
 pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::run::Sandbox, String> {
     can_freeze_here()?;
-    let freeze_signal = cli::args::freeze_signal(&a.freeze_signal)?;
+    let freeze_signal = cli::args::freeze_signal(&a.freeze.freeze_signal)?;
     let attest = init::attesting::Setup {
         paths: a.attest.paths.clone(),
         allow: a.attest.allow.clone(),
         bounds: a.attest.bounds(),
     };
     init::attesting::check_setup(&attest)?;
-    let timeout = cli::args::seconds("--freeze-timeout", a.freeze_timeout)?;
-    let interval = cli::args::seconds("--track-interval", a.track_interval)?;
+    let timeout = cli::args::seconds("--freeze-timeout", a.freeze.freeze_timeout)?;
+    let interval = cli::args::seconds("--track-interval", a.freeze.track_interval)?;
     let state = state::dir::StateDir::create(&a.state.state_dir)?;
     if let Some(w) = state::dir::parent_warning(&state.path) {
         // Said at every verbosity: it is a setup to fix, and the command has not run yet.
         eprintln!("quiesce: warn: {w}");
     }
     evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
-    let key = match &a.signing_key {
+    let key = match &a.freeze.signing_key {
         Some(path) => marker::jws::load_private(path)?,
         None => marker::jws::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
     };
@@ -209,7 +209,7 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
     }
     let intake = requests::Intake::new(&state)?;
     write(state::dir::PUBKEY, pub_pem.as_bytes())?;
-    let lineage = lineage(a.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
+    let lineage = lineage(a.freeze.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = process::getpid();
     let start_time = procs::reader::Reader::default()
         .start_time(me)

@@ -38,7 +38,13 @@ pub struct Detach {
     /// Written to the descriptor at `report_at` when the exec fails.
     exec_failed: Vec<u8>,
     report_at: libc::c_int,
+    /// One past the highest descriptor this process may hold (its RLIMIT_NOFILE, capped): where
+    /// close_range is missing, the grandchild closes each one below it.
+    fd_limit: libc::c_int,
 }
+
+/// The highest descriptor count the fallback closes one by one.
+const MAX_CLOSE: libc::rlim_t = 1 << 20;
 
 fn cstring(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::other("an argument or variable holds a NUL byte"))
@@ -72,6 +78,10 @@ impl Detach {
         let (argv_ptrs, env_ptrs) = (ptrs(&strings[..nargs]), ptrs(&strings[nargs..]));
         let mut fds = vec![stdin, out, err];
         fds.extend(keep);
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: a valid pointer to a struct getrlimit fills.
+        crate::kernel::errno::check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } as _)?;
+        let fd_limit = lim.rlim_cur.min(MAX_CLOSE) as libc::c_int;
         if fds.len() > MAX_FDS {
             return Err(io::Error::other(format!("at most {} descriptors are kept", MAX_FDS - 3)));
         }
@@ -83,6 +93,7 @@ impl Detach {
             fds,
             exec_failed: exec_failed.as_bytes().to_vec(),
             report_at: 3 + report as libc::c_int,
+            fd_limit,
         })
     }
 
@@ -122,11 +133,19 @@ impl Detach {
                     libc::_exit(127);
                 }
             }
-            libc::syscall(libc::SYS_close_range, n as u32, u32::MAX, 0u32);
+            // A descriptor left open would keep the exec's pipes alive, and the exec would not end.
+            if libc::syscall(libc::SYS_close_range, n as u32, u32::MAX, 0u32) != 0 {
+                // Kernels before 5.9: one close per descriptor this process may hold (most are
+                // not open, and say EBADF, which is the point).
+                for fd in n as libc::c_int..self.fd_limit {
+                    libc::close(fd);
+                }
+            }
             if libc::chdir(c"/".as_ptr()) == 0 {
                 libc::execve(self.exe.as_ptr(), self.argv_ptrs.as_ptr(), self.env_ptrs.as_ptr());
             }
             let m = &self.exec_failed;
+            // Best effort, the last act: a start that hears nothing says the sidecar ended.
             libc::write(self.report_at, m.as_ptr() as *const libc::c_void, m.len());
             libc::_exit(127)
         }

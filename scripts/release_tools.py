@@ -431,8 +431,7 @@ def wheel(root_dir: Path, binaries: list[tuple[str, Path]], licences_txt: Path, 
         (f"{info}/METADATA", metadata(project, version, readme, licence_files).encode()),
         (f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: quiesce scripts/release_tools.py\n"
                           f"Root-Is-Purelib: true\nTag: {WHEEL_TAG}\n\n".encode()),
-        (f"{info}/entry_points.txt", ("[console_scripts]\n" + "".join(
-            f"{k} = {scripts[k]}\n" for k in sorted(scripts)) + "\n").encode()),
+        (f"{info}/entry_points.txt", entry_points(scripts, project.get("entry-points", {}))),
         *((f"{info}/licenses/{n}", p.read_bytes()) for n, p in zip(licence_files, sources)),
     ]
     entries = files + sorted((n, d, 0o644) for n, d in meta)
@@ -443,6 +442,16 @@ def wheel(root_dir: Path, binaries: list[tuple[str, Path]], licences_txt: Path, 
         for n, d, mode in entries:
             z.writestr(zip_entry(n, mode, t), d, compresslevel=WHEEL_LEVEL)
     return out
+
+
+def entry_points(scripts: dict[str, str], groups: dict[str, dict[str, str]]) -> bytes:
+    """entry_points.txt: the commands, then each plugin group pyproject names (the harnesses find
+    the kit's switches through these), groups and names sorted."""
+    every = {"console_scripts": scripts, **groups}
+    return "".join(
+        f"[{g}]\n" + "".join(f"{k} = {every[g][k]}\n" for k in sorted(every[g])) + "\n"
+        for g in sorted(every) if every[g]
+    ).encode()
 
 
 def check_wheel(whl: Path, dist: Path, version: str, root_dir: Path) -> None:

@@ -37,3 +37,21 @@ harness_docker_config() {
     ln -sfn "$bin" "$cfg/cli-plugins/docker-compose"
     echo "$cfg"
 }
+
+# VENV: install the kit into it as a wheel (this checkout's tracked kit and its release build of
+# the binary for this machine), so that the harnesses find its entry points and the packaged
+# binary as they would after `pip install quiesce`. Prints nothing; fails naming the step.
+harness_install_kit() {
+    local root out lic target bin whl
+    root=$(cd "$HARNESS_DIR/../.." && pwd)
+    target=$(sed -n 's/^target = "\(.*\)"$/\1/p' "$root/.cargo/config.toml")
+    bin=$root/target/$target/release/quiesce
+    [ -x "$bin" ] || { echo "harnesses: $bin missing: run cargo build --release --bins first" >&2; return 1; }
+    out=$(mktemp -d /tmp/qhk-wheel.XXXXXX)
+    lic=$out/LICENSES.txt
+    echo "A test build: the release's wheel carries the crates' licences here." > "$lic"
+    whl=$(SOURCE_DATE_EPOCH=0 /usr/bin/python3 "$root/scripts/release_tools.py" wheel "$root" "$lic" "$out" "$target=$bin") &&
+        "$1/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$whl" ||
+        { echo "harnesses: could not install the kit's wheel into $1" >&2; rm -rf "$out"; return 1; }
+    rm -rf "$out"
+}

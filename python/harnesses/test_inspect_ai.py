@@ -205,7 +205,7 @@ def compose_file(path: Path, image: str, extra: str = "") -> str:
     return path.name
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def inspect_engine(client: docker.DockerClient) -> None:
     version = str(client.version().get("Version", "0"))
     if tuple(int(p) for p in version.split("+")[0].split(".")[:2]) < (24, 0):
@@ -300,3 +300,21 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
         assert "quiesce: " in s[sid].error.message and says in s[sid].error.message, (
             f"{sid}: {s[sid].error.message}"
         )
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_with_the_user_named(tmp_path: Path, task_image: str) -> None:
+    # QUIESCE_SANDBOX_USER: the sidecar starts before the solver, not at the agent's first
+    # exec. A service whose compose `user:` is the sandbox user runs its PID 1 as that user,
+    # which no freeze from beside it can end: the sidecar refuses, the sample is an error.
+    compose = compose_file(tmp_path / "compose.yaml", task_image)
+    as_agent = compose_file(tmp_path / "user.yaml", task_image, "    user: agent\n")
+    samples: list[tuple[str, list[Any], str]] = [
+        ("hostile", [[FORGER, "agent"]], compose),
+        ("pid1", [[FORGER, None]], as_agent),
+    ]
+    log = inspect_eval(tmp_path, samples, SWITCH | {"QUIESCE_SANDBOX_USER": "agent"})
+    s = by_id(log)
+    assert score_of(s["hostile"]) == INCORRECT
+    assert s["pid1"].error is not None and not s["pid1"].scores
+    assert "drop the service's compose `user:`" in s["pid1"].error.message, s["pid1"].error.message

@@ -41,6 +41,7 @@ on the machine that runs `inspect eval`:
 - QUIESCE_INSTALL_PATH, QUIESCE_STATE_DIR: where the binary and the sidecar's state go
   (defaults /run/quiesce-bin/quiesce and /run/quiesce; a read-only root file system needs a
   writable, exec-able mount owned by root for both).
+- QUIESCE_SANDBOX_ARCH: the sandbox's architecture (x86_64, aarch64) where it has no uname.
 - QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1: accept markers of a sandbox where setuid binaries can
   make a sandbox process root (no `security_opt: [no-new-privileges]`); refused otherwise.
 
@@ -72,6 +73,7 @@ USER_SETTING = "QUIESCE_SANDBOX_USER"
 INSTALL_SETTING = "QUIESCE_INSTALL_PATH"
 STATE_SETTING = "QUIESCE_STATE_DIR"
 SETUID_SETTING = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION"
+ARCH_SETTING = "QUIESCE_SANDBOX_ARCH"
 FREEZE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 _ROOT_NAMES = ("", "0", "root")
@@ -144,6 +146,13 @@ def _setting_hint(e: QuiesceError) -> str:
     text = str(e)
     if "install_path=" in text:
         return f" (through Inspect: set {INSTALL_SETTING} and {STATE_SETTING})"
+    if "PID 1" in text and "sandbox UID" in text:
+        return (
+            " (through Inspect: drop the service's compose `user:` and run the agent's "
+            "execs with user=)"
+        )
+    if "arch=" in text:
+        return f" (through Inspect, arch= is the setting {ARCH_SETTING})"
     return ""
 
 
@@ -156,6 +165,7 @@ def _start(container: Container, users: list[str]) -> Sidecar:
         users[0],
         state_dir=os.environ.get(STATE_SETTING) or DEFAULT_STATE_DIR,
         install_path=os.environ.get(INSTALL_SETTING) or DEFAULT_INSTALL_PATH,
+        arch=os.environ.get(ARCH_SETTING) or None,
         timeout=START_TIMEOUT_S,
         extra_args=extra,
     )

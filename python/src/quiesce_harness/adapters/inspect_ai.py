@@ -9,6 +9,9 @@ The wrapper freezes the sandbox of the sample (`sandbox()` by default, or `sandb
 then calls the wrapped scorer. A freeze that is not `quiescent` raises, and Inspect records the
 sample as an error: no score. The sandbox image must run quiesce as its init. Inspect's docker
 sandbox is a Compose project: the container is found through the project's labels.
+
+For a task left as it is (its image, sandbox and scorer unchanged), the kit's hook does this
+with one setting, INSPECT_REQUIRED_HOOKS=quiesce_harness/freeze: see quiesce_harness.inspect_ai.
 """
 
 from __future__ import annotations

@@ -148,6 +148,7 @@ from inspect_ai.util import sandbox
 
 SAMPLES = {samples!r}
 TESTS = {tests!r}
+SCORE_AS = {score_as!r}
 
 
 @hooks(name="plain_raise", description="raises an ordinary exception when scoring starts")
@@ -174,7 +175,7 @@ def steps():
 @scorer(metrics=[accuracy()])
 def run_tests():
     async def score(state, target):
-        r = await sandbox().exec(["sh", "-c", TESTS])
+        r = await sandbox().exec(["sh", "-c", TESTS], user=state.metadata.get("score_as"))
         verdict = r.stdout.strip()
         return Score(value=CORRECT if verdict == "PASS" else INCORRECT, answer=verdict)
     return score
@@ -185,7 +186,8 @@ def switch_task():
     return Task(
         dataset=[
             Sample(id=sid, input="Write 42 to /workspace/answer.txt", target="42",
-                   metadata={{"steps": st}}, sandbox=("docker", compose))
+                   metadata={{"steps": st, "score_as": SCORE_AS.get(sid)}},
+                   sandbox=("docker", compose))
             for sid, st, compose in SAMPLES
         ],
         solver=steps(),
@@ -215,7 +217,10 @@ def inspect_engine(client: docker.DockerClient) -> None:
 
 
 def inspect_eval(
-    tmp_path: Path, samples: list[tuple[str, list[Any], str]], env: dict[str, str]
+    tmp_path: Path,
+    samples: list[tuple[str, list[Any], str]],
+    env: dict[str, str],
+    score_as: dict[str, str] | None = None,
 ) -> Any:
     """`inspect eval` of a task file in tmp_path; its one log, read back."""
     import os
@@ -224,11 +229,12 @@ def inspect_eval(
 
     from inspect_ai.log import list_eval_logs, read_eval_log
 
-    (tmp_path / "task.py").write_text(TASK_PY.format(samples=samples, tests=TESTS))
+    task_py = TASK_PY.format(samples=samples, tests=TESTS, score_as=score_as or {})
+    (tmp_path / "task.py").write_text(task_py)
     logs = tmp_path / "logs"
     inspect = Path(sys.executable).with_name("inspect")
     argv = [str(inspect), "eval", "task.py", "--model", "mockllm/model", "--display", "none"]
-    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "3"]
+    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "4"]
     full = {k: v for k, v in os.environ.items() if k != "INSPECT_REQUIRED_HOOKS"} | env
     p = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, timeout=600, check=False)
     found = list_eval_logs(str(logs))
@@ -277,23 +283,25 @@ def test_switch_on_freezes_before_the_scorer_reads(tmp_path: Path, task_image: s
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # Three ways the switch cannot prove a sample quiet; each is an error with no score: a
+    # Four ways the switch cannot prove a sample quiet; each is an error with no score: a
     # freeze that gets no answer (the sidecar was killed: a root step of the task did it), a
-    # read-only root file system (quiesce cannot get in: the agent's exec never runs), and a
-    # sandbox whose user nobody named.
+    # read-only root file system (quiesce cannot get in: the agent's exec never runs), a
+    # sandbox whose user nobody named, and a scorer that runs the tests as the sandbox user.
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     ro = compose_file(tmp_path / "ro.yaml", task_image, "    read_only: true\n")
     samples: list[tuple[str, list[Any], str]] = [
         ("gone", [[FORGER, "agent"], [KILL_QUIESCE, None]], compose),
         ("readonly", [[FORGER, "agent"]], ro),
         ("nouser", [[HONEST, None]], compose),
+        ("scoreasagent", [[HONEST, "agent"]], compose),
     ]
-    log = inspect_eval(tmp_path, samples, SWITCH)
+    log = inspect_eval(tmp_path, samples, SWITCH, score_as={"scoreasagent": "agent"})
     s = by_id(log)
     for sid, says in (
         ("gone", "the freeze did not prove it quiet"),
         ("readonly", "QUIESCE_INSTALL_PATH"),
         ("nouser", "set QUIESCE_SANDBOX_USER"),
+        ("scoreasagent", "run the scorer's execs as root"),
     ):
         assert s[sid].error is not None, f"{sid}: scored {s[sid].scores}"
         assert not s[sid].scores, f"{sid}: {s[sid].scores}"

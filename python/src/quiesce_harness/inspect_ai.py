@@ -27,10 +27,13 @@ project, every service of it):
   quiesce is put in and started as a sidecar (start_sidecar) there and then. Otherwise the
   first exec that names a non-root `user=` starts it for that user before that exec runs.
   An exec as another non-root user is refused (the sidecar guards the users it started for).
+  A compose `user:` also makes the service's PID 1 that user's, which no freeze from beside it
+  can end: the sidecar refuses to start there, and the sample is an error saying so.
 - at `on_sample_scoring`, each sandbox is frozen (freeze()) and its marker checked against the
-  key the sidecar printed when it started (verify_marker). A sandbox in which no sandbox user
-  became known, a freeze that is not quiescent, an unreachable sidecar, a marker that fails a
-  check: QuiesceRefused, the sample is an error.
+  key the sidecar printed when it started (verify_marker); from then on an exec as any
+  non-root user (a scorer running the tests as the agent) is refused: the scorer execs as root.
+  A sandbox in which no sandbox user became known, a freeze that is not quiescent, an
+  unreachable sidecar, a marker that fails a check: QuiesceRefused, the sample is an error.
 
 When quiesce cannot get in (no root exec, no upload, an architecture with no binary, a
 read-only file system), the exec that needed it is refused, the solver stops there (its agent
@@ -113,6 +116,7 @@ class _Guard:
     users: list[str] = field(default_factory=list)
     sidecar: Sidecar | None = None
     failure: str | None = None
+    frozen: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def start(self, users: list[str]) -> None:
@@ -206,6 +210,14 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
         if guard.failure is not None:
             raise QuiesceRefused(guard.failure)
         if not _is_root(user):
+            if guard.frozen:
+                # A scorer's exec as a sandbox user runs that user's code again (its files, its
+                # PATH), which could leave a writer behind while the scorer reads: unproven.
+                raise QuiesceRefused(
+                    f"sandbox {guard.name!r}: an exec as {user!r} after the freeze would run "
+                    "the sandbox user's processes again before the score: run the scorer's "
+                    "execs as root"
+                )
             await guard.start([str(user)])
         return await inner(
             cmd,
@@ -298,6 +310,8 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
                     f"sandbox {g.name!r}: no exec named a non-root user and its compose service "
                     f"has none, so quiesce does not know whom to freeze: set {USER_SETTING}"
                 )
+            # From here on no exec as a sandbox user is let through (see _wrap_exec).
+            g.frozen = True
             try:
                 r, claims = await asyncio.to_thread(_freeze_checked, g, sc)
             except QuiesceError as e:

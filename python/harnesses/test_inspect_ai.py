@@ -196,13 +196,14 @@ def switch_task():
 """
 
 
-def compose_file(path: Path, image: str, extra: str = "") -> str:
+def compose_file(path: Path, image: str, extra: str = "", nnp: bool = True) -> str:
     # Inspect's own default compose shape (init: true, a command that idles), nothing of
     # quiesce in it: the image's entrypoint is replaced by one that is not quiesce.
     path.write_text(
         f"services:\n  default:\n    image: {image}\n    entrypoint: [tail, -f, /dev/null]\n"
         f"    init: true\n    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
-        f"    security_opt:\n      - {support.SECURITY_OPT}\n{extra}"
+        + (f"    security_opt:\n      - {support.SECURITY_OPT}\n" if nnp else "")
+        + extra
     )
     return path.name
 
@@ -234,7 +235,7 @@ def inspect_eval(
     logs = tmp_path / "logs"
     inspect = Path(sys.executable).with_name("inspect")
     argv = [str(inspect), "eval", "task.py", "--model", "mockllm/model", "--display", "none"]
-    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "4"]
+    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "5"]
     full = {k: v for k, v in os.environ.items() if k != "INSPECT_REQUIRED_HOOKS"} | env
     p = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, timeout=600, check=False)
     found = list_eval_logs(str(logs))
@@ -283,17 +284,20 @@ def test_switch_on_freezes_before_the_scorer_reads(tmp_path: Path, task_image: s
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # Four ways the switch cannot prove a sample quiet; each is an error with no score: a
+    # Five ways the switch cannot prove a sample quiet; each is an error with no score: a
     # freeze that gets no answer (the sidecar was killed: a root step of the task did it), a
     # read-only root file system (quiesce cannot get in: the agent's exec never runs), a
-    # sandbox whose user nobody named, and a scorer that runs the tests as the sandbox user.
+    # sandbox whose user nobody named, a scorer that runs the tests as the sandbox user, and a
+    # marker that says setuid binaries could make a sandbox process root (no no-new-privileges).
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     ro = compose_file(tmp_path / "ro.yaml", task_image, "    read_only: true\n")
+    setuid = compose_file(tmp_path / "setuid.yaml", task_image, nnp=False)
     samples: list[tuple[str, list[Any], str]] = [
         ("gone", [[FORGER, "agent"], [KILL_QUIESCE, None]], compose),
         ("readonly", [[FORGER, "agent"]], ro),
         ("nouser", [[HONEST, None]], compose),
         ("scoreasagent", [[HONEST, "agent"]], compose),
+        ("setuid", [[HONEST, "agent"]], setuid),
     ]
     log = inspect_eval(tmp_path, samples, SWITCH, score_as={"scoreasagent": "agent"})
     s = by_id(log)
@@ -302,6 +306,7 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
         ("readonly", "QUIESCE_INSTALL_PATH"),
         ("nouser", "set QUIESCE_SANDBOX_USER"),
         ("scoreasagent", "run the scorer's execs as root"),
+        ("setuid", "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1"),
     ):
         assert s[sid].error is not None, f"{sid}: scored {s[sid].scores}"
         assert not s[sid].scores, f"{sid}: {s[sid].scores}"

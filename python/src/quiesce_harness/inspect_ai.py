@@ -146,7 +146,7 @@ class _Guard:
 
 
 def _setting_hint(e: QuiesceError) -> str:
-    """start_sidecar names its keyword arguments; through Inspect they are settings."""
+    """The kit's messages name its keyword arguments; through Inspect they are settings."""
     text = str(e)
     if "install_path=" in text:
         return f" (through Inspect: set {INSTALL_SETTING} and {STATE_SETTING})"
@@ -157,6 +157,11 @@ def _setting_hint(e: QuiesceError) -> str:
         )
     if "arch=" in text:
         return f" (through Inspect, arch= is the setting {ARCH_SETTING})"
+    if "accept_privilege_escalation=" in text:
+        return (
+            " (through Inspect: `security_opt: [no-new-privileges]` in the service's compose, "
+            f"or {SETUID_SETTING}=1)"
+        )
     return ""
 
 
@@ -315,7 +320,9 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
             try:
                 r, claims = await asyncio.to_thread(_freeze_checked, g, sc)
             except QuiesceError as e:
-                g.failure = f"sandbox {g.name!r}: the freeze did not prove it quiet: {e}"
+                g.failure = (
+                    f"sandbox {g.name!r}: the freeze did not prove it quiet: {e}{_setting_hint(e)}"
+                )
                 raise QuiesceRefused(g.failure) from None
             transcript().info(
                 {

@@ -187,7 +187,7 @@ def switch_task():
         dataset=[
             Sample(id=sid, input="Write 42 to /workspace/answer.txt", target="42",
                    metadata={{"steps": st, "score_as": SCORE_AS.get(sid)}},
-                   sandbox=("docker", compose))
+                   sandbox="local" if compose == "local" else ("docker", compose))
             for sid, st, compose in SAMPLES
         ],
         solver=steps(),
@@ -235,7 +235,7 @@ def inspect_eval(
     logs = tmp_path / "logs"
     inspect = Path(sys.executable).with_name("inspect")
     argv = [str(inspect), "eval", "task.py", "--model", "mockllm/model", "--display", "none"]
-    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "5"]
+    argv += ["--log-dir", str(logs), "--no-fail-on-error", "--max-samples", "6"]
     full = {k: v for k, v in os.environ.items() if k != "INSPECT_REQUIRED_HOOKS"} | env
     p = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, timeout=600, check=False)
     found = list_eval_logs(str(logs))
@@ -284,11 +284,13 @@ def test_switch_on_freezes_before_the_scorer_reads(tmp_path: Path, task_image: s
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # Five ways the switch cannot prove a sample quiet; each is an error with no score: a
+    # Six ways the switch cannot prove a sample quiet; each is an error with no score: a
     # freeze that gets no answer (the sidecar was killed: a root step of the task did it), a
     # read-only root file system (quiesce cannot get in: the agent's exec never runs), a
     # sandbox whose user nobody named, a scorer that runs the tests as the sandbox user, and a
-    # marker that says setuid binaries could make a sandbox process root (no no-new-privileges).
+    # marker that says setuid binaries could make a sandbox process root (no no-new-privileges);
+    # and a sandbox type the hook does not know (Inspect's local one: no step, and a scorer
+    # whose tests find no /workspace there, so that nothing of it touches this machine).
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     ro = compose_file(tmp_path / "ro.yaml", task_image, "    read_only: true\n")
     setuid = compose_file(tmp_path / "setuid.yaml", task_image, nnp=False)
@@ -298,6 +300,7 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
         ("nouser", [[HONEST, None]], compose),
         ("scoreasagent", [[HONEST, "agent"]], compose),
         ("setuid", [[HONEST, "agent"]], setuid),
+        ("local", [], "local"),
     ]
     log = inspect_eval(tmp_path, samples, SWITCH, score_as={"scoreasagent": "agent"})
     s = by_id(log)
@@ -307,6 +310,7 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
         ("nouser", "set QUIESCE_SANDBOX_USER"),
         ("scoreasagent", "run the scorer's execs as root"),
         ("setuid", "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1"),
+        ("local", "knows Inspect's docker sandbox only"),
     ):
         assert s[sid].error is not None, f"{sid}: scored {s[sid].scores}"
         assert not s[sid].scores, f"{sid}: {s[sid].scores}"

@@ -136,16 +136,21 @@ class _Guard:
                 return
             try:
                 self.sidecar = await asyncio.to_thread(_start, self.container, users)
-            except QuiesceError as e:
+            except Exception as e:  # any error: the agent must not run unguarded
                 self.failure = (
                     f"sandbox {self.name!r}: quiesce could not get in, so the agent did not "
-                    f"run: {e}{_setting_hint(e)}"
+                    f"run: {_named(e)}{_setting_hint(e)}"
                 )
                 raise QuiesceRefused(self.failure) from None
             self.users = list(users)
 
 
-def _setting_hint(e: QuiesceError) -> str:
+def _named(e: Exception) -> str:
+    """The kit's errors say what and why; any other is named by its type too."""
+    return str(e) if isinstance(e, QuiesceError) else f"{type(e).__name__}: {e}"
+
+
+def _setting_hint(e: Exception) -> str:
     """The kit's messages name its keyword arguments; through Inspect they are settings."""
     text = str(e)
     if "install_path=" in text:
@@ -263,6 +268,73 @@ def _compose_user(container: Container) -> str | None:
     return None if _is_root(user) else user.split(":")[0]
 
 
+@dataclass
+class _Sample:
+    """One attempt of one sample: a guard per sandbox, and the refusal that ended it, if any."""
+
+    guards: list[_Guard] = field(default_factory=list)
+    failure: str | None = None
+
+
+def _refusal(e: Exception) -> str:
+    """The message of a refusal: a QuiesceRefused's own, else the error named (never lost)."""
+    if isinstance(e, QuiesceRefused):
+        return str(e.message).removeprefix("quiesce: ")
+    return _named(e)
+
+
+async def _guard_sandboxes(sample: _Sample) -> None:
+    """Wrap each sandbox's exec; start the sidecar where the sandbox user is known now."""
+    from inspect_ai.util._sandbox.context import sandbox_environments_context_var
+
+    envs = sandbox_environments_context_var.get(None) or {}
+    for name, env in envs.items():
+        guard = _Guard(name, _container_of(name, env))
+        sample.guards.append(guard)
+        _wrap_exec(getattr(env, "_sandbox", env), guard)
+    for guard in sample.guards:
+        users = _users_setting()
+        if not users:
+            found = await asyncio.to_thread(_compose_user, guard.container)
+            users = [found] if found else []
+        if users:
+            await guard.start(users)
+
+
+async def _freeze_sandbox(g: _Guard) -> None:
+    """Freeze one sandbox and check its marker; QuiesceRefused unless both hold."""
+    from inspect_ai.log._transcript import transcript
+
+    if g.failure is not None:
+        raise QuiesceRefused(g.failure)
+    sc = g.sidecar
+    if sc is None:
+        raise QuiesceRefused(
+            f"sandbox {g.name!r}: no exec named a non-root user and its compose service "
+            f"has none, so quiesce does not know whom to freeze: set {USER_SETTING}"
+        )
+    # From here on no exec as a sandbox user is let through (see _wrap_exec).
+    g.frozen = True
+    try:
+        r, claims = await asyncio.to_thread(_freeze_checked, g, sc)
+    except QuiesceError as e:
+        g.failure = f"sandbox {g.name!r}: the freeze did not prove it quiet: {e}{_setting_hint(e)}"
+        raise QuiesceRefused(g.failure) from None
+    transcript().info(
+        {
+            "sandbox": g.name,
+            "state": r.state,
+            "freeze_id": r.freeze_id,
+            "killed": r.killed,
+            "elapsed_s": round(r.elapsed_s, 3),
+            "key_id": key_id(load_public_key(sc.public_key)),
+            "sandbox_users": g.users,
+            "setuid": claims.get("setuid"),
+        },
+        source="quiesce",
+    )
+
+
 @hooks(
     name=HOOK_NAME,
     description="quiesce: freeze each sample's sandboxes before the scorers read them",
@@ -273,70 +345,39 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
     def __init__(self) -> None:
         # Inspect 0.3.285 makes one instance for the process; samples run concurrently on one
         # loop: state is per sample (its uuid), dropped at its end.
-        self._samples: dict[str, list[_Guard]] = {}
+        self._samples: dict[str, _Sample] = {}
 
     def enabled(self) -> bool:
         return switched_on()
 
     async def on_sample_attempt_start(self, data: SampleAttemptStart) -> None:
         # Inspect 0.3.285: emitted on every attempt (a retry gets new sandboxes), after the
-        # sandboxes are up and before the solver runs, in the sample's own context.
-        from inspect_ai.util._sandbox.context import sandbox_environments_context_var
-
-        envs = sandbox_environments_context_var.get(None) or {}
-        guards: list[_Guard] = []
-        self._samples[data.sample_id] = guards
-        for name, env in envs.items():
-            guard = _Guard(name, _container_of(name, env))
-            guards.append(guard)
-            _wrap_exec(getattr(env, "_sandbox", env), guard)
-        for guard in guards:
-            users = _users_setting()
-            if not users:
-                found = await asyncio.to_thread(_compose_user, guard.container)
-                users = [found] if found else []
-            if users:
-                await guard.start(users)
+        # sandboxes are up and before the solver runs, in the sample's own context. A refusal
+        # here ends the attempt as a limit, before the solver; Inspect then goes on to scoring,
+        # where on_sample_scoring raises it again, so it is remembered for the sample.
+        sample = _Sample()
+        self._samples[data.sample_id] = sample
+        try:
+            await _guard_sandboxes(sample)
+        except Exception as e:
+            sample.failure = _refusal(e)
+            raise QuiesceRefused(sample.failure) from None
 
     async def on_sample_scoring(self, data: SampleScoring) -> None:
-        from inspect_ai.log._transcript import transcript
-
-        guards = self._samples.get(data.sample_id)
-        if guards is None:
+        # Inspect 0.3.285 swallows any other exception of a hook: every one becomes a refusal.
+        sample = self._samples.get(data.sample_id)
+        if sample is None:
             raise QuiesceRefused(
                 "the sample started before the hook saw it: its sandboxes are unguarded"
             )
-        for g in guards:
-            if g.failure is not None:
-                raise QuiesceRefused(g.failure)
-            sc = g.sidecar
-            if sc is None:
-                raise QuiesceRefused(
-                    f"sandbox {g.name!r}: no exec named a non-root user and its compose service "
-                    f"has none, so quiesce does not know whom to freeze: set {USER_SETTING}"
-                )
-            # From here on no exec as a sandbox user is let through (see _wrap_exec).
-            g.frozen = True
-            try:
-                r, claims = await asyncio.to_thread(_freeze_checked, g, sc)
-            except QuiesceError as e:
-                g.failure = (
-                    f"sandbox {g.name!r}: the freeze did not prove it quiet: {e}{_setting_hint(e)}"
-                )
-                raise QuiesceRefused(g.failure) from None
-            transcript().info(
-                {
-                    "sandbox": g.name,
-                    "state": r.state,
-                    "freeze_id": r.freeze_id,
-                    "killed": r.killed,
-                    "elapsed_s": round(r.elapsed_s, 3),
-                    "key_id": key_id(load_public_key(sc.public_key)),
-                    "sandbox_users": g.users,
-                    "setuid": claims.get("setuid"),
-                },
-                source="quiesce",
-            )
+        try:
+            if sample.failure is not None:
+                raise QuiesceRefused(sample.failure)
+            for g in sample.guards:
+                await _freeze_sandbox(g)
+        except Exception as e:
+            sample.failure = _refusal(e)
+            raise QuiesceRefused(sample.failure) from None
 
     async def on_sample_end(self, data: SampleEnd) -> None:
         self._samples.pop(data.sample_id, None)

@@ -266,6 +266,8 @@ def test_switch_off_a_raising_hook_still_scores_the_forged_verdict(
     s = by_id(log)
     assert score_of(s["hostile"]) == CORRECT and score_of(s["honest"]) == CORRECT
     assert len(mark.read_text().split()) == 2
+    # The kit is installed (its hook registered) but not switched on: it did nothing.
+    assert not [e for e in s["hostile"].events if e.event == "info" and e.source == "quiesce"]
 
 
 @pytest.mark.usefixtures("inspect_engine")

@@ -1,7 +1,10 @@
 """BenchFlow 0.7.11 (the wheel from PyPI): its own DockerSandbox (Compose v2), its own
 verify step (`_verify_rollout`: harden_before_verify, then its Verifier running tests/test.sh),
-with BenchFlow's default planes and with QuiescePlanes. The agent phase is not run (it needs an
-ACP agent and a model); the "agent" is a leftover process started as the sandbox user."""
+with BenchFlow's default planes and with QuiescePlanes, on an image that runs quiesce as its init
+(qhk-slim) and on one without quiesce (debian:bookworm-slim: the planes start it as a sidecar).
+The agent phase is not run (it needs an ACP agent and a model): BenchFlow's setup_sandbox_user
+plane runs as it does before the agent, then the "agent" is a leftover process started as the
+sandbox user."""
 
 from __future__ import annotations
 
@@ -17,11 +20,15 @@ from benchflow.sandbox.setup import _create_environment
 from benchflow.task import Task
 from benchflow.task.paths import RolloutPaths
 
-from quiesce_harness import Container
+from quiesce_harness import Container, InstallFailed
 from quiesce_harness.adapters.benchflow import QuiescePlanes
 
 import support
 from conftest import REWARD_FORGER
+
+# An image without quiesce: PID 1 is BenchFlow's `sh -c "sleep infinity"`, and no agent user.
+BARE = "debian:bookworm-slim"
+HONEST = "echo 42 > /app/answer.txt; nohup sleep 1000 >/dev/null 2>&1 &"
 
 TEST_SH = """#!/bin/sh
 # The scorer: 1 only for the right answer; it takes a moment, as scorers do.
@@ -31,7 +38,7 @@ sleep 0.3
 """
 
 
-def make_task(root: Path, image: str) -> Path:
+def make_task(root: Path, image: str, compose: str = "") -> Path:
     t = root / "task"
     (t / "environment").mkdir(parents=True)
     (t / "tests").mkdir()
@@ -47,7 +54,9 @@ def make_task(root: Path, image: str) -> Path:
     (t / "environment" / "docker-compose.yaml").write_text(
         "services:\n  main:\n    deploy:\n      resources:\n        limits:\n"
         f"          pids: {support.PIDS_LIMIT}\n"
-        f"    security_opt:\n      - {support.SECURITY_OPT}\n"
+        # A PID 1 that is not an init (sh, sleep) ignores the stop's SIGTERM.
+        "    stop_grace_period: 1s\n"
+        f"    security_opt:\n      - {support.SECURITY_OPT}\n{compose}"
     )
     (t / "tests" / "test.sh").write_text(TEST_SH)
     return t
@@ -61,22 +70,29 @@ async def rollout_verify(
     leftover: list[str],
     *,
     bomb: bool = False,
+    compose: str = "",
+    wrote: bool = True,
 ) -> tuple[dict[str, float] | None, str | None]:
-    path = make_task(tmp_path, image)
+    path = make_task(tmp_path, image, compose)
     task = Task(path)
     rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
     rp.mkdir()
     env = _create_environment("docker", task, path, project, rp)
     await env.start(force_build=False)
     try:
+        # As Rollout.install_agent: the workspace, then the sandbox user's plane (where
+        # QuiescePlanes starts quiesce), then the agent.
+        await env.exec("mkdir -p /app", user="root")
+        await planes.setup_sandbox_user(env, "agent", workspace="/app")
         for cmd in leftover:
             await env.exec(cmd, user="agent")
         box = Container.compose("main", project=project)
-        support.until(
-            lambda: box.exec(["test", "-s", "/logs/verifier/reward.txt"]).returncode == 0,
-            15,
-            "the leftover never wrote",
-        )
+        if wrote:
+            support.until(
+                lambda: box.exec(["test", "-s", "/logs/verifier/reward.txt"]).returncode == 0,
+                15,
+                "the leftover never wrote",
+            )
         if bomb:
             ctr = docker.from_env().containers.get(box._docker_id())
             b = support.Box(docker.from_env(), ctr)
@@ -89,6 +105,7 @@ async def rollout_verify(
         await env.stop(delete=True)
 
 
+@pytest.mark.parametrize("task_image", [BARE], indirect=True)
 def test_benchflow_own_hardening_keeps_a_forged_reward(
     tmp_path: Path, task_image: str, project: str
 ) -> None:
@@ -100,9 +117,13 @@ def test_benchflow_own_hardening_keeps_a_forged_reward(
     assert (rewards, error) == ({"reward": 1.0}, None)
 
 
+@pytest.mark.parametrize(
+    ("task_image", "sidecar"), [(support.SLIM, False), (BARE, True)], indirect=["task_image"]
+)
 def test_quiesce_planes_score_what_the_test_scored(
-    tmp_path: Path, task_image: str, project: str
+    tmp_path: Path, task_image: str, project: str, sidecar: bool
 ) -> None:
+    # qhk-slim runs quiesce as PID 1; on debian:bookworm-slim the planes start the sidecar.
     planes = QuiescePlanes()
     rewards, error = asyncio.run(
         rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
@@ -112,6 +133,20 @@ def test_quiesce_planes_score_what_the_test_scored(
     assert r.state == "quiescent" and r.killed >= 1 and r.marker
     # The task's compose file asked for no-new-privileges: a marker quiesce verify scores.
     assert support.unverified_claims(r.marker)["setuid"] is False
+    [g] = planes.guards
+    assert g.sidecar is sidecar
+
+
+@pytest.mark.parametrize("task_image", [BARE], indirect=True)
+def test_sidecar_planes_keep_an_honest_reward(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    planes = QuiescePlanes()
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [HONEST], wrote=False)
+    )
+    assert (rewards, error) == ({"reward": 1.0}, None)
+    assert planes.results[0].killed >= 1
 
 
 def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
@@ -127,6 +162,7 @@ def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
     assert planes.results[0].killed >= 100
 
 
+@pytest.mark.parametrize("task_image", [support.SLIM, BARE], indirect=True)
 def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, project: str) -> None:
     # A root daemon forking all the time makes the freeze fail: BenchFlow records the raise
     # as a verifier error and keeps no reward.
@@ -143,6 +179,39 @@ def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, projec
     rewards, error = asyncio.run(run())
     assert rewards is None
     assert error is not None and "vouch" in error
+
+
+def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # qhk-slim without its quiesce entrypoint, on a read-only root file system: the sidecar
+    # has nowhere to go. The sandbox user's plane raises (the rollout ends before the agent),
+    # and a verify step run anyway keeps no reward.
+    compose = '    read_only: true\n    entrypoint: ["sh", "-c", "exec sleep infinity"]\n'
+
+    async def run() -> tuple[str, dict[str, float] | None, str | None]:
+        planes = QuiescePlanes()
+        path = make_task(tmp_path, task_image, compose)
+        task = Task(path)
+        rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
+        rp.mkdir()
+        env = _create_environment("docker", task, path, project, rp)
+        await env.start(force_build=False)
+        try:
+            with pytest.raises(InstallFailed) as e:
+                await planes.setup_sandbox_user(env, "agent", workspace="/workspace")
+            await env.exec(REWARD_FORGER, user="agent")
+            rewards, error, _ = await _verify_rollout(
+                env, task, rp, {}, planes, sandbox_user="agent", workspace="/workspace"
+            )
+            return str(e.value), rewards, error
+        finally:
+            await env.stop(delete=True)
+
+    said, rewards, error = asyncio.run(run())
+    assert "read-only root file system install_path= must name a writable" in said
+    assert rewards is None
+    assert error is not None and "could not get into" in error and "install_path=" in error
 
 
 @pytest.mark.parametrize("task_image", [support.PROCPS], indirect=True)

@@ -9,11 +9,13 @@ sandbox user."""
 from __future__ import annotations
 
 import asyncio
+import shlex
 from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
+from benchflow.rollout import Rollout, RolloutConfig
 from benchflow.rollout._setup import _verify_rollout
 from benchflow.rollout_planes import DefaultRolloutPlanes
 from benchflow.sandbox.setup import _create_environment
@@ -102,19 +104,55 @@ async def rollout_verify(
         )
         return rewards, error
     finally:
+        _kill_main(project)
         await env.stop(delete=True)
 
 
-@pytest.mark.parametrize("task_image", [BARE], indirect=True)
-def test_benchflow_own_hardening_keeps_a_forged_reward(
-    tmp_path: Path, task_image: str, project: str
+def _kill_main(project: str) -> None:
+    # BenchFlow's stop gives a PID 1 that ignores SIGTERM (sh, sleep) 5 s: not spent here.
+    c = docker.from_env()
+    for ctr in c.containers.list(filters={"label": f"com.docker.compose.project={project}"}):
+        ctr.kill()
+
+
+@pytest.mark.parametrize(
+    ("task_image", "quiesce"), [(BARE, False), (BARE, True)], indirect=["task_image"]
+)
+def test_a_rollout_of_an_unchanged_task(
+    tmp_path: Path,
+    task_image: str,
+    project: str,
+    quiesce: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The control: on a slim image pkill is missing, BenchFlow ignores that, and the forger's
-    # 1 is read as the reward of a task its test scored 0.
-    rewards, error = asyncio.run(
-        rollout_verify(tmp_path, task_image, project, DefaultRolloutPlanes(), [REWARD_FORGER])
+    # A whole Rollout.run() of a task whose image has no quiesce, with BenchFlow's oracle agent
+    # (no model needed) as the hostile agent: its solve.sh solves nothing and leaves the
+    # forger as the sandbox user. BenchFlow's own planes keep the forged 1 (pkill is missing
+    # on a slim image, and BenchFlow ignores that); QuiescePlanes, the one change, score 0.
+    monkeypatch.setenv("BENCHFLOW_AGENTS_SOURCE", "off")  # no registry fetch offline
+    path = make_task(tmp_path, task_image)
+    (path / "solution").mkdir()
+    (path / "solution" / "solve.sh").write_text(
+        f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}\nsleep 1\n"
     )
-    assert (rewards, error) == ({"reward": 1.0}, None)
+    planes = QuiescePlanes() if quiesce else DefaultRolloutPlanes()
+    config = RolloutConfig(
+        task_path=path,
+        agent="oracle",
+        sandbox_user="agent",
+        rollout_name=project,
+        jobs_dir=tmp_path / "jobs",
+        planes=planes,
+    )
+    result = asyncio.run(Rollout(config).run())
+    if not quiesce:
+        assert (result.rewards, result.verifier_error) == ({"reward": 1.0}, None)
+        return
+    assert (result.rewards, result.verifier_error) == ({"reward": 0.0}, None)
+    assert isinstance(planes, QuiescePlanes)
+    [g] = planes.guards
+    [r] = planes.results
+    assert g.sidecar and r.state == "quiescent" and r.killed >= 1
 
 
 @pytest.mark.parametrize(
@@ -206,6 +244,7 @@ def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(
             )
             return str(e.value), rewards, error
         finally:
+            _kill_main(project)
             await env.stop(delete=True)
 
     said, rewards, error = asyncio.run(run())

@@ -1,0 +1,333 @@
+"""Harbor 0.25.0 through its own CLI (`harbor run`, `harbor trials start`), offline, on local
+tasks with no quiesce in them: the image is plain Debian with an `agent` user, tests/ and
+solution/ are a task's own, and only task.toml's `[agent] user` is set. quiesce is switched on
+by the command line alone:
+
+    harbor run -p TASK -a oracle \\
+        --env quiesce_harness.harbor:QuiescedEnvironment \\
+        --verifier quiesce_harness.harbor:QuiescedVerifier
+
+The hostile "oracle" solves nothing and leaves a setsid loop (ignoring TERM) that copies the
+tests' expected answer into its output once the tests arrive: it wins unless it is gone before
+they do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+import support
+
+SWITCH = [
+    "--env",
+    "quiesce_harness.harbor:QuiescedEnvironment",
+    "--verifier",
+    "quiesce_harness.harbor:QuiescedVerifier",
+]
+# The sidecar path, as a Daytona or Modal sandbox gets it: it cannot set no-new-privileges on a
+# container it did not start, so the run accepts that in so many words.
+SIDECAR = [
+    "--environment-kwarg",
+    "via=sidecar",
+    "--environment-kwarg",
+    "accept_privilege_escalation=true",
+]
+# Each container of these tests: a pids limit well below the machine's.
+PIDS = ["--environment-kwarg", "pids_limit=256"]
+
+HOSTILE = (
+    "#!/bin/sh\n"
+    "nohup setsid sh -c 'trap \"\" TERM; while :; do "
+    "[ -f /tests/expected.txt ] && cp /tests/expected.txt /app/answer.txt; "
+    "sleep 0.01; done' >/dev/null 2>&1 &\n"
+)
+HONEST = "#!/bin/sh\necho 42 > /app/answer.txt\n"
+# The task's test: a second, as a real one takes, then the answer against what it expects.
+TEST_SH = (
+    "#!/bin/bash\nsleep 1\n"
+    'if [ "$(cat /app/answer.txt 2>/dev/null)" = "$(cat /tests/expected.txt)" ]; '
+    "then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+)
+PLAIN_DOCKERFILE = """FROM debian:bookworm-slim
+RUN useradd --create-home --uid 1000 --shell /bin/sh agent \\
+ && mkdir -p /app && chown agent:agent /app
+WORKDIR /app
+{extra}"""
+def _entrypoint(script: str) -> str:
+    """An exec-form ENTRYPOINT running `script` with sh, the service's command as "$@"."""
+    return f"ENTRYPOINT {json.dumps(['/bin/sh', '-c', script, 'sh'])}\n"
+
+
+# PID 1 a shell of the image's own, whatever command Harbor's Compose file gives.
+SHELL_PID1 = _entrypoint("trap : TERM; while :; do sleep 1; done")
+# A root daemon the image starts beside its PID 1: it double-forks all the time, so that a
+# sidecar's freeze finds processes it cannot vouch for (their parent is the image's PID 1).
+ROOT_DAEMON = _entrypoint(
+    support.WORKLOADS_ROOT_DAEMON + ' >/dev/null 2>&1 & exec "$@"'
+)
+# Under the init, the daemon's double-forks are the init's own to vouch for; this root daemon
+# instead starts a process of the agent's UID every 20 ms, so that one is born during the
+# freeze or after it, and the freeze fails or the gate refuses.
+SPAWNER = _entrypoint(
+    "while :; do setpriv --reuid=1000 --regid=1000 --clear-groups sleep 1 & sleep 0.02; "
+    'done >/dev/null 2>&1 & exec "$@"'
+)
+
+
+def _build(client: docker.DockerClient, tag: str, extra: str) -> None:
+    with tempfile.TemporaryDirectory() as ctx:
+        (Path(ctx) / "Dockerfile").write_text(PLAIN_DOCKERFILE.format(extra=extra))
+        client.images.build(path=ctx, tag=tag, rm=True, labels={support.LABEL: "1"})
+
+
+@pytest.fixture(scope="module")
+def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
+    """Task images with no quiesce in them: plain, PID 1 a shell, a root daemon beside it."""
+    run = uuid.uuid4().hex[:6]
+    tags = {
+        "plain": f"{support.PREFIX}hb-plain-{run}",
+        "shell": f"{support.PREFIX}hb-shell-{run}",
+        "daemon": f"{support.PREFIX}hb-daemon-{run}",
+        "spawner": f"{support.PREFIX}hb-spawner-{run}",
+    }
+    _build(client, tags["plain"], "")
+    _build(client, tags["shell"], SHELL_PID1)
+    _build(client, tags["daemon"], ROOT_DAEMON)
+    _build(client, tags["spawner"], SPAWNER)
+    yield tags
+    for t in tags.values():
+        with contextlib.suppress(docker.errors.DockerException):
+            client.images.remove(t, force=True)
+
+
+def make_task(root: Path, name: str, image: str, solve: str, *, compose: str = "") -> Path:
+    t = root / name
+    for d in ("environment", "tests", "solution"):
+        (t / d).mkdir(parents=True)
+    (t / "task.toml").write_text(
+        'schema_version = "1.4"\n[metadata]\n'
+        '[agent]\ntimeout_sec = 120.0\nuser = "agent"\n'
+        "[verifier]\ntimeout_sec = 120.0\n"
+        f'[environment]\ndocker_image = "{image}"\n'
+    )
+    (t / "instruction.md").write_text("Write the expected answer to /app/answer.txt\n")
+    (t / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
+    if compose:
+        (t / "environment" / "docker-compose.yaml").write_text(compose)
+    (t / "solution" / "solve.sh").write_text(solve)
+    (t / "tests" / "test.sh").write_text(TEST_SH)
+    (t / "tests" / "expected.txt").write_text("42\n")
+    for f in ("solution/solve.sh", "tests/test.sh"):
+        (t / f).chmod(0o755)
+    return t
+
+
+@dataclass
+class Outcome:
+    """One trial as Harbor wrote it down (its result.json)."""
+
+    task: str
+    reward: float | None
+    exception: str | None
+    message: str
+    traceback: str
+    seconds: float
+
+    @property
+    def unscored(self) -> bool:
+        return self.exception is not None and self.reward in (None, 0.0)
+
+
+def _outcome(path: Path) -> Outcome:
+    r = json.loads(path.read_text())
+    vr = r.get("verifier_result") or {}
+    ex = r.get("exception_info") or {}
+    started, finished = r.get("started_at"), r.get("finished_at")
+    from datetime import datetime
+
+    secs = (
+        (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds()
+        if started and finished
+        else 0.0
+    )
+    return Outcome(
+        task=str(r.get("task_name")),
+        reward=(vr.get("rewards") or {}).get("reward"),
+        exception=ex.get("exception_type"),
+        message=str(ex.get("exception_message", "")),
+        traceback=str(ex.get("exception_traceback", "")),
+        seconds=secs,
+    )
+
+
+def harbor(argv: list[str], out: Path, timeout: float = 600) -> list[Outcome]:
+    """Harbor's CLI in a subprocess; the trials it wrote down under `out`."""
+    exe = str(Path(sys.executable).with_name("harbor"))
+    p = subprocess.run(
+        [exe, *argv],
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    found = [
+        _outcome(f)
+        for f in sorted(out.rglob("result.json"))
+        if "trial_name" in f.read_text()
+    ]
+    if not found:
+        pytest.fail(
+            f"harbor {' '.join(argv)} wrote no trial (exit {p.returncode}):\n"
+            + (p.stdout + p.stderr).decode(errors="replace")[-3000:]
+        )
+    return found
+
+
+def run_one(tmp: Path, task: Path, *opts: str) -> Outcome:
+    """`harbor run` of one task with the oracle agent."""
+    out = tmp / f"jobs-{uuid.uuid4().hex[:6]}"
+    [o] = harbor(["run", "-p", str(task), "-a", "oracle", "-o", str(out), "-y", *opts], out)
+    return o
+
+
+def start_one(tmp: Path, task: Path, *opts: str) -> Outcome:
+    """`harbor trials start` of one task with the oracle agent."""
+    out = tmp / f"trials-{uuid.uuid4().hex[:6]}"
+    argv = ["trials", "start", "-p", str(task), "-a", "oracle", "--trials-dir", str(out)]
+    [o] = harbor([*argv, *opts], out)
+    return o
+
+
+# --- the attack is real, and the switch stops it ----------------------------------------------
+
+
+def test_without_the_switch_the_hostile_oracle_scores(tmp_path: Path, images: dict[str, str]) -> None:
+    o = run_one(tmp_path, make_task(tmp_path, "hostile", images["plain"], HOSTILE))
+    assert (o.reward, o.exception) == (1.0, None), o
+
+
+@pytest.mark.parametrize("image", ["plain", "shell"])
+def test_the_switch_keeps_no_reward_for_the_hostile_oracle(
+    tmp_path: Path, images: dict[str, str], image: str
+) -> None:
+    task = make_task(tmp_path, "hostile", images[image], HOSTILE)
+    o = run_one(tmp_path, task, *SWITCH, *PIDS)
+    assert o.reward in (None, 0.0), o
+
+
+@pytest.mark.parametrize("image", ["plain", "shell"])
+def test_the_switch_scores_an_honest_oracle(
+    tmp_path: Path, images: dict[str, str], image: str
+) -> None:
+    task = make_task(tmp_path, "honest", images[image], HONEST)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert (o.reward, o.exception) == (1.0, None), o
+
+
+# --- the sidecar path: only BaseEnvironment's exec and upload_file reach the container ---------
+
+
+@pytest.mark.parametrize("image", ["plain", "shell"])
+def test_the_sidecar_keeps_no_reward_for_the_hostile_oracle(
+    tmp_path: Path, images: dict[str, str], image: str
+) -> None:
+    task = make_task(tmp_path, "hostile", images[image], HOSTILE)
+    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
+    assert o.reward in (None, 0.0), o
+
+
+@pytest.mark.parametrize("image", ["plain", "shell"])
+def test_the_sidecar_scores_an_honest_oracle(
+    tmp_path: Path, images: dict[str, str], image: str
+) -> None:
+    task = make_task(tmp_path, "honest", images[image], HONEST)
+    o = run_one(tmp_path, task, *SWITCH, *SIDECAR)
+    assert (o.reward, o.exception) == (1.0, None), o
+
+
+# --- failure is loud: an exception for the trial, and no reward --------------------------------
+
+
+@pytest.mark.parametrize(("image", "via"), [("spawner", []), ("daemon", SIDECAR)])
+def test_a_failed_freeze_keeps_no_reward(
+    tmp_path: Path, images: dict[str, str], image: str, via: list[str]
+) -> None:
+    task = make_task(tmp_path, "honest", images[image], HONEST)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
+    assert o.reward is None and o.exception in ("FreezeFailed", "GateRefused"), o
+
+
+def test_an_architecture_with_no_binary_fails_the_trial(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "honest", images["plain"], HONEST)
+    o = start_one(tmp_path, task, *SWITCH, "--environment-kwarg", "arch=riscv64")
+    assert o.reward is None and o.exception == "InstallFailed", o
+    assert "riscv64" in o.message and "x86_64" in o.message, o
+
+
+def test_a_read_only_root_fails_the_sidecar_naming_the_fix(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    ro = "services:\n  main:\n    read_only: true\n"
+    task = make_task(tmp_path, "honest", images["plain"], HONEST, compose=ro)
+    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
+    assert o.reward is None and o.exception == "InstallFailed", o
+    assert "install_path" in o.message, o
+
+
+def test_the_sidecar_refuses_a_sandbox_without_no_new_privileges(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "honest", images["plain"], HONEST)
+    o = start_one(tmp_path, task, *SWITCH, "--environment-kwarg", "via=sidecar")
+    assert o.reward is None and o.exception == "MarkerInvalid", o
+    assert "accept_privilege_escalation=true" in o.message, o
+
+
+def test_half_the_switch_is_refused(tmp_path: Path, images: dict[str, str]) -> None:
+    task = make_task(tmp_path, "honest", images["plain"], HONEST)
+    o = start_one(tmp_path, task, *SWITCH[:2])
+    # Harbor 0.25.0's Verifier records the upload's failure as AddTestsDirError, from ours.
+    assert o.reward is None and o.exception == "AddTestsDirError", o
+    assert "QuiesceNotOn" in o.traceback, o
+    assert "--verifier quiesce_harness.harbor:QuiescedVerifier" in o.traceback, o
+
+
+# --- a job: 16 trials at -n 8 ------------------------------------------------------------------
+
+
+@pytest.mark.long
+def test_a_job_of_sixteen(tmp_path: Path, images: dict[str, str]) -> None:
+    tasks = tmp_path / "tasks"
+    for i in range(8):
+        make_task(tasks, f"hostile-{i}", images["plain"], HOSTILE)
+        make_task(tasks, f"honest-{i}", images["plain"], HONEST)
+    out = tmp_path / "jobs"
+    t0 = time.monotonic()
+    found = harbor(
+        ["run", "-p", str(tasks), "-a", "oracle", "-n", "8", "-o", str(out), "-y", *SWITCH, *PIDS],
+        out,
+        timeout=900,
+    )
+    wall = time.monotonic() - t0
+    assert len(found) == 16, found
+    hostile = [o for o in found if o.task.startswith("hostile")]
+    honest = [o for o in found if o.task.startswith("honest")]
+    assert all(o.reward in (None, 0.0) for o in hostile), hostile
+    assert all((o.reward, o.exception) == (1.0, None) for o in honest), honest
+    print(f"\njob of 16 at -n 8: {wall:.1f} s wall")

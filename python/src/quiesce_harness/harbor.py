@@ -1,0 +1,619 @@
+"""Harbor: quiesce switched on from the command line, for a task that does not know about it.
+
+    harbor run -p TASK -a AGENT \\
+        --env quiesce_harness.harbor:QuiescedEnvironment \\
+        --verifier quiesce_harness.harbor:QuiescedVerifier
+
+(`harbor trials start` takes the same two options; a config names the same classes as
+`environment.import_path` and `verifier.import_path`.) The task's image, tests/ and solution/
+stay as they are; its task.toml names the agent's user (`[agent] user`), or the run does
+(`--environment-kwarg sandbox_user=NAME`).
+
+QuiescedEnvironment wraps the environment the run would have used (`--environment-kwarg
+wraps=daytona`, default docker; every other kwarg goes to it):
+
+- docker and podman: quiesce is the main container's init. The image is not rebuilt: a Compose
+  override Harbor merges last mounts the kit's static binary read-only, puts it in front of the
+  service's own ENTRYPOINT and CMD (read from the merged Compose file and the image), and sets
+  no-new-privileges and a pids limit. The signing key is made here, on the host, and mounted
+  read-only (root's, 0400): its public half never leaves this process, so a marker is checked
+  against a key the sandbox never held.
+- any other environment (and docker with `via=sidecar`): `quiesce sidecar`, put in and started
+  through the environment's own upload_file and exec, as root, before the agent's first command;
+  the public key it prints at its start is kept here.
+
+Agent commands run as the sandbox user: Harbor 0.25.0's Trial sets the environment's
+default_user to the task's `[agent] user` for the agent's phase, and an exec that names no user
+runs as that default; with no `[agent] user`, such an exec runs as `sandbox_user` until the
+freeze. Commands that name their user (Harbor's and the agents' `user="root"`) keep it.
+
+QuiescedVerifier is Harbor's Verifier with the freeze first: before anything of the verifier's
+enters the sandbox (the reward files' removal, the upload of tests/), the environment is frozen
+and the marker checked against the kept key, and the test script runs behind `quiesce verify`.
+A freeze that is not quiescent, a marker that fails a check, or a gate that refuses raises in
+verify(), which Harbor 0.25.0's Trial records as the trial's exception_info, with no
+verifier_result (no reward).
+
+`environment_mode = "separate"`: Harbor 0.25.0 collects the artifacts from the agent's
+environment, stops it, and runs the verifier in a fresh environment that no sandbox process
+ever ran in; nothing of the verifier's enters the agent's environment, so a survivor there can
+only do what the agent itself could have done before it ended. The freeze adds no protection to
+the score there; QuiescedVerifier still freezes and gates the verifier's environment when it is
+a QuiescedEnvironment (proving it empty of sandbox processes), and needs nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from harbor.environments.base import BaseEnvironment
+from harbor.verifier.verifier import Verifier
+
+from .binary import binary_path
+from .container import Container
+from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
+from .freeze import freeze
+from .marker import verify_marker
+from .result import FreezeResult
+from .sidecar import DEFAULT_INSTALL_PATH, start_sidecar
+from .verifier import ACCEPT_ENV, GATE_EXIT_CODES
+
+# Where the init path mounts the binary and the key directory in the main container: paths of
+# the kit's own, which the engine creates (root's, 0755) and nothing of the image uses.
+INIT_BINARY = "/run/quiesce-harbor/quiesce"
+INIT_KEY_DIR = "/run/quiesce-harbor-key"
+ENV_FLAG = "--env quiesce_harness.harbor:QuiescedEnvironment"
+VERIFIER_FLAG = "--verifier quiesce_harness.harbor:QuiescedVerifier"
+# Harbor 0.25.0's EnvironmentPaths.tests_dir: where its Verifier uploads tests/.
+TESTS_DIR = PurePosixPath("/tests")
+_WAYS = ("init", "sidecar")
+_INIT_ENGINES = ("docker", "podman")
+
+
+class QuiesceNotOn(QuiesceError):
+    """Half the switch is on: the environment or the verifier is not quiesce's."""
+
+
+class GateRefused(QuiesceError):
+    """`quiesce verify` refused to run the tests; nothing was scored."""
+
+
+@dataclass
+class _Guard:
+    """What the environment keeps outside the sandbox: how quiesce got in and its key."""
+
+    way: str
+    users: tuple[str, ...]
+    public_key: str | None = None
+    container: Container | None = None
+    frozen: FreezeResult | None = None
+    key_dir: Path | None = None
+    gate: str | None = None  # the nonce the verifier's default-user execs are gated with
+    freeze_timeout: float = 30.0
+    arch: str | None = None
+    pids_limit: int | None = 4096
+    override: Path | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    default_to_sandbox: bool = False  # the task names no agent user: sandbox_user does
+    started: bool = False
+    install_path: str = DEFAULT_INSTALL_PATH
+    accept_setuid: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _task_users(environment_dir: Path) -> list[str]:
+    """The agent users task.toml names ([agent] user, and each step's), as strings."""
+    import tomllib
+
+    toml = environment_dir.parent / "task.toml"
+    try:
+        data = tomllib.loads(toml.read_text())
+    except (OSError, ValueError):
+        return []
+    found: list[str] = []
+
+    def add(section: object) -> None:
+        user = section.get("user") if isinstance(section, dict) else None
+        if user is not None and str(user) not in found:
+            found.append(str(user))
+
+    add(data.get("agent"))
+    for step in data.get("steps") or []:
+        if isinstance(step, dict):
+            add(step.get("agent"))
+    return found
+
+
+def _sandbox_users(environment_dir: Path, sandbox_user: object) -> tuple[str, ...]:
+    users = _task_users(environment_dir)
+    if sandbox_user is not None:
+        given = str(sandbox_user)
+        if users and users != [given]:
+            raise InstallFailed(
+                f"sandbox_user={given!r} was given, but task.toml's [agent] user is "
+                f"{users}: drop the kwarg or make them the same"
+            )
+        users = users or [given]
+    if not users:
+        raise InstallFailed(
+            f"{environment_dir.parent}: no sandbox user: set `[agent] user` in task.toml or "
+            "pass --environment-kwarg sandbox_user=NAME (a name or a UID)"
+        )
+    if any(u in ("root", "0") for u in users):
+        raise InstallFailed(
+            "the sandbox user is root, whom quiesce cannot tell from the verifier: run the "
+            "agent as another user ([agent] user, or --environment-kwarg sandbox_user=NAME)"
+        )
+    return tuple(users)
+
+
+def _variant(wraps: str, via: str | None) -> type[QuiescedEnvironment]:
+    """The class that wraps `wraps`: QuiescedEnvironment over Harbor's class for it."""
+    from harbor.environments.factory import _load_environment_class
+    from harbor.models.environment_type import EnvironmentType
+
+    try:
+        inner = _load_environment_class(EnvironmentType(wraps))
+    except ValueError:
+        raise InstallFailed(
+            f"wraps={wraps!r} is not a Harbor environment type: pass one of "
+            f"{', '.join(t.value for t in EnvironmentType)}"
+        ) from None
+    way = via or ("init" if wraps in _INIT_ENGINES else "sidecar")
+    if way not in _WAYS:
+        raise InstallFailed(f"via={via!r}: pass via=init or via=sidecar")
+    if way == "init" and wraps not in _INIT_ENGINES:
+        raise InstallFailed(
+            f"via=init needs a Compose environment (docker, podman), not {wraps}: drop via= "
+            "(the sidecar goes in through the environment's exec)"
+        )
+    bases: tuple[type, ...] = (
+        (_ComposeInit, QuiescedEnvironment, inner)
+        if way == "init"
+        else (QuiescedEnvironment, inner)
+    )
+    return type(f"Quiesced{inner.__name__}", bases, {"_quiesce_way": way})
+
+
+class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
+    """Harbor's environment `wraps` (default docker), with quiesce in it before the agent.
+
+    Kwargs of its own (`--environment-kwarg K=V`): wraps, via (init or sidecar), sandbox_user,
+    arch (the sandbox's, to check or where it has no uname), pids_limit (init path; default
+    4096, 0 for the engine's), freeze_timeout (seconds), install_path (sidecar path: where the
+    binary goes; a writable, exec-able mount on a read-only root), accept_privilege_escalation
+    (true: score a sandbox that ran without no-new-privileges, which the sidecar path cannot
+    set; refused otherwise). Every other kwarg goes to `wraps`.
+    """
+
+    _quiesce_way = "sidecar"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> QuiescedEnvironment:
+        if cls is QuiescedEnvironment:
+            cls = _variant(str(kwargs.get("wraps", "docker")), kwargs.get("via"))
+        obj: QuiescedEnvironment = object.__new__(cls)
+        return obj
+
+    def __init__(
+        self,
+        *args: Any,
+        wraps: str = "docker",
+        via: str | None = None,
+        sandbox_user: str | int | None = None,
+        arch: str | None = None,
+        pids_limit: int | None = 4096,
+        freeze_timeout: float = 30.0,
+        install_path: str = DEFAULT_INSTALL_PATH,
+        accept_privilege_escalation: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        del wraps, via  # chose the class in __new__
+        env_dir = Path(kwargs.get("environment_dir", args[0] if args else "."))
+        self._guard = _Guard(
+            way=self._quiesce_way,
+            users=_sandbox_users(env_dir, sandbox_user),
+            freeze_timeout=float(freeze_timeout),
+            arch=arch,
+            pids_limit=int(pids_limit) if pids_limit else None,
+            default_to_sandbox=not _task_users(env_dir),
+            install_path=install_path,
+            accept_setuid=accept_privilege_escalation is True,
+        )
+        super().__init__(*args, **kwargs)
+
+    # --- Harbor's calls -----------------------------------------------------------------------
+
+    async def start(self, force_build: bool) -> None:
+        self._guard.loop = asyncio.get_running_loop()
+        await super().start(force_build)
+        if self._guard.way == "sidecar":
+            await self._start_sidecar()
+        else:
+            await self._check_init()
+        self._guard.started = True
+
+    async def stop(self, delete: bool) -> None:
+        try:
+            await super().stop(delete)
+        finally:
+            if self._guard.key_dir is not None:
+                shutil.rmtree(self._guard.key_dir, ignore_errors=True)
+                self._guard.key_dir = None
+
+    def _resolve_user(self, user: str | int | None) -> str | int | None:
+        # Harbor 0.25.0: an exec that names no user runs as default_user, which the Trial sets
+        # to `[agent] user` for the agent's phase; with none, as the sandbox user until the
+        # freeze (after it, the verifier's commands keep the image's user). Harbor's own steps
+        # before the agent (start, the environment's checks) keep the image's user.
+        resolved = super()._resolve_user(user)
+        g = self._guard
+        if resolved is None and g.default_to_sandbox and g.started and g.frozen is None:
+            return g.users[0]
+        return resolved
+
+    async def exec(
+        self,
+        command: str,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_sec: int | None = None,
+        user: str | int | None = None,
+    ) -> Any:
+        if self._guard.gate is None or user is not None:
+            return await super().exec(
+                command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user
+            )
+        command, env = self._gated(command, env)
+        r = await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        _check_gate(int(r.return_code), (r.stdout or "") + (r.stderr or ""))
+        return r
+
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        self._refuse_tests_unfrozen(target_path)
+        await super().upload_file(source_path, target_path)
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        self._refuse_tests_unfrozen(target_dir)
+        await super().upload_dir(source_dir, target_dir)
+
+    # --- the freeze and the gate --------------------------------------------------------------
+
+    def _refuse_tests_unfrozen(self, target: str) -> None:
+        p = PurePosixPath(target)
+        if self._guard.frozen is None and (p == TESTS_DIR or TESTS_DIR in p.parents):
+            # Harbor's own Verifier uploads the tests with the sandbox still running: a
+            # survivor that reads them writes what they expect.
+            raise QuiesceNotOn(
+                f"the tests are being uploaded to {target} before any freeze: the verifier is "
+                f"not quiesce's; pass {VERIFIER_FLAG}"
+            )
+
+    async def quiesce_freeze(self) -> FreezeResult:
+        """Freeze the sandbox and check the marker against the key kept at start; raise
+        FreezeFailed / Unreachable / MarkerInvalid otherwise."""
+        g = self._guard
+        box = g.container
+        if box is None or g.public_key is None:
+            raise Unreachable(
+                f"{self.session_id}: quiesce was never started in this environment "
+                "(its start failed or did not run): score nothing"
+            )
+        g.loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        r = await asyncio.to_thread(freeze, box, None, g.freeze_timeout)
+        if r.marker is None:
+            raise Unreachable(f"{self.session_id}: the freeze returned no marker: score nothing")
+        key, marker, accept = g.public_key, r.marker, g.accept_setuid
+        try:
+            await asyncio.to_thread(
+                lambda: verify_marker(
+                    marker, key, nonce=r.nonce, container=box, accept_privilege_escalation=accept
+                )
+            )
+        except MarkerInvalid as e:
+            if e.check != "setuid":
+                raise
+            # The sidecar path cannot set no-new-privileges on a container it did not start.
+            raise MarkerInvalid(
+                "setuid",
+                "the sandbox ran without no-new-privileges, so a setuid binary could make a "
+                "sandbox process root: start it with no-new-privileges (the init path does), "
+                "or accept the risk with --environment-kwarg accept_privilege_escalation=true",
+            ) from None
+        g.frozen = r
+        note = (
+            f"quiesce: freeze {r.freeze_id} quiescent in {time.monotonic() - t0:.2f} s "
+            f"(killed {r.killed}; the init's phases {r.phases_ms})"
+        )
+        g.notes.append(note)
+        self.logger.info(note)
+        return r
+
+    @contextlib.contextmanager
+    def verifier_gate(self, nonce: str) -> Iterator[None]:
+        """While open, an exec that names no user runs behind `quiesce verify --nonce`."""
+        self._guard.gate = nonce
+        try:
+            yield
+        finally:
+            self._guard.gate = None
+
+    def _gated(
+        self, command: str, env: dict[str, str] | None
+    ) -> tuple[str, dict[str, str]]:
+        g = self._guard
+        box = g.container
+        assert box is not None and g.gate is not None  # verifier_gate opens after the freeze
+        opts = ["--nonce", g.gate]
+        for u in g.users:
+            opts += ["--sandbox-user", u]
+        # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
+        # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
+        inner = f"(\n{command}\n); exit 0"
+        argv = box.quiesce("verify", *opts, "--", "bash", "-c", inner)
+        accept = "1" if g.accept_setuid else "0"
+        return "exec " + shlex.join(argv), {**(env or {}), ACCEPT_ENV: accept}
+
+    # --- the sidecar path ---------------------------------------------------------------------
+
+    def _as_container(self) -> Container:
+        loop = self._guard.loop
+        parent = super()
+
+        async def run(
+            argv: Sequence[str],
+            *,
+            user: str | None = None,
+            stdin: bytes | None = None,
+            env: dict[str, str] | None = None,
+        ) -> tuple[int, bytes, bytes]:
+            if stdin is not None:
+                raise ValueError("Harbor's exec takes no stdin: the kit uploads files instead")
+            # The kit's user None is the sandbox's own default (root), not the agent's.
+            r = await parent.exec(shlex.join(argv), env=env, user=user or "0")
+            return int(r.return_code), (r.stdout or "").encode(), (r.stderr or "").encode()
+
+        async def upload(local: str, remote: str) -> None:
+            await parent.upload_file(local, remote)
+
+        return Container.from_exec(run, upload, name=self.session_id, loop=loop)
+
+    async def _start_sidecar(self) -> None:
+        g = self._guard
+        box = self._as_container()
+        users = g.users
+
+        def go() -> Any:
+            extra: list[str] = []
+            for u in users[1:]:
+                extra += ["--sandbox-user", u]
+            return start_sidecar(
+                box,
+                users[0],
+                arch=g.arch,
+                install_path=g.install_path,
+                extra_args=extra,
+                timeout=120,
+            )
+
+        sc = await asyncio.to_thread(go)
+        g.container, g.public_key = sc.container, sc.public_key
+
+    async def _check_init(self) -> None:
+        raise InstallFailed(f"{type(self).__name__}: no init path here: pass via=sidecar")
+
+
+class _ComposeInit:
+    """The init path: Harbor's Docker (or Podman) environment, with quiesce as the main
+    container's init through a Compose override merged after every file of Harbor's."""
+
+    _guard: _Guard
+    session_id: str
+    logger: Any
+
+    @property
+    def _docker_compose_paths(self) -> list[Path]:
+        paths: list[Path] = list(super()._docker_compose_paths)  # type: ignore[misc]
+        if self._guard.override is not None:
+            paths.append(self._guard.override)
+        return paths
+
+    async def _run_docker_compose_command(self, command: list[str], *a: Any, **k: Any) -> Any:
+        # Harbor 0.25.0's DockerEnvironment.start builds or pulls the image, then runs `up`
+        # once: the override is written just before it, from the merged file and the image.
+        if command[:1] == ["up"] and self._guard.override is None:
+            await self._write_override()
+        return await super()._run_docker_compose_command(command, *a, **k)  # type: ignore[misc]
+
+    async def _engine(self, *args: str) -> bytes:
+        argv = type(self).runtime().engine_cmd(*args)  # type: ignore[attr-defined]
+        p = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            out, err = await asyncio.wait_for(p.communicate(), 120)
+        except asyncio.TimeoutError:
+            p.kill()
+            raise Unreachable(f"{' '.join(argv)}: no answer in 120 s") from None
+        if p.returncode != 0:
+            raise Unreachable(f"{' '.join(argv)}: {err.decode(errors='replace').strip()}")
+        return out
+
+    async def _merged_main(self) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="quiesce-harbor-") as d:
+            out = Path(d) / "config.json"
+            await super()._run_docker_compose_command(  # type: ignore[misc]
+                ["config", "--format", "json", "--output", str(out)]
+            )
+            cfg = json.loads(out.read_text())
+        main = cfg.get("services", {}).get("main")
+        if not isinstance(main, dict):
+            raise InstallFailed(f"{self.session_id}: the merged Compose file has no main service")
+        return main
+
+    async def _write_override(self) -> None:
+        g = self._guard
+        main = await self._merged_main()
+        image = main.get("image")
+        if not isinstance(image, str) or not image:
+            raise InstallFailed(f"{self.session_id}: the main service names no image")
+        info = json.loads(await self._engine("image", "inspect", image))[0]
+        cfg = info.get("Config") or {}
+        arch = str(info.get("Architecture") or "")
+        try:
+            binary = binary_path(g.arch or arch)
+        except (OSError, ValueError) as e:
+            raise InstallFailed(f"{self.session_id}: {e}") from None
+        if g.arch is not None and _alias(g.arch) != _alias(arch):
+            raise InstallFailed(
+                f"arch={g.arch!r} was given, but the image {image} is {arch!r}: drop arch= or "
+                "give the image's"
+            )
+        entry, cmd = _entry_and_cmd(main, cfg)
+        if not entry and not cmd:
+            raise InstallFailed(
+                f"{image}: neither the image nor the Compose files give a command to run "
+                "under quiesce: give the main service a command"
+            )
+        g.key_dir, g.public_key = _make_key()
+        init = [INIT_BINARY]
+        for u in g.users:
+            init += ["--sandbox-user", u]
+        init += ["--signing-key", f"{INIT_KEY_DIR}/signing.key", "--", *entry]
+        svc: dict[str, Any] = {
+            "entrypoint": init,
+            "volumes": [
+                {"type": "bind", "source": str(binary), "target": INIT_BINARY, "read_only": True},
+                {
+                    "type": "bind",
+                    "source": str(g.key_dir),
+                    "target": INIT_KEY_DIR,
+                    "read_only": True,
+                },
+            ],
+            # quiesce verify refuses a marker signed without it (docs/marker.md, check 18).
+            "security_opt": ["no-new-privileges:true"],
+        }
+        if cmd:
+            svc["command"] = cmd
+        if g.pids_limit:
+            svc["pids_limit"] = g.pids_limit
+        path = g.key_dir / "compose-quiesce.json"
+        path.write_text(json.dumps({"services": {"main": svc}}, indent=2))
+        self.logger.info(f"quiesce: the main service runs {init + cmd}")
+        g.override = path
+
+    async def _check_init(self) -> None:
+        """The init answers: its state dir's public key is the one made here."""
+        from harbor.environments.docker.docker import _sanitize_docker_compose_project_name
+
+        g = self._guard
+        box = Container.compose(
+            "main",
+            project=_sanitize_docker_compose_project_name(self.session_id),
+            binary=INIT_BINARY,
+        )
+        want = g.public_key
+        deadline = time.monotonic() + 30
+
+        def read_key() -> str | None:
+            r = box.exec(["cat", f"{box.state_dir}/signing.pub"], user="0", timeout=30)
+            return r.stdout.decode(errors="replace") if r.started and r.returncode == 0 else None
+
+        have = None
+        while time.monotonic() < deadline:
+            have = await asyncio.to_thread(read_key)
+            if have is not None:
+                break
+            await asyncio.sleep(0.2)
+        if have is None or want is None or have.strip() != want.strip():
+            logs = await self._engine("logs", "--tail", "5", box._docker_id())
+            raise InstallFailed(
+                f"{self.session_id}: quiesce is not the main container's init with this "
+                f"trial's key ({logs.decode(errors='replace').strip() or 'no log'})"
+            )
+        g.container = box
+
+
+def _alias(arch: str) -> str:
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch.lower(), arch.lower())
+
+
+def _entry_and_cmd(main: dict[str, Any], image: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The main service's ENTRYPOINT and CMD as the engine would run them: the Compose file's
+    where it sets them, else the image's (whose CMD Compose drops when it sets an entrypoint)."""
+
+    def argv(v: object, what: str) -> list[str]:
+        if v is None:
+            return []
+        if isinstance(v, list) and all(isinstance(x, str) for x in v):
+            return list(v)
+        raise InstallFailed(f"the main service's {what} is {v!r}, not a list of strings")
+
+    # `docker compose config` writes an entrypoint or command no file set as null (or leaves
+    # it out): the image's then.
+    if main.get("entrypoint"):
+        entry = argv(main["entrypoint"], "entrypoint")
+        cmd = argv(main.get("command"), "command")
+    else:
+        entry = argv(image.get("Entrypoint"), "image's Entrypoint")
+        cmd = argv(main.get("command") or image.get("Cmd"), "command")
+    return entry, cmd
+
+
+def _make_key() -> tuple[Path, str]:
+    """A fresh Ed25519 key in a root-only directory of its own; its public PEM."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    d = Path(tempfile.mkdtemp(prefix="quiesce-harbor-key-"))
+    d.chmod(0o700)
+    f = d / "signing.key"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+    with os.fdopen(fd, "wb") as out:
+        out.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    pub = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return d, pub.decode()
+
+
+class QuiescedVerifier(Verifier):  # type: ignore[misc]
+    """Harbor's Verifier, run only after a quiescent freeze and behind `quiesce verify`."""
+
+    async def verify(self) -> Any:
+        env = self.environment
+        if not isinstance(env, QuiescedEnvironment):
+            raise QuiesceNotOn(
+                f"the environment is {type(env).__name__}, not quiesce's: pass {ENV_FLAG}"
+            )
+        r = await env.quiesce_freeze()
+        assert r.nonce is not None
+        with env.verifier_gate(r.nonce):
+            return await super().verify()
+
+
+def _check_gate(rc: int, output: str) -> None:
+    """Raise GateRefused unless the gated exec ran the tests (exit 0)."""
+    if rc == 0:
+        return
+    why = GATE_EXIT_CODES.get(rc, f"exit {rc}")
+    raise GateRefused(f"quiesce verify refused to score ({why}): {output.strip()[-300:]}")

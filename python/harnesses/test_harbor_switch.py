@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,10 +26,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
 import pytest
+
+from quiesce_harness.harbor import QuiescedVerifier
 
 import support
 
@@ -51,7 +55,7 @@ PIDS = ["--environment-kwarg", "pids_limit=256"]
 
 HOSTILE = (
     "#!/bin/sh\n"
-    "nohup setsid sh -c 'trap \"\" TERM; while :; do "
+    'nohup setsid sh -c \'trap "" TERM; while :; do '
     "[ -f /tests/expected.txt ] && cp /tests/expected.txt /app/answer.txt; "
     "sleep 0.01; done' >/dev/null 2>&1 &\n"
 )
@@ -67,6 +71,8 @@ RUN useradd --create-home --uid 1000 --shell /bin/sh agent \\
  && mkdir -p /app && chown agent:agent /app
 WORKDIR /app
 {extra}"""
+
+
 def _entrypoint(script: str) -> str:
     """An exec-form ENTRYPOINT running `script` with sh, the service's command as "$@"."""
     return f"ENTRYPOINT {json.dumps(['/bin/sh', '-c', script, 'sh'])}\n"
@@ -76,9 +82,7 @@ def _entrypoint(script: str) -> str:
 SHELL_PID1 = _entrypoint("trap : TERM; while :; do sleep 1; done")
 # A root daemon the image starts beside its PID 1: it double-forks all the time, so that a
 # sidecar's freeze finds processes it cannot vouch for (their parent is the image's PID 1).
-ROOT_DAEMON = _entrypoint(
-    support.WORKLOADS_ROOT_DAEMON + ' >/dev/null 2>&1 & exec "$@"'
-)
+ROOT_DAEMON = _entrypoint(support.WORKLOADS_ROOT_DAEMON + ' >/dev/null 2>&1 & exec "$@"')
 # Under the init, the daemon's double-forks are the init's own to vouch for; this root daemon
 # instead starts a process of the agent's UID every 20 ms, so that one is born during the
 # freeze or after it, and the freeze fails or the gate refuses.
@@ -146,6 +150,7 @@ class Outcome:
     message: str
     traceback: str
     seconds: float
+    log: str
 
     @property
     def unscored(self) -> bool:
@@ -171,6 +176,9 @@ def _outcome(path: Path) -> Outcome:
         message=str(ex.get("exception_message", "")),
         traceback=str(ex.get("exception_traceback", "")),
         seconds=secs,
+        log=(path.parent / "trial.log").read_text(errors="replace")
+        if (path.parent / "trial.log").exists()
+        else "",
     )
 
 
@@ -184,11 +192,7 @@ def harbor(argv: list[str], out: Path, timeout: float = 600) -> list[Outcome]:
         check=False,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    found = [
-        _outcome(f)
-        for f in sorted(out.rglob("result.json"))
-        if "trial_name" in f.read_text()
-    ]
+    found = [_outcome(f) for f in sorted(out.rglob("result.json")) if "trial_name" in f.read_text()]
     if not found:
         pytest.fail(
             f"harbor {' '.join(argv)} wrote no trial (exit {p.returncode}):\n"
@@ -215,48 +219,82 @@ def start_one(tmp: Path, task: Path, *opts: str) -> Outcome:
 # --- the attack is real, and the switch stops it ----------------------------------------------
 
 
-def test_without_the_switch_the_hostile_oracle_scores(tmp_path: Path, images: dict[str, str]) -> None:
+def test_without_the_switch_the_hostile_oracle_scores(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
     o = run_one(tmp_path, make_task(tmp_path, "hostile", images["plain"], HOSTILE))
     assert (o.reward, o.exception) == (1.0, None), o
 
 
-@pytest.mark.parametrize("image", ["plain", "shell"])
-def test_the_switch_keeps_no_reward_for_the_hostile_oracle(
-    tmp_path: Path, images: dict[str, str], image: str
+def test_trials_start_with_the_switch_scores_an_honest_oracle(
+    tmp_path: Path, images: dict[str, str]
 ) -> None:
-    task = make_task(tmp_path, "hostile", images[image], HOSTILE)
-    o = run_one(tmp_path, task, *SWITCH, *PIDS)
-    assert o.reward in (None, 0.0), o
-
-
-@pytest.mark.parametrize("image", ["plain", "shell"])
-def test_the_switch_scores_an_honest_oracle(
-    tmp_path: Path, images: dict[str, str], image: str
-) -> None:
-    task = make_task(tmp_path, "honest", images[image], HONEST)
+    task = make_task(tmp_path, "honest", images["plain"], HONEST)
     o = start_one(tmp_path, task, *SWITCH, *PIDS)
     assert (o.reward, o.exception) == (1.0, None), o
+
+
+def job(tmp: Path, tasks: Path, n: int, *opts: str) -> tuple[list[Outcome], float]:
+    """`harbor run` of every task under `tasks` at -n N; the trials and the wall time."""
+    out = tmp / "jobs"
+    t0 = time.monotonic()
+    argv = ["run", "-p", str(tasks), "-a", "oracle", "-n", str(n), "-o", str(out), "-y"]
+    found = harbor([*argv, *opts], out, timeout=900)
+    return found, time.monotonic() - t0
+
+
+def assert_job(found: list[Outcome], trials: int) -> None:
+    """Every hostile trial unscored (no reward, or 0.0), every honest one 1.0."""
+    assert len(found) == trials, found
+    hostile = [o for o in found if o.task.startswith("hostile")]
+    honest = [o for o in found if o.task.startswith("honest")]
+    assert len(hostile) == len(honest) == trials // 2, found
+    assert all(o.reward in (None, 0.0) for o in hostile), hostile
+    assert all((o.reward, o.exception) == (1.0, None) for o in honest), honest
+    # The hostile loop was alive until the freeze, which killed it.
+    assert all(re.search(r"quiescent in [0-9.]+ s \(killed [1-9]", o.log) for o in hostile), [
+        o.log[-500:] for o in hostile
+    ]
+
+
+def freeze_times(root: Path) -> list[float]:
+    """The freezes' times as QuiescedEnvironment logged them in each trial.log."""
+    out = []
+    for log in root.rglob("trial.log"):
+        for m in re.finditer(r"quiescent in ([0-9.]+) s", log.read_text(errors="replace")):
+            out.append(float(m.group(1)))
+    return sorted(out)
+
+
+def test_a_job_of_sixteen(tmp_path: Path, images: dict[str, str]) -> None:
+    # 8 hostile, 8 honest, half of each on the image whose PID 1 is a shell; the init path.
+    tasks = tmp_path / "tasks"
+    for i in range(8):
+        image = images["plain" if i % 2 else "shell"]
+        make_task(tasks, f"hostile-{i}", image, HOSTILE)
+        make_task(tasks, f"honest-{i}", image, HONEST)
+    found, wall = job(tmp_path, tasks, 8, *SWITCH, *PIDS)
+    assert_job(found, 16)
+    ft = freeze_times(tmp_path / "jobs")
+    assert len(ft) == 16, ft
+    print(
+        f"\njob of 16 at -n 8: {wall:.1f} s wall; trials {min(o.seconds for o in found):.1f}-"
+        f"{max(o.seconds for o in found):.1f} s; freezes {ft[0]:.2f}-{ft[-1]:.2f} s "
+        f"(median {ft[len(ft) // 2]:.2f})"
+    )
 
 
 # --- the sidecar path: only BaseEnvironment's exec and upload_file reach the container ---------
 
 
-@pytest.mark.parametrize("image", ["plain", "shell"])
-def test_the_sidecar_keeps_no_reward_for_the_hostile_oracle(
-    tmp_path: Path, images: dict[str, str], image: str
-) -> None:
-    task = make_task(tmp_path, "hostile", images[image], HOSTILE)
-    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
-    assert o.reward in (None, 0.0), o
-
-
-@pytest.mark.parametrize("image", ["plain", "shell"])
-def test_the_sidecar_scores_an_honest_oracle(
-    tmp_path: Path, images: dict[str, str], image: str
-) -> None:
-    task = make_task(tmp_path, "honest", images[image], HONEST)
-    o = run_one(tmp_path, task, *SWITCH, *SIDECAR)
-    assert (o.reward, o.exception) == (1.0, None), o
+def test_the_sidecar_path(tmp_path: Path, images: dict[str, str]) -> None:
+    tasks = tmp_path / "tasks"
+    for image in ("plain", "shell"):
+        make_task(tasks, f"hostile-{image}", images[image], HOSTILE)
+        make_task(tasks, f"honest-{image}", images[image], HONEST)
+    found, _ = job(tmp_path, tasks, 4, *SWITCH, *SIDECAR)
+    assert_job(found, 4)
+    assert len(freeze_times(tmp_path / "jobs")) == 4
 
 
 # --- failure is loud: an exception for the trial, and no reward --------------------------------
@@ -308,26 +346,28 @@ def test_half_the_switch_is_refused(tmp_path: Path, images: dict[str, str]) -> N
     assert "--verifier quiesce_harness.harbor:QuiescedVerifier" in o.traceback, o
 
 
-# --- a job: 16 trials at -n 8 ------------------------------------------------------------------
+class NamedUserVerifier(QuiescedVerifier):
+    """A verifier whose every exec names its user, as a later Harbor's might: the tests then
+    run past the gate, and the trial must keep no reward."""
+
+    async def verify(self) -> Any:
+        env = self.environment
+        plain = env.exec
+
+        async def named(command: str, **kw: Any) -> Any:
+            kw["user"] = kw.get("user") or "root"
+            return await plain(command, **kw)
+
+        env.exec = named
+        try:
+            return await super().verify()
+        finally:
+            del env.exec
 
 
-@pytest.mark.long
-def test_a_job_of_sixteen(tmp_path: Path, images: dict[str, str]) -> None:
-    tasks = tmp_path / "tasks"
-    for i in range(8):
-        make_task(tasks, f"hostile-{i}", images["plain"], HOSTILE)
-        make_task(tasks, f"honest-{i}", images["plain"], HONEST)
-    out = tmp_path / "jobs"
-    t0 = time.monotonic()
-    found = harbor(
-        ["run", "-p", str(tasks), "-a", "oracle", "-n", "8", "-o", str(out), "-y", *SWITCH, *PIDS],
-        out,
-        timeout=900,
-    )
-    wall = time.monotonic() - t0
-    assert len(found) == 16, found
-    hostile = [o for o in found if o.task.startswith("hostile")]
-    honest = [o for o in found if o.task.startswith("honest")]
-    assert all(o.reward in (None, 0.0) for o in hostile), hostile
-    assert all((o.reward, o.exception) == (1.0, None) for o in honest), honest
-    print(f"\njob of 16 at -n 8: {wall:.1f} s wall")
+def test_tests_run_past_the_gate_keep_no_reward(tmp_path: Path, images: dict[str, str]) -> None:
+    task = make_task(tmp_path, "honest", images["plain"], HONEST)
+    named = ["--verifier", "test_harbor_switch:NamedUserVerifier"]
+    o = start_one(tmp_path, task, *SWITCH[:2], *named, *PIDS)
+    assert o.reward is None and o.exception == "GateRefused", o
+    assert "behind quiesce verify" in o.message, o

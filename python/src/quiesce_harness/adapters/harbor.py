@@ -1,5 +1,10 @@
 """Harbor: trial hooks that freeze the trial's main service through quiesce.
 
+For a task that does not know about quiesce, and a run that writes no Python, use the switch
+instead (quiesce_harness.harbor): `--env quiesce_harness.harbor:QuiescedEnvironment --verifier
+quiesce_harness.harbor:QuiescedVerifier`. These hooks are for a harness that drives Harbor's
+Trial itself, on an image that already runs quiesce as its init.
+
     from harbor.trial.trial import Trial
     from quiesce_harness.adapters.harbor import add_freeze_hooks
 

@@ -219,6 +219,28 @@ def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, projec
     assert error is not None and "vouch" in error
 
 
+@pytest.mark.parametrize("task_image", [BARE], indirect=True)
+def test_a_sandbox_process_started_after_the_freeze_stops_the_scoring(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # A root process of the image starts the forger again as the sandbox user once the freeze
+    # is over: quiesce verify's live probe, before BenchFlow's verifier, finds it alive.
+    again = f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}"
+
+    class Planes(QuiescePlanes):
+        async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
+            await super().harden_before_verify(*a, **kw)
+            await a[0].exec(again, user="root")
+
+    planes = Planes()
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
+    )
+    assert rewards is None
+    assert error is not None and "exited 16" in error and "alive" in error
+    assert planes.results[0].state == "quiescent"
+
+
 def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(
     tmp_path: Path, task_image: str, project: str
 ) -> None:

@@ -14,11 +14,15 @@ outside the sandbox, the public key its markers must be signed with and the user
 Where BenchFlow kills the sandbox user's processes (`quiesce_agent`, `harden_before_verify`)
 they freeze first and check the marker against the key kept at the start (signature, nonce,
 container, the user's UID among the frozen ones, no-new-privileges); the rest of BenchFlow's
-hardening then runs as before. Anything else raises a QuiesceError, which BenchFlow 0.7.11
-records as the verifier's error (`verifier crashed: ...`) and keeps no reward: a freeze that is
-not quiescent, a marker that fails a check, a sandbox quiesce could not get into (no root exec,
+hardening then runs as before, and BenchFlow's verifier runs only behind `quiesce verify`'s gate
+(that marker, and a live probe: no sandbox process alive as the scoring starts). Anything
+else raises a QuiesceError, which BenchFlow 0.7.11 records as the verifier's error (`verifier
+crashed: ...`) and keeps no reward: a freeze that is not quiescent, a marker that fails a
+check, a sandbox process alive at the gate, a sandbox quiesce could not get into (no root exec,
 no upload, an architecture with no build, a read-only file system), or a sandbox no quiesce
 was started in before the agent (RolloutConfig.sandbox_user unset: the agent ran as root).
+When quiesce cannot get in, the `setup_sandbox_user` plane itself raises: the rollout ends
+before the agent runs.
 
 What BenchFlow 0.7.11 offers and these planes rely on (benchflow/rollout/__init__.py,
 rollout_planes.py, rollout/_setup.py, sandbox/lockdown.py, sandbox/docker.py):
@@ -30,7 +34,8 @@ rollout_planes.py, rollout/_setup.py, sandbox/lockdown.py, sandbox/docker.py):
   that is told who the user is. The oracle agent goes through it too (guard_daemon=False).
   BenchFlow ignores that exec's result: a user it could not make is refused by the sidecar.
 - `_verify_rollout` awaits `planes.harden_before_verify(env, task, sandbox_user, workspace=)`
-  inside the try that turns any exception into `verifier_error` with rewards None.
+  inside the try that turns any exception into `verifier_error` with rewards None; then, in
+  the same try, `planes.verifier(task=, rollout_paths=, sandbox=env).verify()`.
 - `capture_terminal_workspace` (a review, or a separate verifier) awaits
   `planes.quiesce_agent(env, user)` before it copies the workspace out; it records an error
   there as the export's error, which prevents the final scoring.
@@ -62,6 +67,7 @@ from ..freeze import freeze
 from ..marker import load_public_key, verify_marker
 from ..result import FreezeResult
 from ..sidecar import DEFAULT_INSTALL_PATH, start_sidecar
+from ..verifier import GATE_EXIT_CODES, run_verifier
 
 _NO_USER_FIX = (
     "set RolloutConfig.sandbox_user to the non-root user the agent runs as (no freeze can "
@@ -145,6 +151,9 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         # One planes object may serve many rollouts at once: a guard per sandbox object.
         self._guards: weakref.WeakKeyDictionary[Any, Guard] = weakref.WeakKeyDictionary()
         self._failures: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._frozen: weakref.WeakKeyDictionary[Any, tuple[Guard, FreezeResult]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # --- before the agent ------------------------------------------------------------------
 
@@ -237,7 +246,9 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         """Freeze the sandbox through its guard; return the result only when its marker passes
         every check against the key kept at the start. Raises a QuiesceError otherwise."""
         g = self.guard(env, sandbox_user)
+        self._frozen.pop(env, None)
         r = await asyncio.to_thread(self._freeze_checked, g)
+        self._frozen[env] = (g, r)
         self.results.append(r)
         if self.on_result is not None:
             self.on_result(r)
@@ -263,6 +274,32 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
             )
         return r
 
+    def probe(self, env: Any) -> None:
+        """`quiesce verify --nonce N -- true` in the sandbox: the last freeze's marker passes
+        quiesce's own checks and no sandbox process is alive now. Raises MarkerInvalid naming
+        what failed, Unreachable when the sandbox was not frozen or cannot be reached."""
+        frozen = self._frozen.get(env)
+        if frozen is None:
+            raise Unreachable("the verifier of a sandbox these planes did not freeze: no score")
+        g, r = frozen
+        cp = run_verifier(
+            g.container,
+            ["true"],
+            nonce=r.nonce,
+            timeout=60.0,
+            accept_privilege_escalation=self.accept_privilege_escalation,
+        )
+        if cp.returncode != 0:
+            said = (cp.stderr or cp.stdout).decode("utf-8", "replace").strip()[:300]
+            what = GATE_EXIT_CODES.get(cp.returncode, "the gate itself failed")
+            raise MarkerInvalid("gate", f"quiesce verify exited {cp.returncode} ({what}): {said}")
+
+    def verifier(self, *args: Any, **kwargs: Any) -> Any:
+        # BenchFlow 0.7.11 calls it as (task=, rollout_paths=, sandbox=env) and awaits
+        # verify() (twice at most) right after harden_before_verify.
+        env = kwargs["sandbox"] if "sandbox" in kwargs else args[2]
+        return _GatedVerifier(super().verifier(*args, **kwargs), self, env)
+
     async def quiesce_agent(self, env: Any, sandbox_user: str) -> None:
         await self.freeze(env, sandbox_user)
         await super().quiesce_agent(env, sandbox_user)
@@ -273,6 +310,24 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         user = args[2] if len(args) > 2 else kwargs.get("sandbox_user")
         await self.freeze(env, user)
         await super().harden_before_verify(*args, **kwargs)
+
+
+class _GatedVerifier:
+    """BenchFlow's Verifier, whose every verify() first passes QuiescePlanes.probe: a sandbox
+    process started after the freeze (a root process of the image acting for the agent) is
+    found alive there, and nothing is scored."""
+
+    def __init__(self, inner: Any, planes: QuiescePlanes, env: Any) -> None:
+        self._inner = inner
+        self._planes = planes
+        self._env = env
+
+    async def verify(self) -> Any:
+        await asyncio.to_thread(self._planes.probe, self._env)
+        return await self._inner.verify()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _uid(c: Container, user: str) -> int:

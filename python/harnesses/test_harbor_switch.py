@@ -328,6 +328,16 @@ def test_a_read_only_root_fails_the_sidecar_naming_the_fix(
     assert "install_path" in o.message, o
 
 
+def test_a_main_service_not_root_fails_the_init_naming_the_fix(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    as_agent = "services:\n  main:\n    user: '1000'\n"
+    task = make_task(tmp_path, "honest", images["plain"], HONEST, compose=as_agent)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert o.reward is None and o.exception == "InstallFailed", o
+    assert "root" in o.message, o
+
+
 def test_the_sidecar_refuses_a_sandbox_without_no_new_privileges(
     tmp_path: Path, images: dict[str, str]
 ) -> None:

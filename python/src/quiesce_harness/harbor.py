@@ -118,10 +118,15 @@ def _task_users(environment_dir: Path) -> list[str]:
     it; none when there is no task.toml beside the environment directory."""
     from harbor.models.task.config import TaskConfig
 
-    toml = environment_dir.parent / "task.toml"
-    try:
-        text = toml.read_text()
-    except OSError:
+    # The agent's environment is TASK/environment; a separate verifier's is TASK/tests or a
+    # step's tests directory below TASK: the nearest task.toml above it is the task's.
+    for d in list(environment_dir.resolve().parents)[:4]:
+        try:
+            text = (d / "task.toml").read_text()
+            break
+        except OSError:
+            continue
+    else:
         return []
     cfg = TaskConfig.model_validate_toml(text)
     found: list[str] = []
@@ -428,9 +433,21 @@ class _ComposeInit:
     async def _run_docker_compose_command(self, command: list[str], *a: Any, **k: Any) -> Any:
         # Harbor 0.25.0's DockerEnvironment.start builds or pulls the image, then runs `up`
         # once: the override is written just before it, from the merged file and the image.
-        if command[:1] == ["up"] and self._guard.override is None:
+        if command[:1] != ["up"]:
+            return await super()._run_docker_compose_command(command, *a, **k)  # type: ignore[misc]
+        if self._guard.override is None:
             await self._write_override()
-        return await super()._run_docker_compose_command(command, *a, **k)  # type: ignore[misc]
+        try:
+            return await super()._run_docker_compose_command(command, *a, **k)  # type: ignore[misc]
+        except RuntimeError as e:
+            # The init refuses to start with one line naming the fix: that line, not Compose's.
+            logs = await super()._run_docker_compose_command(  # type: ignore[misc]
+                ["logs", "--no-color", "--tail", "5", "main"], check=False
+            )
+            said = (logs.stdout or "").strip() or "(no log)"
+            raise InstallFailed(
+                f"{self.session_id}: the main container did not start under quiesce: {said}"
+            ) from e
 
     async def _engine(self, *args: str) -> bytes:
         argv = type(self).runtime().engine_cmd(*args)  # type: ignore[attr-defined]
@@ -524,8 +541,8 @@ class _ComposeInit:
         deadline = time.monotonic() + 30
 
         def read_key() -> str | None:
-            r = box.exec(["cat", f"{box.state_dir}/signing.pub"], user="0", timeout=30)
-            return r.stdout.decode(errors="replace") if r.started and r.returncode == 0 else None
+            # Through the engine's archive API: no exec, and no cat needed in the image.
+            return _read_through_engine(box, f"{box.state_dir}/signing.pub")
 
         have = None
         while time.monotonic() < deadline:
@@ -540,6 +557,27 @@ class _ComposeInit:
                 f"trial's key ({logs.decode(errors='replace').strip() or 'no log'})"
             )
         g.container = box
+
+
+def _read_through_engine(box: Container, path: str) -> str | None:
+    """A small file of the container, read with Docker's archive API; None while it is not
+    there (or not a file)."""
+    import io
+    import tarfile
+
+    import docker as docker_sdk
+
+    try:
+        stream, _ = box._docker().api.get_archive(box._docker_id(), path)
+        data = b"".join(stream)
+    except docker_sdk.errors.NotFound:
+        return None
+    except docker_sdk.errors.DockerException as e:
+        raise Unreachable(f"{box.name}: cannot read {path}: {e}") from None
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.next()
+        f = tar.extractfile(member) if member is not None and member.isfile() else None
+        return f.read(64 * 1024).decode(errors="replace") if f is not None else None
 
 
 def _alias(arch: str) -> str:

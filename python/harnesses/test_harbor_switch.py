@@ -118,14 +118,17 @@ def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
             client.images.remove(t, force=True)
 
 
-def make_task(root: Path, name: str, image: str, solve: str, *, compose: str = "") -> Path:
+def make_task(
+    root: Path, name: str, image: str, solve: str, *, compose: str = "", user: str | None = "agent"
+) -> Path:
     t = root / name
     for d in ("environment", "tests", "solution"):
         (t / d).mkdir(parents=True)
     (t / "task.toml").write_text(
         'schema_version = "1.4"\n[metadata]\n'
-        '[agent]\ntimeout_sec = 120.0\nuser = "agent"\n'
-        "[verifier]\ntimeout_sec = 120.0\n"
+        "[agent]\ntimeout_sec = 120.0\n"
+        + (f'user = "{user}"\n' if user is not None else "")
+        + "[verifier]\ntimeout_sec = 120.0\n"
         f'[environment]\ndocker_image = "{image}"\n'
     )
     (t / "instruction.md").write_text("Write the expected answer to /app/answer.txt\n")
@@ -318,14 +321,15 @@ def test_an_architecture_with_no_binary_fails_the_trial(
     assert "riscv64" in o.message and "x86_64" in o.message, o
 
 
-def test_a_read_only_root_fails_the_sidecar_naming_the_fix(
-    tmp_path: Path, images: dict[str, str]
+@pytest.mark.parametrize(("via", "fix"), [([], "tmpfs"), (SIDECAR, "install_path")])
+def test_a_read_only_root_fails_naming_the_fix(
+    tmp_path: Path, images: dict[str, str], via: list[str], fix: str
 ) -> None:
     ro = "services:\n  main:\n    read_only: true\n"
     task = make_task(tmp_path, "honest", images["plain"], HONEST, compose=ro)
-    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
     assert o.reward is None and o.exception == "InstallFailed", o
-    assert "install_path" in o.message, o
+    assert fix in o.message, o
 
 
 def test_a_main_service_not_root_fails_the_init_naming_the_fix(
@@ -336,6 +340,17 @@ def test_a_main_service_not_root_fails_the_init_naming_the_fix(
     o = start_one(tmp_path, task, *SWITCH, *PIDS)
     assert o.reward is None and o.exception == "InstallFailed", o
     assert "root" in o.message, o
+
+
+def test_a_bare_uid_from_the_command_line_is_the_sandbox_user(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    # The task names no agent user; the run names a UID the image does not know. The agent's
+    # commands ran as it: its loop is a sandbox process, which the freeze killed.
+    task = make_task(tmp_path, "hostile", images["plain"], HOSTILE, user=None)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, "--environment-kwarg", "sandbox_user=4242")
+    assert (o.reward, o.exception) == (0.0, None), o
+    assert re.search(r"quiescent in [0-9.]+ s \(killed [1-9]", o.log), o.log[-800:]
 
 
 def test_the_sidecar_refuses_a_sandbox_without_no_new_privileges(

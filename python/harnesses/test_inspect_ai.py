@@ -324,16 +324,91 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_with_the_user_named(tmp_path: Path, task_image: str) -> None:
     # QUIESCE_SANDBOX_USER: the sidecar starts before the solver, not at the agent's first
-    # exec. A service whose compose `user:` is the sandbox user runs its PID 1 as that user,
-    # which no freeze from beside it can end: the sidecar refuses, the sample is an error.
+    # exec; and a service that runs as that user gets quiesce as its init instead.
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     as_agent = compose_file(tmp_path / "user.yaml", task_image, "    user: agent\n")
     samples: list[tuple[str, list[Any], str]] = [
         ("hostile", [[FORGER, "agent"]], compose),
         ("pid1", [[FORGER, None]], as_agent),
     ]
-    log = inspect_eval(tmp_path, samples, SWITCH | {"QUIESCE_SANDBOX_USER": "agent"})
+    log = inspect_eval(
+        tmp_path, samples, SWITCH | {"QUIESCE_SANDBOX_USER": "agent"}, score_as={"pid1": "root"}
+    )
     s = by_id(log)
     assert score_of(s["hostile"]) == INCORRECT
-    assert s["pid1"].error is not None and not s["pid1"].scores
-    assert "drop the service's compose `user:`" in s["pid1"].error.message, s["pid1"].error.message
+    assert score_of(s["pid1"]) == INCORRECT
+
+
+# --- A task whose compose service runs the agent as its `user:`: the container's PID 1 is the
+# sandbox user's, so the switch makes quiesce that container's init (a rewritten compose file
+# of the kit's own), and the agent's plain execs (no user=) still run as that user.
+# The scorer runs the tests as root: after the freeze, an exec as the sandbox user is refused.
+
+USER_SAMPLES: list[tuple[str, list[Any]]] = [
+    ("hostile", [[FORGER, None]]),
+    ("honest", [[HONEST, None]]),
+]
+AS_ROOT = {"hostile": "root", "honest": "root"}
+
+
+def user_compose(tmp_path: Path, image: str) -> tuple[Path, str]:
+    # No no-new-privileges of its own: the rewrite adds it (the marker says setuid false).
+    path = tmp_path / "user.yaml"
+    return path, compose_file(path, image, "    user: agent\n", nnp=False)
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_off_compose_user_scores_the_forged_verdict(tmp_path: Path, task_image: str) -> None:
+    _, compose = user_compose(tmp_path, task_image)
+    samples = [(sid, st, compose) for sid, st in USER_SAMPLES]
+    s = by_id(inspect_eval(tmp_path, samples, {}, score_as=AS_ROOT))
+    assert score_of(s["hostile"]) == CORRECT and score_of(s["honest"]) == CORRECT
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_compose_user_quiesce_is_the_init(tmp_path: Path, task_image: str) -> None:
+    path, compose = user_compose(tmp_path, task_image)
+    before = path.read_text()
+    samples = [(sid, st, compose) for sid, st in USER_SAMPLES]
+    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=AS_ROOT))
+    assert score_of(s["hostile"]) == INCORRECT
+    assert score_of(s["honest"]) == CORRECT
+    for sid, killed in (("hostile", 1), ("honest", 0)):
+        [info] = [e.data for e in s[sid].events if e.event == "info" and e.source == "quiesce"]
+        assert info["state"] == "quiescent" and info["killed"] >= killed, info
+        assert info["quiesce"] == "init" and info["sandbox_users"] == ["agent"], info
+        assert info["setuid"] is False, info
+    # The task's own files are as they were: the rewritten copy is the kit's.
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "task.py", "user.yaml"]
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
+    # A scorer that runs the tests as the compose user (no user=, after the freeze), an exec
+    # as a user quiesce does not guard, and a service whose command cannot be known (built
+    # here, no image name, no entrypoint or command): each an error with no score.
+    _, compose = user_compose(tmp_path, task_image)
+    built = tmp_path / "built.yaml"
+    built.write_text(
+        "services:\n  default:\n    build:\n      context: .\n"
+        f"      dockerfile_inline: 'FROM {task_image}'\n    user: agent\n"
+        f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
+    )
+    samples: list[tuple[str, list[Any], str]] = [
+        ("scoreasuser", [[HONEST, None]], compose),
+        ("otheruser", [[HONEST, None], ["true", "nobody"]], compose),
+        ("built", [[HONEST, None]], built.name),
+    ]
+    log = inspect_eval(tmp_path, samples, SWITCH, score_as={"otheruser": "root", "built": "root"})
+    s = by_id(log)
+    for sid, says in (
+        ("scoreasuser", 'run the scorer\'s execs as root (exec(..., user="root"))'),
+        ("otheruser", "set QUIESCE_SANDBOX_USER=agent,nobody"),
+        ("built", "give the service an `image:` name or a `command:`"),
+    ):
+        assert s[sid].error is not None, f"{sid}: scored {s[sid].scores}"
+        assert not s[sid].scores, f"{sid}: {s[sid].scores}"
+        assert "quiesce: " in s[sid].error.message and says in s[sid].error.message, (
+            f"{sid}: {s[sid].error.message}"
+        )

@@ -54,11 +54,25 @@ Each freeze's result is written to the sample's transcript (an info event, sourc
 from __future__ import annotations
 
 import asyncio
+import atexit
+import dataclasses
 import os
+import shlex
+import shutil
+import tempfile
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from inspect_ai.hooks import Hooks, SampleAttemptStart, SampleEnd, SampleScoring, hooks
+from inspect_ai.hooks import (
+    Hooks,
+    SampleAttemptStart,
+    SampleEnd,
+    SampleScoring,
+    TaskStart,
+    hooks,
+)
 from inspect_ai.util import LimitExceededError
 
 from .container import DEFAULT_STATE_DIR, Container
@@ -66,7 +80,7 @@ from .errors import QuiesceError
 from .freeze import freeze
 from .marker import key_id, load_public_key, verify_marker
 from .result import FreezeResult
-from .sidecar import DEFAULT_INSTALL_PATH, Sidecar, start_sidecar
+from .sidecar import DEFAULT_INSTALL_PATH, start_sidecar
 
 HOOK_NAME = "freeze"
 # The name Inspect registers the hook under: the package of its module, then its name.
@@ -80,6 +94,11 @@ ARCH_SETTING = "QUIESCE_SANDBOX_ARCH"
 FREEZE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 _ROOT_NAMES = ("", "0", "root")
+# Where the init path mounts the kit's binary (read-only) in a rewritten service; its name is
+# what /proc/1/comm says when it is PID 1.
+INIT_PATH = "/run/quiesce-init/quiesce"
+INIT_KEY_TIMEOUT_S = 10.0
+DOCKER_TIMEOUT_S = 120
 
 
 class QuiesceRefused(LimitExceededError):  # type: ignore[misc]
@@ -107,14 +126,29 @@ def _is_root(user: str | None) -> bool:
     return user is None or user.split(":")[0] in _ROOT_NAMES
 
 
+@dataclass(frozen=True)
+class _Quiesce:
+    """The quiesce that guards a sandbox: the container pointed at it, and its public key as
+    read before the agent's first exec (kept here, outside the sandbox)."""
+
+    container: Container
+    public_key: str
+    how: str  # "sidecar" or "init"
+
+
 @dataclass
 class _Guard:
-    """One sandbox of one sample attempt: its container and the sidecar started in it."""
+    """One sandbox of one sample attempt: its container and the quiesce that guards it.
+
+    `default_user` is set on the init path: the compose `user:` the service ran as before its
+    rewrite, which every exec that names no user= still runs as.
+    """
 
     name: str
     container: Container
     users: list[str] = field(default_factory=list)
-    sidecar: Sidecar | None = None
+    quiesce: _Quiesce | None = None
+    default_user: str | None = None
     failure: str | None = None
     frozen: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -124,7 +158,7 @@ class _Guard:
         async with self.lock:
             if self.failure is not None:
                 raise QuiesceRefused(self.failure)
-            if self.sidecar is not None:
+            if self.quiesce is not None:
                 missing = [u for u in users if u not in self.users]
                 if missing:
                     self.failure = (
@@ -135,13 +169,14 @@ class _Guard:
                     raise QuiesceRefused(self.failure)
                 return
             try:
-                self.sidecar = await asyncio.to_thread(_start, self.container, users)
+                sc = await asyncio.to_thread(_start, self.container, users)
             except Exception as e:  # any error: the agent must not run unguarded
                 self.failure = (
                     f"sandbox {self.name!r}: quiesce could not get in, so the agent did not "
                     f"run: {_named(e)}{_setting_hint(e)}"
                 )
                 raise QuiesceRefused(self.failure) from None
+            self.quiesce = _Quiesce(sc.container, sc.public_key, "sidecar")
             self.users = list(users)
 
 
@@ -157,8 +192,9 @@ def _setting_hint(e: Exception) -> str:
         return f" (through Inspect: set {INSTALL_SETTING} and {STATE_SETTING})"
     if "PID 1" in text and "sandbox UID" in text:
         return (
-            " (through Inspect: drop the service's compose `user:` and run the agent's "
-            "execs with user=)"
+            " (through Inspect: the switch makes quiesce the init of a service whose compose "
+            "`user:` or image USER is the sandbox user; name the service's `image:`, or give "
+            "it that `user:`, so that the switch can see it)"
         )
     if "arch=" in text:
         return f" (through Inspect, arch= is the setting {ARCH_SETTING})"
@@ -170,7 +206,7 @@ def _setting_hint(e: Exception) -> str:
     return ""
 
 
-def _start(container: Container, users: list[str]) -> Sidecar:
+def _start(container: Container, users: list[str]) -> Any:
     extra: list[str] = []
     for u in users[1:]:
         extra += ["--sandbox-user", u]
@@ -185,15 +221,15 @@ def _start(container: Container, users: list[str]) -> Sidecar:
     )
 
 
-def _freeze_checked(g: _Guard, sc: Sidecar) -> tuple[FreezeResult, dict[str, Any]]:
-    r = freeze(sc.container, None, FREEZE_TIMEOUT_S)
+def _freeze_checked(g: _Guard, q: _Quiesce) -> tuple[FreezeResult, dict[str, Any]]:
+    r = freeze(q.container, None, FREEZE_TIMEOUT_S)
     if r.marker is None:
         raise QuiesceRefused(f"sandbox {g.name!r}: the freeze returned no marker of its own")
     claims = verify_marker(
         r.marker,
-        sc.public_key,
+        q.public_key,
         nonce=r.nonce,
-        container=sc.container,
+        container=q.container,
         accept_privilege_escalation=os.environ.get(SETUID_SETTING) == "1",
     )
     return r, claims
@@ -219,6 +255,10 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
     ) -> Any:
         if guard.failure is not None:
             raise QuiesceRefused(guard.failure)
+        if user is None and guard.default_user is not None:
+            # The init path: the service now runs as root, so an exec with no user= is given
+            # the compose `user:` it ran as before the rewrite.
+            user = guard.default_user
         if not _is_root(user):
             if guard.frozen:
                 # A scorer's exec as a sandbox user runs that user's code again (its files, its
@@ -226,9 +266,9 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
                 raise QuiesceRefused(
                     f"sandbox {guard.name!r}: an exec as {user!r} after the freeze would run "
                     "the sandbox user's processes again before the score: run the scorer's "
-                    "execs as root"
+                    'execs as root (exec(..., user="root"))'
                 )
-            await guard.start([str(user)])
+            await guard.start([str(user).split(":")[0]])
         return await inner(
             cmd,
             input=input,
@@ -290,9 +330,13 @@ async def _guard_sandboxes(sample: _Sample) -> None:
     envs = sandbox_environments_context_var.get(None) or {}
     for name, env in envs.items():
         guard = _Guard(name, _container_of(name, env))
+        guard.default_user = _init_user(env)
         sample.guards.append(guard)
         _wrap_exec(getattr(env, "_sandbox", env), guard)
     for guard in sample.guards:
+        if guard.default_user is not None:
+            await _guard_init(guard, guard.default_user)
+            continue
         users = _users_setting()
         if not users:
             found = await asyncio.to_thread(_compose_user, guard.container)
@@ -307,8 +351,8 @@ async def _freeze_sandbox(g: _Guard) -> None:
 
     if g.failure is not None:
         raise QuiesceRefused(g.failure)
-    sc = g.sidecar
-    if sc is None:
+    q = g.quiesce
+    if q is None:
         raise QuiesceRefused(
             f"sandbox {g.name!r}: no exec named a non-root user and its compose service "
             f"has none, so quiesce does not know whom to freeze: set {USER_SETTING}"
@@ -316,7 +360,7 @@ async def _freeze_sandbox(g: _Guard) -> None:
     # From here on no exec as a sandbox user is let through (see _wrap_exec).
     g.frozen = True
     try:
-        r, claims = await asyncio.to_thread(_freeze_checked, g, sc)
+        r, claims = await asyncio.to_thread(_freeze_checked, g, q)
     except QuiesceError as e:
         g.failure = f"sandbox {g.name!r}: the freeze did not prove it quiet: {e}{_setting_hint(e)}"
         raise QuiesceRefused(g.failure) from None
@@ -327,12 +371,255 @@ async def _freeze_sandbox(g: _Guard) -> None:
             "freeze_id": r.freeze_id,
             "killed": r.killed,
             "elapsed_s": round(r.elapsed_s, 3),
-            "key_id": key_id(load_public_key(sc.public_key)),
+            "key_id": key_id(load_public_key(q.public_key)),
             "sandbox_users": g.users,
+            "quiesce": q.how,
             "setuid": claims.get("setuid"),
         },
         source="quiesce",
     )
+
+
+# --- The init path: a service whose container runs as the sandbox user ---------------------
+#
+# A compose `user:` (or an image USER) that is not root makes the container's PID 1 the
+# sandbox user's process, which a sidecar cannot end. So, with the switch on, the compose file
+# the sample's project is brought up from is replaced by a rewritten copy in which such a
+# service runs as root with quiesce as its init, quiesce runs the service's own command as
+# that user (--run-as), and the hook runs each exec that names no user= as that user: what
+# the agent and the task's execs ran as before. Nothing of the task's files or image changes.
+#
+# Inspect 0.3.285 facts this relies on (inspect_ai/util/_sandbox/docker/):
+# - DockerSandboxEnvironment.sample_init(task_name, config, metadata) brings up each sample's
+#   project (each attempt's) with `docker compose -p NAME -f CONFIG up`, and every later
+#   command of that project (exec, cp, ps, down at the sample's or the task's cleanup) uses
+#   the ComposeProject it made, whose `config` is the path it was given: a path given there is
+#   the file of the whole life of the project. No hook sees the config before it is used, so
+#   the hook wraps that classmethod (once, when a task starts with the switch on).
+# - A str config that exists is read only to find SAMPLE_METADATA_ references
+#   (resolve_config_environment); `docker compose config` prints the file interpolated, with
+#   every relative path made absolute, so the rewrite works from that print, not the text.
+# - Its default compose files name `command: "tail -f /dev/null"` and `init: true`; a compose
+#   `entrypoint:` clears the image's CMD (Compose), so a rewritten service's entrypoint is the
+#   whole command line and it has no `command:`, and no `init:` (quiesce is the init).
+
+
+class ComposeRewriteFailed(RuntimeError):
+    """The compose file could not be rewritten to make quiesce the init: no sample runs."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"quiesce: {message}")
+
+
+# Rewritten compose file -> {service: the user it ran as}; read at the attempt's start.
+_REWRITTEN: dict[str, dict[str, str]] = {}
+_rewrite_dir: Path | None = None
+
+
+def _own_dir() -> Path:
+    """A directory of this process's own (0700) for the rewritten files, removed at its exit
+    (after Inspect's own cleanup, which still reads them for `compose down`)."""
+    global _rewrite_dir
+    if _rewrite_dir is None:
+        _rewrite_dir = Path(tempfile.mkdtemp(prefix="quiesce-inspect-"))
+        atexit.register(shutil.rmtree, _rewrite_dir, True)
+    return _rewrite_dir
+
+
+def _argv(value: Any, what: str) -> list[str]:
+    """A compose or image command line as a list (a string is split as Compose splits it)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ComposeRewriteFailed(f"{what} is {value!r}: neither a string nor a list of strings")
+
+
+async def _image_config(service: str, image: str) -> dict[str, Any]:
+    """The image's Config and Architecture (`docker image inspect`), as the engine has it."""
+    import json
+
+    from inspect_ai.util._subprocess import subprocess
+
+    r = await subprocess(["docker", "image", "inspect", image], timeout=DOCKER_TIMEOUT_S)
+    if not r.success:
+        raise ComposeRewriteFailed(
+            f"service {service!r}: `docker image inspect {image}` failed ({r.stderr.strip()}): "
+            "the image must be present (pulled or built) before its samples start"
+        )
+    [info] = json.loads(r.stdout)
+    config = dict(info.get("Config") or {})
+    config["Architecture"] = info.get("Architecture")
+    return config
+
+
+def _init_service(svc: dict[str, Any], user: str, argv: list[str], binary: Path) -> None:
+    """Rewrite one service (in place) so that quiesce is its init, guarding `user`."""
+    bare = user.split(":")[0]
+    others = [u for u in _users_setting() if u != bare]
+    guard_args = [a for u in [bare, *others] for a in ("--sandbox-user", u)]
+    state = os.environ.get(STATE_SETTING)
+    state_args = ["--state-dir", state] if state else []
+    svc["user"] = "0"
+    svc["entrypoint"] = [INIT_PATH, *guard_args, *state_args, "--run-as", bare, "--", *argv]
+    svc.pop("command", None)
+    svc.pop("init", None)
+    mount = {"type": "bind", "source": str(binary), "target": INIT_PATH, "read_only": True}
+    svc["volumes"] = [*(svc.get("volumes") or []), mount]
+    opts = [str(o) for o in svc.get("security_opt") or []]
+    if os.environ.get(SETUID_SETTING) != "1" and not any(
+        o.replace("=", ":").startswith("no-new-privileges") for o in opts
+    ):
+        # Without it a setuid binary in the image makes a sandbox process root, which no
+        # freeze can tell apart from root: the marker would be refused.
+        opts.append("no-new-privileges")
+    svc["security_opt"] = opts
+
+
+async def _rewrite_service(name: str, svc: dict[str, Any]) -> str | None:
+    """Rewrite `svc` in place when it runs as a non-root user; return that user, else None."""
+    from .binary import binary_path
+
+    image = svc.get("image")
+    img = await _image_config(name, str(image)) if image else None
+    user = str(svc.get("user") or (img or {}).get("User") or "")
+    if _is_root(user):
+        return None
+    if "entrypoint" in svc:
+        argv = _argv(svc["entrypoint"], f"service {name!r}: its entrypoint")
+        argv += _argv(svc.get("command"), f"service {name!r}: its command")
+    elif img is not None:
+        argv = _argv(img.get("Entrypoint"), f"image {image}: its Entrypoint")
+        if svc.get("command") is not None:
+            argv += _argv(svc["command"], f"service {name!r}: its command")
+        else:
+            argv += _argv(img.get("Cmd"), f"image {image}: its Cmd")
+    else:
+        argv = []
+    if not argv:
+        raise ComposeRewriteFailed(
+            f"service {name!r} runs as {user!r}, and its command is not known (no entrypoint "
+            "or command in the compose file, and no image to read them from): give the "
+            "service an `image:` name or a `command:`"
+        )
+    arch = os.environ.get(ARCH_SETTING) or (img or {}).get("Architecture") or None
+    try:
+        binary = binary_path(arch)
+    except (ValueError, FileNotFoundError) as e:
+        raise ComposeRewriteFailed(f"service {name!r}: {e}") from None
+    _init_service(svc, user, argv, binary)
+    return user
+
+
+async def _rewritten_config(task_name: str, config: Any, metadata: dict[str, str]) -> Any:
+    """The config to bring the sample's project up from: `config` itself when no service of it
+    runs as a non-root user, else the path of a rewritten copy (see above)."""
+    import yaml  # type: ignore[import-untyped]
+    from inspect_ai.util._sandbox.docker.compose import compose_command
+    from inspect_ai.util._sandbox.docker.docker import resolve_config_environment
+    from inspect_ai.util._sandbox.docker.util import ComposeProject, task_project_name
+
+    resolved = resolve_config_environment(config, metadata)
+    env = resolved.env if resolved is not None else {}
+    project = await ComposeProject.create(name=task_project_name(task_name), config=config, env=env)
+    r = await compose_command(["config"], project=project, timeout=DOCKER_TIMEOUT_S)
+    if not r.success:
+        raise ComposeRewriteFailed(f"`docker compose config` of {project.config}: {r.stderr}")
+    doc = yaml.safe_load(r.stdout)
+    users: dict[str, str] = {}
+    for name, svc in (doc.get("services") or {}).items():
+        user = await _rewrite_service(str(name), svc)
+        if user is not None:
+            users[str(name)] = user
+    if not users:
+        return config
+    path = _own_dir() / f"{project.name}.yaml"
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+    _REWRITTEN[str(path)] = users
+    return str(path)
+
+
+def _install_init_path() -> None:
+    """Wrap DockerSandboxEnvironment.sample_init (once) so that it brings each sample's project
+    up from the rewritten config while the switch is on."""
+    from inspect_ai.util._sandbox.docker.docker import DockerSandboxEnvironment as Docker
+
+    if getattr(Docker.sample_init, "_quiesce_init_path", False):
+        return
+    original = Docker.sample_init.__func__
+
+    async def sample_init(cls: Any, task_name: str, config: Any, metadata: dict[str, str]) -> Any:
+        if switched_on():
+            config = await _rewritten_config(task_name, config, metadata)
+        return await original(cls, task_name, config, metadata)
+
+    sample_init._quiesce_init_path = True  # type: ignore[attr-defined]
+    Docker.sample_init = classmethod(sample_init)
+
+
+def _init_user(env: Any) -> str | None:
+    """The user a rewritten service ran as, when this sandbox is one; else None."""
+    from inspect_ai.util._sandbox.docker.docker import DockerSandboxEnvironment
+
+    try:
+        docker_env = env.as_type(DockerSandboxEnvironment)
+    except (TypeError, AttributeError):
+        return None
+    config = getattr(getattr(docker_env, "_project", None), "config", None)
+    return _REWRITTEN.get(str(config), {}).get(str(getattr(docker_env, "_service", "")))
+
+
+async def _guard_init(guard: _Guard, user: str) -> None:
+    """The init path: check that PID 1 is the kit's quiesce and keep its key, before the agent
+    runs; QuiesceRefused (and remembered) otherwise."""
+    state = os.environ.get(STATE_SETTING) or DEFAULT_STATE_DIR
+    c = dataclasses.replace(guard.container, binary=INIT_PATH, state_dir=state)
+    try:
+        key = await asyncio.to_thread(_init_key, c)
+    except Exception as e:
+        guard.failure = (
+            f"sandbox {guard.name!r}: quiesce, made its init, cannot be reached, so the agent "
+            f"did not run: {_named(e)}"
+        )
+        raise QuiesceRefused(guard.failure) from None
+    bare = user.split(":")[0]
+    guard.quiesce = _Quiesce(c, key, "init")
+    guard.users = [bare, *[u for u in _users_setting() if u != bare]]
+
+
+def _init_key(c: Container) -> str:
+    """The public key of the quiesce that is PID 1 (its comm says so: no sandbox process can
+    rename PID 1), read as root from its state dir, which root alone writes."""
+    from .errors import Unreachable
+
+    r = c.exec(["cat", "/proc/1/comm"], user=c.root_user, timeout=30)
+    if not r.started or r.returncode != 0:
+        raise Unreachable(f"{c.name}: cannot read /proc/1/comm ({r.text})")
+    comm = r.stdout.decode("utf-8", "replace").strip()
+    if comm != INIT_PATH.rsplit("/", 1)[-1]:
+        raise Unreachable(
+            f"{c.name}: PID 1 is {comm!r}, not quiesce: something replaced the rewritten "
+            "entrypoint (a compose override?)"
+        )
+    path = f"{c.state_dir}/signing.pub"
+    deadline = time.monotonic() + INIT_KEY_TIMEOUT_S
+    while True:
+        r = c.exec(["cat", path], user=c.root_user, timeout=30)
+        if not r.started:
+            raise Unreachable(f"{c.name}: no exec can start ({r.text})")
+        if r.returncode == 0:
+            pem = r.stdout.decode("ascii", "replace")
+            load_public_key(pem)
+            return pem
+        if time.monotonic() > deadline:
+            raise Unreachable(
+                f"{c.name}: quiesce is PID 1, but its key {path} cannot be read after "
+                f"{INIT_KEY_TIMEOUT_S:.0f} s ({r.text}): is {STATE_SETTING} a writable mount?"
+            )
+        time.sleep(0.1)
 
 
 @hooks(
@@ -349,6 +636,11 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
 
     def enabled(self) -> bool:
         return switched_on()
+
+    async def on_task_start(self, data: TaskStart) -> None:
+        # Inspect 0.3.285 emits it before any sample of the task starts (so before any
+        # sample_init); a wrapper installed here is in place for all of them.
+        _install_init_path()
 
     async def on_sample_attempt_start(self, data: SampleAttemptStart) -> None:
         # Inspect 0.3.285: emitted on every attempt (a retry gets new sandboxes), after the

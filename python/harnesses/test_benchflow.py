@@ -40,7 +40,7 @@ sleep 0.3
 """
 
 
-def make_task(root: Path, image: str, compose: str = "") -> Path:
+def make_task(root: Path, image: str, compose: str = "", *, nnp: bool = True) -> Path:
     t = root / "task"
     (t / "environment").mkdir(parents=True)
     (t / "tests").mkdir()
@@ -56,9 +56,8 @@ def make_task(root: Path, image: str, compose: str = "") -> Path:
     (t / "environment" / "docker-compose.yaml").write_text(
         "services:\n  main:\n    deploy:\n      resources:\n        limits:\n"
         f"          pids: {support.PIDS_LIMIT}\n"
-        # A PID 1 that is not an init (sh, sleep) ignores the stop's SIGTERM.
-        "    stop_grace_period: 1s\n"
-        f"    security_opt:\n      - {support.SECURITY_OPT}\n{compose}"
+        + (f"    security_opt:\n      - {support.SECURITY_OPT}\n" if nnp else "")
+        + compose
     )
     (t / "tests" / "test.sh").write_text(TEST_SH)
     return t
@@ -74,8 +73,9 @@ async def rollout_verify(
     bomb: bool = False,
     compose: str = "",
     wrote: bool = True,
+    nnp: bool = True,
 ) -> tuple[dict[str, float] | None, str | None]:
-    path = make_task(tmp_path, image, compose)
+    path = make_task(tmp_path, image, compose, nnp=nnp)
     task = Task(path)
     rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
     rp.mkdir()
@@ -187,6 +187,7 @@ def test_sidecar_planes_keep_an_honest_reward(
     assert planes.results[0].killed >= 1
 
 
+@pytest.mark.parametrize("task_image", [support.SLIM, BARE], indirect=True)
 def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
     tmp_path: Path, task_image: str, project: str
 ) -> None:
@@ -239,6 +240,19 @@ def test_a_sandbox_process_started_after_the_freeze_stops_the_scoring(
     assert rewards is None
     assert error is not None and "exited 16" in error and "alive" in error
     assert planes.results[0].state == "quiescent"
+
+
+@pytest.mark.parametrize("task_image", [BARE], indirect=True)
+def test_a_task_without_no_new_privileges_keeps_no_reward_naming_the_fix(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # BenchFlow's compose files set no security_opt: a setuid binary could make a sandbox
+    # process root, which no freeze can tell from root. Refused unless the task sets it.
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, QuiescePlanes(), [REWARD_FORGER], nnp=False)
+    )
+    assert rewards is None
+    assert error is not None and "security_opt: [no-new-privileges]" in error
 
 
 def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(

@@ -258,13 +258,24 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         r = freeze(g.container, None, self.timeout)
         if r.marker is None:
             raise MarkerInvalid("format", "the freeze returned no marker of its own")
-        claims = verify_marker(
-            r.marker,
-            g.public_key,
-            nonce=r.nonce,
-            container=g.container,
-            accept_privilege_escalation=self.accept_privilege_escalation,
-        )
+        try:
+            claims = verify_marker(
+                r.marker,
+                g.public_key,
+                nonce=r.nonce,
+                container=g.container,
+                accept_privilege_escalation=self.accept_privilege_escalation,
+            )
+        except MarkerInvalid as e:
+            if e.check != "setuid":
+                raise
+            # BenchFlow's own compose files set no security_opt: the task's must.
+            raise MarkerInvalid(
+                e.check,
+                f"{e.reason} (in a BenchFlow task: `security_opt: [no-new-privileges]` under "
+                "services.main in environment/docker-compose.yaml, or "
+                "QuiescePlanes(accept_privilege_escalation=True))",
+            ) from None
         uids = claims.get("sandbox_uids")
         if not isinstance(uids, list) or g.uid not in uids:
             raise MarkerInvalid(

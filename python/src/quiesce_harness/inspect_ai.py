@@ -21,32 +21,42 @@ handler, the sample is an error and no scorer runs.
 Per sample (each attempt), for each of its sandboxes (Inspect's docker sandbox: a Compose
 project, every service of it):
 
+- before the project is brought up, a service that runs as a non-root user (its compose
+  `user:`, else its image's USER) gets quiesce as its init: the project is brought up from a
+  rewritten copy of its compose file, the kit's own (see "The init path" below), in which that
+  service runs as root, quiesce (the kit's binary, mounted read-only) is PID 1 guarding that
+  user, and runs the service's own command as that user. The task's files stay as they are.
 - at `on_sample_attempt_start` (Inspect 0.3.285: after the sandboxes are up, before the
-  solver), the sandbox's `exec` is wrapped. The sandbox user is QUIESCE_SANDBOX_USER when set
-  (comma-separated for several), else the service's compose `user:` when it is not root; then
-  quiesce is put in and started as a sidecar (start_sidecar) there and then. Otherwise the
-  first exec that names a non-root `user=` starts it for that user before that exec runs.
-  An exec as another non-root user is refused (the sidecar guards the users it started for).
-  A compose `user:` also makes the service's PID 1 that user's, which no freeze from beside it
-  can end: the sidecar refuses to start there, and the sample is an error saying so.
+  solver), the sandbox's `exec` is wrapped. Where quiesce is the init, its key is read there
+  and then, and every exec that names no `user=` runs as the user the service ran as (as it
+  did before the rewrite). Elsewhere the sandbox user is QUIESCE_SANDBOX_USER when set
+  (comma-separated for several), and quiesce is put in and started as a sidecar
+  (start_sidecar) there and then; otherwise the first exec that names a non-root `user=`
+  starts it for that user before that exec runs. An exec as another non-root user is refused
+  (quiesce guards the users it started for). A PID 1 of the sandbox user's that the switch
+  could not make quiesce (a service built here with no `image:` name and a Dockerfile USER)
+  cannot be ended from beside it: the sidecar refuses to start, the sample is an error.
 - at `on_sample_scoring`, each sandbox is frozen (freeze()) and its marker checked against the
-  key the sidecar printed when it started (verify_marker); from then on an exec as any
-  non-root user (a scorer running the tests as the agent) is refused: the scorer execs as root.
-  A sandbox in which no sandbox user became known, a freeze that is not quiescent, an
-  unreachable sidecar, a marker that fails a check: QuiesceRefused, the sample is an error.
+  key read before the agent ran (verify_marker); from then on an exec as any non-root user (a
+  scorer running the tests as the agent, or with no `user=` where quiesce is the init) is
+  refused: the scorer execs as root. A sandbox in which no sandbox user became known, a
+  freeze that is not quiescent, an unreachable quiesce, a marker that fails a check:
+  QuiesceRefused, the sample is an error.
 
 When quiesce cannot get in (no root exec, no upload, an architecture with no binary, a
 read-only file system), the exec that needed it is refused, the solver stops there (its agent
 never ran unprotected), and the sample is an error naming the fix. Other settings, all read
 on the machine that runs `inspect eval`:
 
-- QUIESCE_SANDBOX_USER: the sandbox user(s), where neither compose nor an exec names one.
+- QUIESCE_SANDBOX_USER: the sandbox user(s), where neither compose nor an exec names one
+  (where quiesce is the init, more users it guards besides the service's own).
 - QUIESCE_INSTALL_PATH, QUIESCE_STATE_DIR: where the binary and the sidecar's state go
   (defaults /run/quiesce-bin/quiesce and /run/quiesce; a read-only root file system needs a
   writable, exec-able mount owned by root for both).
 - QUIESCE_SANDBOX_ARCH: the sandbox's architecture (x86_64, aarch64) where it has no uname.
 - QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1: accept markers of a sandbox where setuid binaries can
   make a sandbox process root (no `security_opt: [no-new-privileges]`); refused otherwise.
+  Where quiesce is the init, the rewrite adds no-new-privileges unless this is set.
 
 Each freeze's result is written to the sample's transcript (an info event, source "quiesce").
 """

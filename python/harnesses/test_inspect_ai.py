@@ -368,19 +368,28 @@ def test_switch_off_compose_user_scores_the_forged_verdict(tmp_path: Path, task_
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_compose_user_quiesce_is_the_init(tmp_path: Path, task_image: str) -> None:
     path, compose = user_compose(tmp_path, task_image)
+    # A read-only root file system too (the workspace a tmpfs of the agent's): the init's
+    # state gets a tmpfs of root's own.
+    ro = compose_file(
+        tmp_path / "ro.yaml",
+        task_image,
+        '    user: agent\n    read_only: true\n    tmpfs: ["/workspace:uid=1000,gid=1000"]\n',
+    )
     before = path.read_text()
     samples = [(sid, st, compose) for sid, st in USER_SAMPLES]
-    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=AS_ROOT))
+    samples.append(("readonly", [[HONEST, None]], ro))
+    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=AS_ROOT | {"readonly": "root"}))
     assert score_of(s["hostile"]) == INCORRECT
     assert score_of(s["honest"]) == CORRECT
-    for sid, killed in (("hostile", 1), ("honest", 0)):
+    assert score_of(s["readonly"]) == CORRECT
+    for sid, killed in (("hostile", 1), ("honest", 0), ("readonly", 0)):
         [info] = [e.data for e in s[sid].events if e.event == "info" and e.source == "quiesce"]
         assert info["state"] == "quiescent" and info["killed"] >= killed, info
         assert info["quiesce"] == "init" and info["sandbox_users"] == ["agent"], info
         assert info["setuid"] is False, info
     # The task's own files are as they were: the rewritten copy is the kit's.
     assert path.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "task.py", "user.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "ro.yaml", "task.py", "user.yaml"]
 
 
 @pytest.mark.usefixtures("inspect_engine")

@@ -486,6 +486,12 @@ def _init_service(svc: dict[str, Any], user: str, argv: list[str], binary: Path)
         # freeze can tell apart from root: the marker would be refused.
         opts.append("no-new-privileges")
     svc["security_opt"] = opts
+    if svc.get("read_only"):
+        # The init writes its state (key, markers) before anything runs: on a read-only root
+        # file system it gets a tmpfs of root's own there, which the sandbox user cannot write.
+        tmpfs = svc.get("tmpfs") or []
+        tmpfs = [tmpfs] if isinstance(tmpfs, str) else list(tmpfs)
+        svc["tmpfs"] = [*tmpfs, f"{state or DEFAULT_STATE_DIR}:mode=0755,uid=0,gid=0"]
 
 
 async def _rewrite_service(name: str, svc: dict[str, Any]) -> str | None:
@@ -534,7 +540,14 @@ async def _rewritten_config(task_name: str, config: Any, metadata: dict[str, str
     resolved = resolve_config_environment(config, metadata)
     env = resolved.env if resolved is not None else {}
     project = await ComposeProject.create(name=task_project_name(task_name), config=config, env=env)
-    r = await compose_command(["config"], project=project, timeout=DOCKER_TIMEOUT_S)
+    try:
+        r = await compose_command(["config"], project=project, timeout=DOCKER_TIMEOUT_S)
+    finally:
+        # A Dockerfile or ComposeConfig becomes an auto compose file named by the project
+        # (Inspect 0.3.285 config.py auto_compose_file): this throwaway project's is removed.
+        made = Path(str(project.config))
+        if str(config) != str(project.config) and made.name == f"{project.name}.yaml":
+            made.unlink(missing_ok=True)
     if not r.success:
         raise ComposeRewriteFailed(f"`docker compose config` of {project.config}: {r.stderr}")
     doc = yaml.safe_load(r.stdout)

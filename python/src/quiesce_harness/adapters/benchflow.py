@@ -29,18 +29,19 @@ rollout_planes.py, rollout/_setup.py, sandbox/lockdown.py, sandbox/docker.py):
 - `RolloutConfig.planes` replaces DefaultRolloutPlanes; `sandbox_user` defaults to "agent"
   ("none"/"null" make it None: the agent runs as root).
 - `Rollout.install_agent` calls `planes.setup_sandbox_user(env, user, ...)` (useradd, owner of
-  the workspace) after the agent's install (as root) and before the credentials, skills, path
-  lockdown and ACP connect: the last plane BenchFlow awaits before anything runs as the user
-  that is told who the user is. The oracle agent goes through it too (guard_daemon=False).
-  BenchFlow ignores that exec's result: a user it could not make is refused by the sidecar.
+  the workspace): the first plane given the user once the sandbox is up, awaited after the
+  agent's install (as root) and before the credentials, skills, path lockdown and the agent's
+  start (ACP connect, or the oracle's solve.sh, which goes through it too with
+  guard_daemon=False). BenchFlow ignores that useradd's result: a user it could not make is
+  refused here (`id -u` finds none).
 - `_verify_rollout` awaits `planes.harden_before_verify(env, task, sandbox_user, workspace=)`
   inside the try that turns any exception into `verifier_error` with rewards None; then, in
   the same try, `planes.verifier(task=, rollout_paths=, sandbox=env).verify()`.
-- `capture_terminal_workspace` (a review, or a separate verifier) awaits
-  `planes.quiesce_agent(env, user)` before it copies the workspace out; it records an error
-  there as the export's error, which prevents the final scoring.
+- `capture_terminal_workspace` (a rubric review, or a separate verifier) awaits
+  `planes.quiesce_agent(env, user)` before it copies the workspace out, and records an error
+  there as the rollout's export error ("prevents final rubric scoring").
 - A separate verifier sandbox is hardened with `sandbox_user=None` and no agent process: here
-  it is refused, as a rollout without a sandbox user is (see the docs' table).
+  it is refused, as a rollout without a sandbox user is (not supported yet).
 - DockerSandbox is a Compose project named by `session_id`; its `exec` takes one shell string,
   mixes stderr into stdout and takes no stdin, so quiesce is reached through the Docker API on
   the project's `main` service instead (exec as root, archive upload), as Container.compose does.
@@ -110,13 +111,16 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
     """BenchFlow's default planes, with quiesce started before the agent and a freeze where
     BenchFlow kills the sandbox user's processes.
 
-    `binary` is quiesce's path in an image that runs it as PID 1; `local_binary` the binary
+    `binary` is quiesce's path in an image that runs it as PID 1 (PID 1 is taken for quiesce
+    when /proc/1/comm names it, and then its state dir's signing.pub is the key kept, read as
+    root before the agent runs); `local_binary` the binary
     put into a sandbox whose PID 1 is another process (default: the kit's packaged build for
     the sandbox's architecture, or `arch` where it has no uname); `install_path` and
     `state_dir` where it goes there (a read-only root file system needs a writable, exec-able
     mount owned by root for both). `timeout` bounds each freeze, `start_timeout` the start.
     `accept_privilege_escalation` accepts markers of a container run without
     no-new-privileges. `container_for(env)` reaches a sandbox other than DockerSandbox.
+    `results` and `guards` list every freeze's result and every sandbox's Guard, in order.
     """
 
     def __init__(

@@ -7,6 +7,8 @@ that one check is replaced by a no-op, recorded in $QUIESCE_SKIP_LOG, and the re
 
 from __future__ import annotations
 
+import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -421,3 +423,106 @@ def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: st
         assert "quiesce: " in s[sid].error.message and says in s[sid].error.message, (
             f"{sid}: {s[sid].error.message}"
         )
+
+
+# --- The rewrite of one service (its parsing, with the image's config given), and the checks of
+# the init before the agent runs (real containers whose PID 1 is not the kit's quiesce).
+
+
+def rewrite(
+    monkeypatch: pytest.MonkeyPatch, svc: dict[str, Any], image: dict[str, Any] | None = None
+) -> str | None:
+    import asyncio
+
+    from quiesce_harness import inspect_ai as hook
+
+    async def image_config(service: str, name: str) -> dict[str, Any]:
+        return {"Architecture": "amd64", **(image or {})}
+
+    monkeypatch.setattr(hook, "_image_config", image_config)
+    for name in ("SANDBOX_USER", "STATE_DIR", "ACCEPT_PRIVILEGE_ESCALATION", "SANDBOX_ARCH"):
+        monkeypatch.delenv(f"QUIESCE_{name}", raising=False)
+    return asyncio.run(hook._rewrite_service("default", svc))
+
+
+def test_rewrite_keeps_the_command_and_runs_it_as_the_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quiesce_harness import binary_path
+    from quiesce_harness.inspect_ai import INIT_PATH
+
+    head = [INIT_PATH, "--sandbox-user", "agent", "--run-as", "agent", "--"]
+    image = {"Entrypoint": ["/ep"], "Cmd": ["cmd", "x"], "User": ""}
+    cases: list[tuple[dict[str, Any], list[str]]] = [
+        # A compose entrypoint clears the image's CMD; its command follows it.
+        (
+            {"user": "agent", "entrypoint": ["tail", "-f"], "command": ["/dev/null"]},
+            ["tail", "-f", "/dev/null"],
+        ),
+        ({"user": "agent", "entrypoint": "sh -c 'sleep 1'"}, ["sh", "-c", "sleep 1"]),
+        # Else the image's ENTRYPOINT, then the compose command or the image's CMD.
+        (
+            {"user": "agent:agent", "command": "tail -f /dev/null"},
+            ["/ep", "tail", "-f", "/dev/null"],
+        ),
+        ({"user": "agent"}, ["/ep", "cmd", "x"]),
+    ]
+    for svc, argv in cases:
+        svc = {"image": "i", "init": True, "security_opt": ["no-new-privileges:true"], **svc}
+        user = svc["user"]
+        assert rewrite(monkeypatch, svc, image) == user
+        assert svc["entrypoint"] == [*head, *argv], svc
+        assert svc["user"] == "0" and "command" not in svc and "init" not in svc
+        assert svc["security_opt"] == ["no-new-privileges:true"]
+        mount = {"type": "bind", "source": str(binary_path("amd64")), "target": INIT_PATH}
+        assert svc["volumes"] == [mount | {"read_only": True}]
+    # The image's USER counts as the compose `user:` does; root is left as it is.
+    svc = {"image": "i"}
+    assert rewrite(monkeypatch, svc, image | {"User": "1000:1000"}) == "1000:1000"
+    assert svc["security_opt"] == ["no-new-privileges"] and svc["entrypoint"][2] == "1000"
+    for root in ("", "0", "root", "0:0"):
+        svc = {"image": "i", "command": ["c"]}
+        assert rewrite(monkeypatch, svc, image | {"User": root}) is None
+        assert svc == {"image": "i", "command": ["c"]}
+
+
+def test_rewrite_refuses_what_it_cannot_know(monkeypatch: pytest.MonkeyPatch) -> None:
+    from quiesce_harness.inspect_ai import ComposeRewriteFailed
+
+    for svc, image, says in (
+        ({"user": "agent", "build": {"context": "."}}, None, "give the service an `image:`"),
+        ({"user": "agent", "image": "i"}, {"Entrypoint": None, "Cmd": None}, "its command is not"),
+        ({"user": "agent", "image": "i"}, {"Cmd": ["x"], "Architecture": "s390x"}, "s390x"),
+        ({"user": "agent", "image": "i", "entrypoint": {"a": 1}}, {}, "neither a string nor"),
+    ):
+        with pytest.raises(ComposeRewriteFailed, match="quiesce: .*" + re.escape(says)):
+            rewrite(monkeypatch, svc, image)
+
+
+def test_init_key_refuses_a_pid1_that_is_not_the_kits_quiesce(
+    monkeypatch: pytest.MonkeyPatch, client: docker.DockerClient, task_image: str
+) -> None:
+    from quiesce_harness import Container, Unreachable
+    from quiesce_harness import inspect_ai as hook
+
+    monkeypatch.setattr(hook, "INIT_KEY_TIMEOUT_S", 1.0)
+    for argv, says in (
+        (["sleep", "300"], "PID 1 is 'sleep', not quiesce"),
+        # Named quiesce (a copy of sleep), but no key: not the init the rewrite started.
+        (["sh", "-c", "cp /bin/sleep /tmp/quiesce && exec /tmp/quiesce 300"], "cannot be read"),
+    ):
+        ctr = client.containers.run(
+            task_image,
+            argv,
+            entrypoint=[],
+            detach=True,
+            pids_limit=support.PIDS_LIMIT,
+            network_mode="none",
+            name=f"{support.PREFIX}{uuid.uuid4().hex[:8]}",
+        )
+        try:
+            time.sleep(0.5)
+            with pytest.raises(Unreachable, match=re.escape(says)):
+                hook._init_key(Container.docker(str(ctr.id), binary=hook.INIT_PATH))
+        finally:
+            ctr.remove(force=True)

@@ -526,3 +526,33 @@ def test_init_key_refuses_a_pid1_that_is_not_the_kits_quiesce(
                 hook._init_key(Container.docker(str(ctr.id), binary=hook.INIT_PATH))
         finally:
             ctr.remove(force=True)
+
+
+def test_rewritten_file_is_the_kits_and_names_nothing_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, task_image: str
+) -> None:
+    # `docker compose config` of a throwaway project: its derived names are dropped (the
+    # sample's project derives its own), names the task gave are kept.
+    import asyncio
+    import stat
+
+    import yaml
+
+    from quiesce_harness import inspect_ai as hook
+
+    monkeypatch.setenv("INSPECT_REQUIRED_HOOKS", "quiesce_harness/freeze")
+    (tmp_path / "compose.yaml").write_text(
+        f"services:\n  default:\n    image: {task_image}\n    user: agent\n"
+        "    command: [sleep, infinity]\n    volumes: [data:/data]\n"
+        "    networks: [default, mine]\n"
+        "networks:\n  mine:\n    name: qhk-given\nvolumes:\n  data: {}\n"
+    )
+    path = asyncio.run(hook._rewritten_config("t", str(tmp_path / "compose.yaml"), {}))
+    assert isinstance(path, str) and hook._REWRITTEN[path] == {"default": "agent"}
+    assert stat.S_IMODE(Path(path).stat().st_mode) == 0o600
+    assert stat.S_IMODE(Path(path).parent.stat().st_mode) == 0o700
+    doc = yaml.safe_load(Path(path).read_text())
+    assert "name" not in doc and "name" not in doc["volumes"]["data"]
+    assert "name" not in doc["networks"]["default"]
+    assert doc["networks"]["mine"]["name"] == "qhk-given"
+    assert doc["services"]["default"]["entrypoint"][-2:] == ["sleep", "infinity"]

@@ -558,11 +558,23 @@ async def _rewritten_config(task_name: str, config: Any, metadata: dict[str, str
             users[str(name)] = user
     if not users:
         return config
+    _drop_derived_names(doc, project.name)
     path = _own_dir() / f"{project.name}.yaml"
     with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
     _REWRITTEN[str(path)] = users
     return str(path)
+
+
+def _drop_derived_names(doc: dict[str, Any], project: str) -> None:
+    """`docker compose config` names the project, and each network and volume by it
+    (PROJECT_KEY): names of the throwaway project printed, not of the sample's. They are
+    dropped, so that Compose derives them from the sample's project as it did before."""
+    doc.pop("name", None)
+    for kind in ("networks", "volumes"):
+        for key, spec in (doc.get(kind) or {}).items():
+            if isinstance(spec, dict) and spec.get("name") == f"{project}_{key}":
+                del spec["name"]
 
 
 def _install_init_path() -> None:

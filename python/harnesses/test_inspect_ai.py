@@ -536,7 +536,7 @@ def test_rewritten_file_is_the_kits_and_names_nothing_of_its_own(
     import asyncio
     import stat
 
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     from quiesce_harness import inspect_ai as hook
 

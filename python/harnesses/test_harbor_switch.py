@@ -55,9 +55,12 @@ PIDS = ["--environment-kwarg", "pids_limit=256"]
 
 HOSTILE = (
     "#!/bin/sh\n"
-    'nohup setsid sh -c \'trap "" TERM; while :; do '
+    'nohup setsid sh -c \'trap "" TERM; : > /tmp/hostile.started; while :; do '
     "[ -f /tests/expected.txt ] && cp /tests/expected.txt /app/answer.txt; "
     "sleep 0.01; done' >/dev/null 2>&1 &\n"
+    # It ends only once the loop runs in a session of its own, so that the end of the exec
+    # cannot take the loop along before it got there.
+    "for i in $(seq 100); do [ -e /tmp/hostile.started ] && exit 0; sleep 0.1; done; exit 1\n"
 )
 HONEST = "#!/bin/sh\necho 42 > /app/answer.txt\n"
 # The task's test: a second, as a real one takes, then the answer against what it expects.
@@ -255,9 +258,10 @@ def assert_job(found: list[Outcome], trials: int) -> None:
     assert all(o.reward in (None, 0.0) for o in hostile), hostile
     assert all((o.reward, o.exception) == (1.0, None) for o in honest), honest
     # The hostile loop was alive until the freeze, which killed it.
-    assert all(re.search(r"quiescent in [0-9.]+ s \(killed [1-9]", o.log) for o in hostile), [
-        o.log[-500:] for o in hostile
-    ]
+    kills = {
+        o.task: re.findall(r"quiescent in [0-9.]+ s \(killed ([0-9]+)", o.log) for o in hostile
+    }
+    assert all(k and int(k[0]) >= 1 for k in kills.values()), kills
 
 
 def freeze_times(root: Path) -> list[float]:

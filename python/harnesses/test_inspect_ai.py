@@ -359,12 +359,20 @@ def user_compose(tmp_path: Path, image: str) -> tuple[Path, str]:
     return path, compose_file(path, image, "    user: agent\n", nnp=False)
 
 
+def uid_compose(tmp_path: Path, image: str) -> str:
+    # A UID the image does not know, its workspace a tmpfs of that UID's.
+    extra = '    user: "4242"\n    tmpfs: ["/workspace:uid=4242,gid=4242"]\n'
+    return compose_file(tmp_path / "uid.yaml", image, extra, nnp=False)
+
+
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_off_compose_user_scores_the_forged_verdict(tmp_path: Path, task_image: str) -> None:
     _, compose = user_compose(tmp_path, task_image)
     samples = [(sid, st, compose) for sid, st in USER_SAMPLES]
-    s = by_id(inspect_eval(tmp_path, samples, {}, score_as=AS_ROOT))
+    samples.append(("uid", [[FORGER, None]], uid_compose(tmp_path, task_image)))
+    s = by_id(inspect_eval(tmp_path, samples, {}, score_as=AS_ROOT | {"uid": "root"}))
     assert score_of(s["hostile"]) == CORRECT and score_of(s["honest"]) == CORRECT
+    assert score_of(s["uid"]) == CORRECT
 
 
 @pytest.mark.usefixtures("inspect_engine")
@@ -380,18 +388,27 @@ def test_switch_on_compose_user_quiesce_is_the_init(tmp_path: Path, task_image: 
     before = path.read_text()
     samples = [(sid, st, compose) for sid, st in USER_SAMPLES]
     samples.append(("readonly", [[HONEST, None]], ro))
-    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=AS_ROOT | {"readonly": "root"}))
+    samples.append(("uid", [[FORGER, None]], uid_compose(tmp_path, task_image)))
+    score_as = AS_ROOT | {"readonly": "root", "uid": "root"}
+    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=score_as))
     assert score_of(s["hostile"]) == INCORRECT
     assert score_of(s["honest"]) == CORRECT
     assert score_of(s["readonly"]) == CORRECT
-    for sid, killed in (("hostile", 1), ("honest", 0), ("readonly", 0)):
+    assert score_of(s["uid"]) == INCORRECT
+    for sid, killed, user in (
+        ("hostile", 1, "agent"),
+        ("honest", 0, "agent"),
+        ("readonly", 0, "agent"),
+        ("uid", 1, "4242"),
+    ):
         [info] = [e.data for e in s[sid].events if e.event == "info" and e.source == "quiesce"]
         assert info["state"] == "quiescent" and info["killed"] >= killed, info
-        assert info["quiesce"] == "init" and info["sandbox_users"] == ["agent"], info
+        assert info["quiesce"] == "init" and info["sandbox_users"] == [user], info
         assert info["setuid"] is False, info
     # The task's own files are as they were: the rewritten copy is the kit's.
     assert path.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "ro.yaml", "task.py", "user.yaml"]
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["logs", "ro.yaml", "task.py", "uid.yaml", "user.yaml"]
 
 
 @pytest.mark.usefixtures("inspect_engine")

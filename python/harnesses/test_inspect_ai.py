@@ -23,6 +23,7 @@ from inspect_ai.solver import solver
 from inspect_ai.util import sandbox
 
 from quiesce_harness import FreezeResult
+from quiesce_harness import inspect_ai as hook
 from quiesce_harness.adapters.inspect_ai import quiesced
 
 import support
@@ -151,6 +152,7 @@ from inspect_ai.util import sandbox
 SAMPLES = {samples!r}
 TESTS = {tests!r}
 SCORE_AS = {score_as!r}
+PRE_SCORE = {pre_score!r}
 
 
 @hooks(name="plain_raise", description="raises an ordinary exception when scoring starts")
@@ -167,6 +169,9 @@ class PlainRaise(Hooks):
 def steps():
     async def solve(state, generate):
         for cmd, user in state.metadata["steps"]:
+            if user == "@write_file":  # Inspect's own write_file (its execs run as root)
+                await sandbox().write_file(cmd, "42\\n")
+                continue
             r = await sandbox().exec(["sh", "-c", cmd], user=user)
             if r.returncode != 0:
                 raise RuntimeError(f"step {{cmd!r}}: exit {{r.returncode}}: {{r.stderr}}")
@@ -177,6 +182,8 @@ def steps():
 @scorer(metrics=[accuracy()])
 def run_tests():
     async def score(state, target):
+        for cmd, user in PRE_SCORE.get(state.sample_id, []):
+            await sandbox().exec(["sh", "-c", cmd], user=user)
         r = await sandbox().exec(["sh", "-c", TESTS], user=state.metadata.get("score_as"))
         verdict = r.stdout.strip()
         return Score(value=CORRECT if verdict == "PASS" else INCORRECT, answer=verdict)
@@ -224,15 +231,19 @@ def inspect_eval(
     samples: list[tuple[str, list[Any], str]],
     env: dict[str, str],
     score_as: dict[str, str] | None = None,
+    pre_score: dict[str, list[Any]] | None = None,
 ) -> Any:
-    """`inspect eval` of a task file in tmp_path; its one log, read back."""
+    """`inspect eval` of a task file in tmp_path; its one log, read back. `pre_score`: execs
+    ([command, user]) the scorer runs before the tests, by sample."""
     import os
     import subprocess
     import sys
 
     from inspect_ai.log import list_eval_logs, read_eval_log
 
-    task_py = TASK_PY.format(samples=samples, tests=TESTS, score_as=score_as or {})
+    task_py = TASK_PY.format(
+        samples=samples, tests=TESTS, score_as=score_as or {}, pre_score=pre_score or {}
+    )
     (tmp_path / "task.py").write_text(task_py)
     logs = tmp_path / "logs"
     inspect = Path(sys.executable).with_name("inspect")
@@ -288,11 +299,11 @@ def test_switch_on_freezes_before_the_scorer_reads(tmp_path: Path, task_image: s
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # Six ways the switch cannot prove a sample quiet; each is an error with no score: a
-    # freeze that gets no answer (the sidecar was killed: a root step of the task did it), a
-    # read-only root file system (quiesce cannot get in: the agent's exec never runs), a
-    # sandbox whose user nobody named, a scorer that runs the tests as the sandbox user, and a
-    # marker that says setuid binaries could make a sandbox process root (no no-new-privileges);
+    # Five ways the switch cannot prove a sample quiet; each is an error with no score: a
+    # freeze that gets no answer (the sidecar was killed: a root step of the task did it, let
+    # through by QUIESCE_ALLOW_ROOT_EXECS), a read-only root file system (quiesce cannot get
+    # in: the agent's exec never runs), a sandbox whose user nobody named, and a marker that
+    # says setuid binaries could make a sandbox process root (no no-new-privileges);
     # and a sandbox type the hook does not know (Inspect's local one: no step, and a scorer
     # whose tests find no /workspace there, so that nothing of it touches this machine).
     compose = compose_file(tmp_path / "compose.yaml", task_image)
@@ -302,17 +313,15 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
         ("gone", [[FORGER, "agent"], [KILL_QUIESCE, None]], compose),
         ("readonly", [[FORGER, "agent"]], ro),
         ("nouser", [[HONEST, None]], compose),
-        ("scoreasagent", [[HONEST, "agent"]], compose),
         ("setuid", [[HONEST, "agent"]], setuid),
         ("local", [], "local"),
     ]
-    log = inspect_eval(tmp_path, samples, SWITCH, score_as={"scoreasagent": "agent"})
+    log = inspect_eval(tmp_path, samples, SWITCH | {"QUIESCE_ALLOW_ROOT_EXECS": "1"})
     s = by_id(log)
     for sid, says in (
         ("gone", "the freeze did not prove it quiet"),
         ("readonly", "QUIESCE_INSTALL_PATH"),
         ("nouser", "set QUIESCE_SANDBOX_USER"),
-        ("scoreasagent", "run the scorer's execs as root"),
         ("setuid", "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1"),
         ("local", "knows Inspect's docker sandbox only"),
     ):
@@ -326,12 +335,14 @@ def test_switch_on_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_with_the_user_named(tmp_path: Path, task_image: str) -> None:
     # QUIESCE_SANDBOX_USER: the sidecar starts before the solver, not at the agent's first
-    # exec; and a service that runs as that user gets quiesce as its init instead.
+    # exec; and a service that runs as that user gets quiesce as its init instead. A forger
+    # started as root (the tools' default user) is refused: no freeze would end it.
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     as_agent = compose_file(tmp_path / "user.yaml", task_image, "    user: agent\n")
     samples: list[tuple[str, list[Any], str]] = [
         ("hostile", [[FORGER, "agent"]], compose),
         ("pid1", [[FORGER, None]], as_agent),
+        ("rootforger", [[FORGER, None]], compose),
     ]
     log = inspect_eval(
         tmp_path, samples, SWITCH | {"QUIESCE_SANDBOX_USER": "agent"}, score_as={"pid1": "root"}
@@ -339,12 +350,13 @@ def test_switch_on_with_the_user_named(tmp_path: Path, task_image: str) -> None:
     s = by_id(log)
     assert score_of(s["hostile"]) == INCORRECT
     assert score_of(s["pid1"]) == INCORRECT
+    assert_refused(s["rootforger"], "rootforger", f"set {hook.ROOT_SETTING}=1")
 
 
 # --- A task whose compose service runs the agent as its `user:`: the container's PID 1 is the
 # sandbox user's, so the switch makes quiesce that container's init (a rewritten compose file
 # of the kit's own), and the agent's plain execs (no user=) still run as that user.
-# The scorer runs the tests as root: after the freeze, an exec as the sandbox user is refused.
+# The scorer runs the tests as root (or as that user: a freeze follows each of its execs).
 
 USER_SAMPLES: list[tuple[str, list[Any]]] = [
     ("hostile", [[FORGER, None]]),
@@ -413,9 +425,10 @@ def test_switch_on_compose_user_quiesce_is_the_init(tmp_path: Path, task_image: 
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # A scorer that runs the tests as the compose user (no user=, after the freeze), an exec
-    # as a user quiesce does not guard, and a service whose command cannot be known (built
-    # here, no image name, no entrypoint or command): each an error with no score.
+    # An exec as a user quiesce does not guard, a root exec during the solver, and a service
+    # whose command cannot be known (built here, no image name, no entrypoint or command):
+    # each an error with no score. A scorer that runs the tests as the compose user (no
+    # user=, after the freeze) is scored: a freeze follows its exec.
     _, compose = user_compose(tmp_path, task_image)
     built = tmp_path / "built.yaml"
     built.write_text(
@@ -426,20 +439,72 @@ def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: st
     samples: list[tuple[str, list[Any], str]] = [
         ("scoreasuser", [[HONEST, None]], compose),
         ("otheruser", [[HONEST, None], ["true", "nobody"]], compose),
+        ("rootstep", [[FORGER, "root"]], compose),
         ("built", [[HONEST, None]], built.name),
     ]
-    log = inspect_eval(tmp_path, samples, SWITCH, score_as={"otheruser": "root", "built": "root"})
-    s = by_id(log)
+    score_as = {"otheruser": "root", "rootstep": "root", "built": "root"}
+    s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=score_as))
+    assert score_of(s["scoreasuser"]) == CORRECT
+    [after] = [
+        e.data for e in s["scoreasuser"].events if getattr(e, "source", "") == "quiesce/after-exec"
+    ]
+    assert after["state"] == "quiescent" and after["killed"] == 0, after
     for sid, says in (
-        ("scoreasuser", 'run the scorer\'s execs as root (exec(..., user="root"))'),
         ("otheruser", "set QUIESCE_SANDBOX_USER=agent,nobody"),
+        ("rootstep", "an exec as root during the solver"),
         ("built", "give the service an `image:` name or a `command:`"),
     ):
-        assert s[sid].error is not None, f"{sid}: scored {s[sid].scores}"
-        assert not s[sid].scores, f"{sid}: {s[sid].scores}"
-        assert "quiesce: " in s[sid].error.message and says in s[sid].error.message, (
-            f"{sid}: {s[sid].error.message}"
-        )
+        assert_refused(s[sid], sid, says)
+
+
+def assert_refused(sample: Any, sid: str, says: str) -> None:
+    assert sample.error is not None, f"{sid}: scored {sample.scores}"
+    assert not sample.scores, f"{sid}: {sample.scores}"
+    # Inspect renders the message (colour codes, lines wrapped): compared as plain words.
+    message = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", sample.error.message).split())
+    assert "quiesce: " in message and says in message, f"{sid}: {message}"
+
+
+# The agent's solution, which a scorer may run: it leaves a forger and answers wrong.
+SOLUTION = (
+    "cat > /workspace/solution.sh <<'X'\n" + FORGER + "\necho 41 > /workspace/answer.txt\nX\n"
+)
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_every_exec_after_the_freeze_is_frozen_after(
+    tmp_path: Path, task_image: str
+) -> None:
+    # A root scorer that runs the agent's solution as the agent (su, setpriv): the freeze
+    # after that exec kills the forger it left, and the sample is an error, not a score. A
+    # scorer that runs the tests as the agent, leaving nothing, is scored. During the solver
+    # a root exec (the tools' default) is refused once the sandbox user is known; Inspect's
+    # own write_file (its execs run as root) is let through.
+    compose = compose_file(tmp_path / "compose.yaml", task_image)
+    samples: list[tuple[str, list[Any], str]] = [
+        ("su", [[SOLUTION, "agent"]], compose),
+        ("setpriv", [[SOLUTION, "agent"]], compose),
+        ("asagent", [[HONEST, "agent"]], compose),
+        ("rootstep", [["true", "agent"], [FORGER, None]], compose),
+        ("writefile", [["true", "agent"], ["/workspace/answer.txt", "@write_file"]], compose),
+    ]
+    pre_score = {
+        "su": [["su agent -s /bin/sh -c 'sh /workspace/solution.sh'", None]],
+        "setpriv": [
+            ["setpriv --reuid=1000 --regid=1000 --clear-groups sh /workspace/solution.sh", None]
+        ],
+    }
+    s = by_id(
+        inspect_eval(tmp_path, samples, SWITCH, score_as={"asagent": "agent"}, pre_score=pre_score)
+    )
+    assert score_of(s["asagent"]) == CORRECT
+    assert score_of(s["writefile"]) == CORRECT
+    for sid, says in (
+        ("su", "process(es) of agent alive (the freeze after it: quiescent, killed"),
+        ("setpriv", "process(es) of agent alive (the freeze after it: quiescent, killed"),
+        ("rootstep", "run the agent's tools with user='agent'"),
+    ):
+        assert_refused(s[sid], sid, says)
 
 
 # --- The rewrite of one service (its parsing, with the image's config given), and the checks of

@@ -36,11 +36,27 @@ project, every service of it):
   (quiesce guards the users it started for). A PID 1 of the sandbox user's that the switch
   could not make quiesce (a service built here with no `image:` name and a Dockerfile USER)
   cannot be ended from beside it: the sidecar refuses to start, the sample is an error.
+- during the solver (from the attempt's start to scoring), once a sandbox user is known for a
+  sandbox, an exec as root is refused: Inspect's bash(), python(), bash_session() and
+  text_editor() run as root unless given `user=`, and a process root leaves is one no freeze
+  ends, so the marker would say nothing of it. The fix it names: the agent's tools with
+  `user=` the sandbox user, or the service's compose `user:`. Inspect's own privileged execs
+  are let through (write_file's mkdir and tee: a script under its pinned shell and PATH;
+  read_file copies, it does not exec); its sandbox tools' server (text_editor,
+  bash_session) starts as the tools' user, and as root it is refused like any tool. Root
+  execs before a sandbox user is known (setup, with QUIESCE_SANDBOX_USER unset and no
+  compose `user:`) are not refused: name the user to cover them.
 - at `on_sample_scoring`, each sandbox is frozen (freeze()) and its marker checked against the
-  key read before the agent ran (verify_marker); from then on an exec as any non-root user (a
-  scorer running the tests as the agent, or with no `user=` where quiesce is the init) is
-  refused: the scorer execs as root. A sandbox in which no sandbox user became known, a
-  freeze that is not quiescent, an unreachable quiesce, a marker that fails a check:
+  key read before the agent ran (verify_marker). From then on every exec the wrapper lets
+  through, as root or as a guarded user, runs one at a time and is followed, before its
+  result goes back to the scorer, by another freeze through the same quiesce, its marker
+  checked against the same key: a scorer that runs the agent's code (`su agent -c ...`,
+  `setpriv --reuid`, the tests run as the agent) and leaves a process of a sandbox user
+  behind makes that freeze kill it, and the sample is an error. So a scorer's exec with no
+  `user=` on the init path (the compose user) and one as the sandbox user are allowed: each
+  is followed by its proof. An exec as a non-root user quiesce does not guard is refused.
+  A sandbox in which no sandbox user became known, a freeze that is not quiescent or killed
+  anything after a scorer's exec, an unreachable quiesce, a marker that fails a check:
   QuiesceRefused, the sample is an error.
 
 When quiesce cannot get in (no root exec, no upload, an architecture with no binary, a
@@ -57,8 +73,20 @@ on the machine that runs `inspect eval`:
 - QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1: accept markers of a sandbox where setuid binaries can
   make a sandbox process root (no `security_opt: [no-new-privileges]`); refused otherwise.
   Where quiesce is the init, the rewrite adds no-new-privileges unless this is set.
+- QUIESCE_ALLOW_ROOT_EXECS=1: let root execs run during the solver. The marker then says
+  nothing of root's processes: an agent whose tools run as root can leave a writer that no
+  freeze ends.
 
-Each freeze's result is written to the sample's transcript (an info event, source "quiesce").
+Each freeze's result is written to the sample's transcript (an info event, source "quiesce";
+the freeze after each scorer exec, source "quiesce/after-exec").
+
+Not covered: interim scoring (`inspect ctl task score`) emits no hook event and runs the
+scorers on live sandboxes, unprotected. A writable bind mount or volume shared between
+samples' containers (Inspect's unsafe_allow_writable_host_mounts) is written by the other
+samples' agents while this one is scored: a per-sample freeze cannot cover it. A scorer's exec
+that runs the agent's code as root leaves root's processes, which no freeze ends. A scorer
+that catches the refusal raised by one of its execs and returns a score of its own is scored
+(every later exec of the sample is refused).
 """
 
 from __future__ import annotations
@@ -66,11 +94,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import dataclasses
+import functools
 import os
 import shlex
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +131,7 @@ INSTALL_SETTING = "QUIESCE_INSTALL_PATH"
 STATE_SETTING = "QUIESCE_STATE_DIR"
 SETUID_SETTING = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION"
 ARCH_SETTING = "QUIESCE_SANDBOX_ARCH"
+ROOT_SETTING = "QUIESCE_ALLOW_ROOT_EXECS"
 FREEZE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 _ROOT_NAMES = ("", "0", "root")
@@ -162,6 +193,8 @@ class _Guard:
     failure: str | None = None
     frozen: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # After the freeze: one exec at a time, each followed by its re-freeze (see _wrap_exec).
+    scoring: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def start(self, users: list[str]) -> None:
         """The sidecar for `users`, started once; QuiesceRefused (and remembered) otherwise."""
@@ -269,17 +302,8 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
             # The init path: the service now runs as root, so an exec with no user= is given
             # the compose `user:` it ran as before the rewrite.
             user = guard.default_user
-        if not _is_root(user):
-            if guard.frozen:
-                # A scorer's exec as a sandbox user runs that user's code again (its files, its
-                # PATH), which could leave a writer behind while the scorer reads: unproven.
-                raise QuiesceRefused(
-                    f"sandbox {guard.name!r}: an exec as {user!r} after the freeze would run "
-                    "the sandbox user's processes again before the score: run the scorer's "
-                    'execs as root (exec(..., user="root"))'
-                )
-            await guard.start([str(user).split(":")[0]])
-        return await inner(
+        run = functools.partial(
+            inner,
             cmd,
             input=input,
             cwd=cwd,
@@ -289,8 +313,93 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
             timeout_retry=timeout_retry,
             concurrency=concurrency,
         )
+        if guard.frozen:
+            return await _after_freeze(guard, cmd, user, run)
+        if not _is_root(user):
+            await guard.start([str(user).split(":")[0]])
+        elif guard.quiesce is not None and not _root_allowed(cmd):
+            # The solver: a root exec here runs what no freeze ends (bash() and the other
+            # tools default to root): the marker would say nothing of it.
+            guard.failure = (
+                f"sandbox {guard.name!r}: an exec as root during the solver, while quiesce "
+                f"guards {','.join(guard.users)} here: a process it leaves is root's, which no "
+                f"freeze ends: run the agent's tools with user={guard.users[0]!r} (or the "
+                f"service's compose `user:`), or set {ROOT_SETTING}=1 to accept markers that "
+                "say nothing of root processes"
+            )
+            raise QuiesceRefused(guard.failure)
+        return await run()
 
     env.exec = exec
+
+
+def _root_allowed(cmd: list[str]) -> bool:
+    """Whether a root exec may run during the solver: with ROOT_SETTING=1 any, else only
+    Inspect's own privileged commands (write_file's mkdir and tee: a script under its pinned
+    shell and PATH, which no tool call of the agent's produces; Inspect 0.3.285 _privileged.py)."""
+    if os.environ.get(ROOT_SETTING) == "1":
+        return True
+    try:
+        from inspect_ai.util._sandbox._privileged import SHELL_PATH, _pin
+    except ImportError:
+        return False
+    pin = _pin()
+    return len(cmd) >= 4 and cmd[:2] == [SHELL_PATH, "-c"] and cmd[2].startswith(pin)
+
+
+async def _after_freeze(
+    guard: _Guard, cmd: list[str], user: str | None, run: Callable[[], Awaitable[Any]]
+) -> Any:
+    """A scorer's exec: run it, then freeze again through the same quiesce before its result
+    goes back; any process of a sandbox user it left (a `su agent`, a `setpriv`, the agent's
+    code run as its user) is killed there, and then the sample is an error, not a score."""
+    bare = None if _is_root(user) else str(user).split(":")[0]
+    if bare is not None and bare not in guard.users:
+        guard.failure = (
+            f"sandbox {guard.name!r}: a scorer's exec as {bare!r}, a user quiesce does not "
+            f"guard here ({','.join(guard.users)}): run it as root or as a guarded user, or "
+            f"set {USER_SETTING}={','.join([*guard.users, bare])}"
+        )
+        raise QuiesceRefused(guard.failure)
+    async with guard.scoring:
+        if guard.failure is not None:
+            raise QuiesceRefused(guard.failure)
+        try:
+            return await run()
+        finally:
+            # Also when the exec raised (a timeout): the scorer may catch that and read on.
+            await _refreeze(guard, cmd)
+
+
+async def _refreeze(guard: _Guard, cmd: list[str]) -> None:
+    """The freeze after one scorer exec: quiescent, nothing killed, its marker checked against
+    the kept key; QuiesceRefused (and remembered) otherwise."""
+    from inspect_ai.log._transcript import transcript
+
+    q = guard.quiesce
+    what = " ".join(cmd)[:120]
+    try:
+        if q is None:  # frozen only once a quiesce guards it (see _freeze_sandbox)
+            raise QuiesceError("no quiesce guards it")
+        r, _ = await asyncio.to_thread(_freeze_checked, guard, q)
+    except QuiesceError as e:
+        guard.failure = (
+            f"sandbox {guard.name!r}: the freeze after the scorer's exec {what!r} did not "
+            f"prove it quiet: {e}"
+        )
+        raise QuiesceRefused(guard.failure) from None
+    transcript().info(
+        {"sandbox": guard.name, "after_exec": what, "state": r.state, "killed": r.killed},
+        source="quiesce/after-exec",
+    )
+    if r.state != "quiescent" or r.killed:
+        guard.failure = (
+            f"sandbox {guard.name!r}: the scorer's exec {what!r} left {r.killed} process(es) "
+            f"of {','.join(guard.users)} alive (the freeze after it: {r.state}, killed "
+            f"{r.killed}): the sandbox user's code ran on after the freeze, so its result was "
+            "not given to the scorer"
+        )
+        raise QuiesceRefused(guard.failure)
 
 
 def _container_of(name: str, env: Any) -> Container:

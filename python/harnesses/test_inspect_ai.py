@@ -507,6 +507,25 @@ def test_switch_on_every_exec_after_the_freeze_is_frozen_after(
         assert_refused(s[sid], sid, says)
 
 
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_by_the_name_inspect_gave_the_hook(tmp_path: Path, task_image: str) -> None:
+    # The kit imported from a directory on PYTHONPATH, not site-packages: Inspect registers
+    # its hook as `freeze`, and INSPECT_REQUIRED_HOOKS=freeze switches it on.
+    import shutil
+
+    import quiesce_harness
+
+    kit = tmp_path / "kit"
+    shutil.copytree(Path(quiesce_harness.__file__).parent, kit / "quiesce_harness")
+    compose = compose_file(tmp_path / "compose.yaml", task_image)
+    samples: list[tuple[str, list[Any], str]] = [("hostile", [[FORGER, "agent"]], compose)]
+    env = {"INSPECT_REQUIRED_HOOKS": "freeze", "PYTHONPATH": str(kit)}
+    s = by_id(inspect_eval(tmp_path, samples, env))
+    assert score_of(s["hostile"]) == INCORRECT
+    [info] = [e.data for e in s["hostile"].events if e.event == "info" and e.source == "quiesce"]
+    assert info["state"] == "quiescent" and info["killed"] >= 1, info
+
+
 # --- The rewrite of one service (its parsing, with the image's config given), and the checks of
 # the init before the agent runs (real containers whose PID 1 is not the kit's quiesce).
 

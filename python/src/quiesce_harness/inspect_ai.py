@@ -77,6 +77,10 @@ on the machine that runs `inspect eval`:
   nothing of root's processes: an agent whose tools run as root can leave a writer that no
   freeze ends.
 
+The switch is the name Inspect registered the hook under: `quiesce_harness/freeze` when the
+kit is installed (site-packages), `freeze` when it is imported from elsewhere (PYTHONPATH,
+pip install --target); Inspect refuses the other one, the hook answers to either.
+
 Each freeze's result is written to the sample's transcript (an info event, source "quiesce";
 the freeze after each scorer exec, source "quiesce/after-exec").
 
@@ -93,6 +97,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import functools
 import os
@@ -154,9 +159,26 @@ class QuiesceRefused(LimitExceededError):  # type: ignore[misc]
 
 
 def switched_on() -> bool:
-    """Whether INSPECT_REQUIRED_HOOKS names this hook (the one setting that turns it on)."""
+    """Whether INSPECT_REQUIRED_HOOKS names this hook (the one setting that turns it on), by
+    the name Inspect registered it under: imported from outside site-packages (PYTHONPATH,
+    pip install --target) that is `freeze`, which Inspect's own check then accepts."""
     names = {n.strip() for n in os.environ.get(SWITCH, "").split(",")}
-    return REGISTERED_NAME in names
+    return bool(names & _registered_names())
+
+
+# Each instance Inspect made of the hook (its decorator makes one per import of this module).
+_INSTANCES: list[Hooks] = []
+
+
+def _registered_names() -> set[str]:
+    from inspect_ai._util.registry import registry_info
+
+    names = {REGISTERED_NAME}
+    for hook in _INSTANCES:
+        # One made by hand, not by Inspect's decorator, has no name of its own.
+        with contextlib.suppress(ValueError):
+            names.add(str(registry_info(hook).name))
+    return names
 
 
 def _users_setting() -> list[str]:
@@ -777,6 +799,7 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
         # Inspect 0.3.285 makes one instance for the process; samples run concurrently on one
         # loop: state is per sample (its uuid), dropped at its end.
         self._samples: dict[str, _Sample] = {}
+        _INSTANCES.append(self)
 
     def enabled(self) -> bool:
         return switched_on()

@@ -425,10 +425,11 @@ def test_switch_on_compose_user_quiesce_is_the_init(tmp_path: Path, task_image: 
 
 @pytest.mark.usefixtures("inspect_engine")
 def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: str) -> None:
-    # An exec as a user quiesce does not guard, a root exec during the solver, and a service
-    # whose command cannot be known (built here, no image name, no entrypoint or command):
-    # each an error with no score. A scorer that runs the tests as the compose user (no
-    # user=, after the freeze) is scored: a freeze follows its exec.
+    # An exec as a user quiesce does not guard, a root exec during the solver, a PID 1 that
+    # is the agent's without a compose `user:`, and a service whose command cannot be known
+    # (built here, no image name, no entrypoint or command): each an error with no score. A
+    # scorer that runs the tests as the compose user (no user=, after the freeze) is scored:
+    # a freeze follows its exec.
     _, compose = user_compose(tmp_path, task_image)
     built = tmp_path / "built.yaml"
     built.write_text(
@@ -436,13 +437,21 @@ def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: st
         f"      dockerfile_inline: 'FROM {task_image}'\n    user: agent\n"
         f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
     )
+    # An entrypoint that drops to the agent's UID itself, as PID 1 (no compose `user:`, no
+    # init: true): the switch cannot see it, and the sidecar says why it cannot guard it.
+    drops = compose_file(tmp_path / "drops.yaml", task_image)
+    drop = "entrypoint: [setpriv, --reuid=1000, --regid=1000, --clear-groups, sleep, infinity]"
+    text = (tmp_path / "drops.yaml").read_text()
+    text = text.replace("entrypoint: [tail, -f, /dev/null]", drop).replace("    init: true\n", "")
+    (tmp_path / "drops.yaml").write_text(text)
     samples: list[tuple[str, list[Any], str]] = [
         ("scoreasuser", [[HONEST, None]], compose),
+        ("dropsprivs", [[HONEST, "agent"]], drops),
         ("otheruser", [[HONEST, None], ["true", "nobody"]], compose),
         ("rootstep", [[FORGER, "root"]], compose),
         ("built", [[HONEST, None]], built.name),
     ]
-    score_as = {"otheruser": "root", "rootstep": "root", "built": "root"}
+    score_as = {"otheruser": "root", "rootstep": "root", "dropsprivs": "root", "built": "root"}
     s = by_id(inspect_eval(tmp_path, samples, SWITCH, score_as=score_as))
     assert score_of(s["scoreasuser"]) == CORRECT
     [after] = [
@@ -452,6 +461,7 @@ def test_switch_on_compose_user_no_proof_no_score(tmp_path: Path, task_image: st
     for sid, says in (
         ("otheruser", "set QUIESCE_SANDBOX_USER=agent,nobody"),
         ("rootstep", "an exec as root during the solver"),
+        ("dropsprivs", "PID 1 of this namespace runs as sandbox UID 1000"),
         ("built", "give the service an `image:` name or a `command:`"),
     ):
         assert_refused(s[sid], sid, says)
@@ -524,6 +534,24 @@ def test_switch_by_the_name_inspect_gave_the_hook(tmp_path: Path, task_image: st
     assert score_of(s["hostile"]) == INCORRECT
     [info] = [e.data for e in s["hostile"].events if e.event == "info" and e.source == "quiesce"]
     assert info["state"] == "quiescent" and info["killed"] >= 1, info
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_a_state_dir_the_agent_can_write_is_refused(
+    tmp_path: Path, task_image: str
+) -> None:
+    # QUIESCE_STATE_DIR under the agent's /workspace: the agent could move it away and answer
+    # in quiesce's place. Refused before the agent runs, for the sidecar and for the init.
+    compose = compose_file(tmp_path / "compose.yaml", task_image)
+    _, as_agent = user_compose(tmp_path, task_image)
+    samples: list[tuple[str, list[Any], str]] = [
+        ("sidecar", [[FORGER, "agent"]], compose),
+        ("init", [[FORGER, None]], as_agent),
+    ]
+    env = SWITCH | {"QUIESCE_STATE_DIR": "/workspace/qs"}
+    s = by_id(inspect_eval(tmp_path, samples, env, score_as={"init": "root"}))
+    for sid in ("sidecar", "init"):
+        assert_refused(s[sid], sid, "/workspace/qs is not safe: /workspace owner 1000")
 
 
 # --- The rewrite of one service (its parsing, with the image's config given), and the checks of

@@ -68,7 +68,9 @@ on the machine that runs `inspect eval`:
   (where quiesce is the init, more users it guards besides the service's own).
 - QUIESCE_INSTALL_PATH, QUIESCE_STATE_DIR: where the binary and the sidecar's state go
   (defaults /run/quiesce-bin/quiesce and /run/quiesce; a read-only root file system needs a
-  writable, exec-able mount owned by root for both).
+  writable, exec-able mount owned by root for both). Each, and every directory above it,
+  must be root's and writable by root alone (checked before the agent runs, for the init's
+  state dir too): one under the agent's workspace is refused.
 - QUIESCE_SANDBOX_ARCH: the sandbox's architecture (x86_64, aarch64) where it has no uname.
 - QUIESCE_ACCEPT_PRIVILEGE_ESCALATION=1: accept markers of a sandbox where setuid binaries can
   make a sandbox process root (no `security_opt: [no-new-privileges]`); refused otherwise.
@@ -241,6 +243,11 @@ class _Guard:
                     f"run: {_named(e)}{_setting_hint(e)}"
                 )
                 raise QuiesceRefused(self.failure) from None
+            try:
+                await asyncio.to_thread(_check_state_dir, sc.container)
+            except Exception as e:
+                self.failure = f"sandbox {self.name!r}: the agent did not run: {_named(e)}"
+                raise QuiesceRefused(self.failure) from None
             self.quiesce = _Quiesce(sc.container, sc.public_key, "sidecar")
             self.users = list(users)
 
@@ -284,6 +291,29 @@ def _start(container: Container, users: list[str]) -> Any:
         timeout=START_TIMEOUT_S,
         extra_args=extra,
     )
+
+
+def _check_state_dir(c: Container) -> None:
+    """quiesce's state dir and every directory above it are root's and writable by root alone
+    (the install's own check, sidecar.py `safe`): else the sandbox user could rename it
+    away and answer in quiesce's place. Checked before the agent runs."""
+    from .errors import InstallFailed
+    from .sidecar import _lines, _script
+
+    path = f"{c.state_dir.rstrip('/')}/signing.pub"
+    r = _script(c, path, "check", c.root_user, time.monotonic() + START_TIMEOUT_S)
+    said = _lines(r)
+    if "unsafe" in said:
+        raise InstallFailed(
+            f"{c.name}: quiesce's state dir {c.state_dir} is not safe: {said['unsafe']} (it "
+            "and every directory above it must be root's and writable by root alone, or the "
+            f"sandbox user could move it away): set {STATE_SETTING} to another path"
+        )
+    if r.returncode != 0 or "dir" not in said:
+        raise InstallFailed(
+            f"{c.name}: cannot check quiesce's state dir {c.state_dir} "
+            f"({r.text or f'exit {r.returncode}'})"
+        )
 
 
 def _freeze_checked(g: _Guard, q: _Quiesce) -> tuple[FreezeResult, dict[str, Any]]:
@@ -745,6 +775,7 @@ async def _guard_init(guard: _Guard, user: str) -> None:
     c = dataclasses.replace(guard.container, binary=INIT_PATH, state_dir=state)
     try:
         key = await asyncio.to_thread(_init_key, c)
+        await asyncio.to_thread(_check_state_dir, c)
     except Exception as e:
         guard.failure = (
             f"sandbox {guard.name!r}: quiesce, made its init, cannot be reached, so the agent "

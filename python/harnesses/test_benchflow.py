@@ -297,3 +297,41 @@ def test_benchflow_own_hardening_with_procps(tmp_path: Path, task_image: str, pr
         rollout_verify(tmp_path, task_image, project, DefaultRolloutPlanes(), [REWARD_FORGER])
     )
     assert (rewards, error) == ({"reward": 0.0}, None)
+
+
+# A task whose image puts a workspace tool directory first on PATH (a project venv, say):
+# BenchFlow makes the workspace the sandbox user's, which plants its own `true`, `quiesce`,
+# `stat`, `id` ... there. Each records a root run in a file BenchFlow copies out. Not `sh` and
+# `cat`: BenchFlow 0.7.11's own root execs (`sh -c ...` through the image's PATH, its
+# hardening, its test.sh) run those, which no plane can change (docs/threat-model.md).
+IMAGE_PATH = "/app/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+FAKE = (
+    "#!/bin/sh\n"
+    '[ "$(/usr/bin/id -u)" = 0 ] && echo "${0##*/} $*" >> /logs/agent/fake-ran.log\n'
+    "for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do\n"
+    '    [ -x "$d/${0##*/}" ] && exec "$d/${0##*/}" "$@"\n'
+    "done\n"
+)
+PLANT = "mkdir -p /app/bin && cd /app/bin && " + " && ".join(
+    f"printf '%s' {shlex.quote(FAKE)} > {n} && chmod 755 {n}"
+    for n in ("true", "quiesce", "stat", "id", "kill", "uname", "readlink", "sha256sum")
+)
+
+
+@pytest.mark.parametrize(
+    ("task_image", "sidecar"), [(support.SLIM, False), (BARE, True)], indirect=["task_image"]
+)
+def test_the_planes_run_nothing_of_a_path_the_sandbox_user_owns(
+    tmp_path: Path, task_image: str, project: str, sidecar: bool
+) -> None:
+    compose = f"    environment:\n      - PATH={IMAGE_PATH}\n"
+    planes = QuiescePlanes()
+    rewards, error = asyncio.run(
+        rollout_verify(
+            tmp_path, task_image, project, planes, [PLANT, REWARD_FORGER], compose=compose
+        )
+    )
+    assert (rewards, error) == ({"reward": 0.0}, None)
+    [g] = planes.guards
+    assert g.sidecar is sidecar and g.container.binary_path().startswith("/")
+    assert not (tmp_path / "rollout" / "agent" / "fake-ran.log").exists()

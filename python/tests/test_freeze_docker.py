@@ -137,11 +137,12 @@ class RefusedExecs(Container):
         user: str | None = None,
         timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
+        image_path: bool = False,
     ) -> ExecResult:
         if self.refuse > 0:
             object.__setattr__(self, "refuse", self.refuse - 1)
             return ExecResult(126, b"", b"OCI runtime exec failed: read init-p", started=False)
-        return super().exec(argv, user=user, timeout=timeout, env=env)
+        return super().exec(argv, user=user, timeout=timeout, env=env, image_path=image_path)
 
 
 def test_the_bomb_at_the_pids_limit_through_the_engines_signal(
@@ -308,7 +309,11 @@ def test_an_image_with_no_shell_and_no_cat(client: docker.DockerClient, scratch_
         # The daemon's double-forked, setsid'd pair and its parent, the ignorer, the writer.
         support.until(lambda: b.agents() >= 5, 15, "the agent's processes never ran")
         support.until(lambda: (b.size() or 0) > 0, 15, "the writer never wrote")
-        c = Container.docker(b.name, client=client)
+        # No shell to look a relative binary up with, and check its directories: refused,
+        # naming binary= (the image's PATH is never read); the absolute path works.
+        with pytest.raises(Unreachable, match=r"no /bin/sh .*binary="):
+            freeze(Container.docker(b.name, client=client), nonce="no-shell")
+        c = Container.docker(b.name, binary="/sbin/quiesce", client=client)
         r = freeze(c, nonce="no-shell")
         assert r.state == "quiescent" and r.killed >= 5 and not r.via_signal
         assert settled(b) == (0, 0)

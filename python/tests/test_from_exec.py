@@ -28,7 +28,14 @@ class Sandbox:
     def answer(
         self, argv: Sequence[str], user: str | None, stdin: bytes | None
     ) -> tuple[int, bytes, bytes]:
-        self.calls.append((list(argv), user, stdin))
+        argv = list(argv)
+        if argv[:2] == ["/bin/sh", "-c"] and argv[2].startswith("PATH="):
+            argv = argv[4:]  # the kit's bare command, run with its fixed PATH
+        elif argv[:2] == ["/bin/sh", "-c"] and argv[2].startswith("kill "):
+            argv = ["kill", "-s", *argv[4:]]  # the shell's builtin kill
+        if argv[:2] == ["/bin/sh", "-c"] and argv[3] == "quiesce-resolve":
+            return 0, b"path /usr/sbin/quiesce\n", b""
+        self.calls.append((argv, user, stdin))
         if argv[0] == "cat":
             if argv[1] in self.files:
                 return 0, self.files[argv[1]], b""
@@ -69,13 +76,13 @@ def test_every_method_through_the_callers_exec(kind: str) -> None:
     assert not c.exec(["refused"]).started
     got = freeze(c, nonce="n-1")
     assert (got.state, got.nonce, got.killed) == ("quiescent", "n-1", 3)
-    assert s.calls[-1][0][:2] == ["quiesce", "freeze"]
+    assert s.calls[-1][0][:2] == ["/usr/sbin/quiesce", "freeze"]
     with pytest.raises(Unreachable, match="no engine record"):
         c.inspect()
     assert c.is_running()
     # No env= in the function: run_verifier sets none (as with kubectl).
     done = run_verifier(c, ["true"], nonce="n-1")
-    assert done.returncode == 0 and s.calls[-1][0][:2] == ["quiesce", "verify"]
+    assert done.returncode == 0 and s.calls[-1][0][:2] == ["/usr/sbin/quiesce", "verify"]
 
 
 def test_an_exec_function_that_takes_env_gets_run_verifiers() -> None:
@@ -91,12 +98,12 @@ def test_an_exec_function_that_takes_env_gets_run_verifiers() -> None:
         seen.append(env)
         return 0, b"", b""
 
-    c = Container.from_exec(ex, state_dir="/run/q2")
+    c = Container.from_exec(ex, state_dir="/run/q2", binary="/sbin/quiesce")
     run_verifier(c, ["true"])
     assert seen == [{"QUIESCE_ACCEPT_PRIVILEGE_ESCALATION": "0"}]
     # A state dir other than the default is named to the client.
     assert c.quiesce("verify", "--", "x") == [
-        "quiesce",
+        "/sbin/quiesce",
         "verify",
         "--state-dir",
         "/run/q2",

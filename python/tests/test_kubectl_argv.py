@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from quiesce_harness import Container, Unreachable, freeze, run_verifier
+from quiesce_harness.container import _SAFE_SH
 
 FAKE = """#!{python}
 import json, os, sys
@@ -31,6 +32,8 @@ if mode == "no-exec":
                      "process: read init-p: connection reset by peer\\n")
     sys.exit(126)
 cmd = argv[argv.index("--") + 1:]
+if cmd[:2] == ["/bin/sh", "-c"] and cmd[2].startswith("PATH="):
+    cmd = cmd[4:]  # the kit's bare command, run with its fixed PATH
 if "freeze" in cmd:
     nonce = cmd[cmd.index("--nonce") + 1]
     print(json.dumps({{"id": "f1", "request_id": "r1", "nonce": nonce, "state": "quiescent",
@@ -78,14 +81,14 @@ def calls(log: Path) -> list[list[str]]:
 
 
 def test_freeze_execs_quiesce_in_the_named_pod_and_container(kubectl: Path) -> None:
-    c = Container.kubectl("task-0", namespace="evals", container="main")
+    c = Container.kubectl("task-0", namespace="evals", container="main", binary="/sbin/quiesce")
     r = freeze(c, nonce="n-k8s", timeout=30)
     assert r.state == "quiescent" and r.marker == _marker("f1") and not r.via_signal
     (argv,) = calls(kubectl)
     head = ["exec", "-n", "evals", "task-0", "-c", "main", "--"]
     assert argv[: len(head)] == head
     cmd = argv[len(head) :]
-    assert cmd[:6] == ["quiesce", "freeze", "--wait", "--json", "--nonce", "n-k8s"]
+    assert cmd[:6] == ["/sbin/quiesce", "freeze", "--wait", "--json", "--nonce", "n-k8s"]
     assert cmd[6] == "--timeout" and 1 <= int(cmd[7]) <= 30 and len(cmd) == 8
 
 
@@ -97,24 +100,24 @@ def test_without_namespace_or_container_kubectl_picks_its_defaults(kubectl: Path
 
 
 def test_run_verifier_puts_the_verifier_behind_quiesce_verify(kubectl: Path) -> None:
-    c = Container.kubectl("task-0", namespace="evals", container="main")
+    c = Container.kubectl("task-0", namespace="evals", container="main", binary="/sbin/quiesce")
     done = run_verifier(c, "pytest /tests", nonce="n-k8s", sandbox_user="agent")
     assert (done.returncode, done.stdout) == (0, b"scored\n")
     (argv,) = calls(kubectl)
     assert argv == [
         "exec", "-n", "evals", "task-0", "-c", "main", "--",
-        "quiesce", "verify", "--nonce", "n-k8s", "--sandbox-user", "agent",
+        "/sbin/quiesce", "verify", "--nonce", "n-k8s", "--sandbox-user", "agent",
         "--", "sh", "-c", "pytest /tests",
     ]  # fmt: skip
 
 
 def test_run_verifier_accepts_privilege_escalation_only_when_asked(kubectl: Path) -> None:
-    c = Container.kubectl("task-0")
+    c = Container.kubectl("task-0", binary="/sbin/quiesce")
     run_verifier(c, ["./score"], nonce="n-k8s", accept_privilege_escalation=True)
     (argv,) = calls(kubectl)
     assert argv == [
         "exec", "task-0", "--",
-        "quiesce", "verify", "--nonce", "n-k8s", "--accept-privilege-escalation",
+        "/sbin/quiesce", "verify", "--nonce", "n-k8s", "--accept-privilege-escalation",
         "--", "./score",
     ]  # fmt: skip
 
@@ -147,7 +150,7 @@ def test_a_file_goes_in_on_the_execs_stdin(kubectl: Path, tmp_path: Path) -> Non
     Container.kubectl("task-0", namespace="evals").upload(f, "/run/quiesce-bin/.quiesce.new")
     (argv,) = calls(kubectl)
     assert argv == [
-        "exec", "-i", "-n", "evals", "task-0", "--",
+        "exec", "-i", "-n", "evals", "task-0", "--", *_SAFE_SH,
         "sh", "-c", 'cat > "$1"', "sh", "/run/quiesce-bin/.quiesce.new",
     ]  # fmt: skip
     assert Path(f"{kubectl}.stdin").read_bytes() == b"\x7fELF binary"

@@ -27,6 +27,13 @@ Engine = Literal["docker", "podman", "compose", "kubectl", "exec"]
 # The state dir the init and its clients use when given none; a Container with another one
 # names it to the client (`--state-dir`), which then needs no locator to find it.
 DEFAULT_STATE_DIR = "/run/quiesce"
+# The PATH every exec the kit makes for itself runs with (Docker's default): an image's own
+# PATH may put a directory the sandbox user owns first (ENV PATH=/app/.venv/bin:$PATH), and a
+# name looked up there as root would run the sandbox user's code as root.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A bare command of the kit's runs through this: an absolute argv[0] that sets the fixed PATH
+# before the name is looked up, and then is replaced by the command (one process, as before).
+_SAFE_SH = ("/bin/sh", "-c", f'PATH={SAFE_PATH}; export PATH; exec "$@"', "sh")
 
 # What engines print when the runtime could not start the exec'd process at all (fork failed
 # under the container's pids limit, or the runtime's own init could not be cloned into it).
@@ -41,6 +48,8 @@ _NOT_STARTED = (
     "crun:",
 )
 _NOT_FOUND = ("executable file not found", "no such file or directory")
+# What a shell says when it cannot fork (the sandbox holds the pids limit).
+_NO_FORK = ("cannot fork", "resource temporarily unavailable", "can't fork")
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,9 @@ class Container:
 
     `binary` is quiesce's path inside the container: `quiesce` when it is in the image,
     `/sbin/docker-init` (Docker) or `/run/podman-init` (Podman) when the engine injects it.
+    A relative one is looked up once through SAFE_PATH, never the image's PATH, and used only
+    where the file and every directory above it are root's and writable by root alone
+    (binary_path()); the kit's other execs run with SAFE_PATH too (exec()).
     `freeze_signal` must be the init's `--freeze-signal` (USR1 unless changed). `sidecar_pid`
     is the pid, in the container, of a quiesce sidecar (start_sidecar sets it): PID 1 is then
     someone else's process, and signal() reaches the sidecar instead.
@@ -105,6 +117,10 @@ class Container:
     _upload_fn: SandboxUpload | None = field(default=None, repr=False, compare=False)
     _kill_fn: SandboxKill | None = field(default=None, repr=False, compare=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False, compare=False)
+    # A relative `binary`, resolved once (binary, absolute path): see binary_path().
+    _resolved: list[tuple[str, str]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     # --- constructors -------------------------------------------------------------------------
 
@@ -328,20 +344,41 @@ class Container:
         user: str | None = None,
         timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
+        image_path: bool = False,
     ) -> ExecResult:
         """Run argv in the container; Unreachable when the container is gone or stopped.
 
         `env` is set in the exec's environment, over the container's (not with kubectl, nor
-        with a from_exec function that takes no `env`).
+        with a from_exec function that takes no `env`). Nothing is looked up through the
+        image's PATH: PATH is set to SAFE_PATH where the environment can be set, and a bare
+        argv[0] runs through `/bin/sh`, which sets SAFE_PATH before it looks the name up.
+        `image_path=True` leaves both as given (argv[0] must then be absolute): the
+        verifier's command, the task's own, keeps the image's PATH.
         """
-        return self._exec(argv, user, timeout, env, None)
+        return self._exec(
+            self._argv(argv, image_path), user, timeout, self._env(env, image_path), None
+        )
 
     def exec_with_stdin(
         self, argv: Sequence[str], stdin: bytes, *, user: str | None = None, timeout: float = 60.0
     ) -> ExecResult:
         """exec() with `stdin` fed to the command: Podman, kubectl and from_exec sandboxes
         (Docker's SDK exec takes none; its containers take files through upload())."""
-        return self._exec(argv, user, timeout, None, stdin)
+        return self._exec(self._argv(argv, False), user, timeout, self._env(None, False), stdin)
+
+    def _argv(self, argv: Sequence[str], image_path: bool) -> list[str]:
+        if argv and not argv[0].startswith("/"):
+            if image_path:
+                raise ValueError(
+                    f"{argv[0]!r}: an exec with the image's PATH needs an absolute argv[0]"
+                )
+            return [*_SAFE_SH, *argv]
+        return list(argv)
+
+    def _env(self, env: Mapping[str, str] | None, image_path: bool) -> Mapping[str, str] | None:
+        if image_path or not self.sets_env:
+            return env
+        return {**(env or {}), "PATH": SAFE_PATH}
 
     def _exec(
         self,
@@ -576,7 +613,9 @@ class Container:
 
     def _exec_kill(self, sig: str, pid: int, whom: str) -> None:
         """`kill -s SIG PID` through an exec as root; Unreachable when it did not happen."""
-        r = self.exec(["kill", "-s", sig, str(pid)], user=self.root_user, timeout=60)
+        # The shell's builtin: /bin/kill is missing from slim images (procps).
+        argv = ["/bin/sh", "-c", 'kill -s "$1" "$2"', "sh", sig, str(pid)]
+        r = self.exec(argv, user=self.root_user, timeout=60)
         if not r.started:
             raise Unreachable(
                 f"{self.name}: no exec can start to signal {whom} ({r.text}): the sandbox may "
@@ -642,14 +681,71 @@ class Container:
         return self.engine != "kubectl"
 
     def quiesce(self, *args: str) -> list[str]:
-        """The command line of a quiesce subcommand in this container.
+        """The command line of a quiesce subcommand in this container, its binary absolute.
 
         A state dir other than the default is named to the subcommands that take one
         (freeze, verify), so that they reach it without the init's locator.
         """
+        binary = self.binary_path()
         if self.state_dir != DEFAULT_STATE_DIR and args and args[0] in ("freeze", "verify"):
-            return [self.binary, args[0], "--state-dir", self.state_dir, *args[1:]]
-        return [self.binary, *args]
+            return [binary, args[0], "--state-dir", self.state_dir, *args[1:]]
+        return [binary, *args]
+
+    def binary_path(self) -> str:
+        """quiesce's absolute path in the container: `binary` when absolute; a relative one is
+        looked up through SAFE_PATH (never the image's PATH) once, and kept only where the file
+        and every directory above it (links resolved) are root's and writable by root alone,
+        so that the sandbox user can neither have put it there nor replace it later.
+        Unreachable, naming binary=, otherwise."""
+        found = self.find_binary()
+        if isinstance(found, ExecResult):
+            raise Unreachable(
+                f"{self.name}: no exec can start to find {self.binary!r} ({found.text})"
+            )
+        return found
+
+    def find_binary(self) -> str | ExecResult:
+        """binary_path(), or the exec that could not start to look it up (the sandbox holds
+        the pids limit: freeze() then signals the init and asks again)."""
+        if self.binary.startswith("/"):
+            return self.binary
+        for name, path in self._resolved:
+            if name == self.binary:
+                return path
+        r = self.exec(
+            ["/bin/sh", "-c", _RESOLVE, "quiesce-resolve", self.binary], user=self.root_user
+        )
+        if not r.started:
+            return r
+        if r.returncode not in (0, 4, 5, 127) and any(s in r.text.lower() for s in _NO_FORK):
+            # The shell could not fork under the pids limit: no answer yet, as for an exec
+            # the engine could not start.
+            return ExecResult(r.returncode, r.stdout, r.stderr, started=False)
+        path = self._resolved_path(self.binary, r)
+        self._resolved.append((self.binary, path))
+        return path
+
+    def _resolved_path(self, name: str, r: ExecResult) -> str:
+        fix = f"pass binary= as quiesce's absolute path in the container (binary={name!r})"
+        said = dict(
+            line.partition(" ")[::2] for line in r.stdout.decode("utf-8", "replace").splitlines()
+        )
+        if "unsafe" in said:
+            raise Unreachable(
+                f"{self.name}: {name!r} found through {SAFE_PATH} is not safe to run as root: "
+                f"{said['unsafe']} (the sandbox user could replace it): {fix}"
+            )
+        path = said.get("path", "")
+        if r.returncode == 127:
+            raise Unreachable(f"{self.name}: no /bin/sh to look {name!r} up with: {fix}")
+        if r.returncode == 5:
+            raise Unreachable(f"{self.name}: {name!r} not found in {SAFE_PATH}: {fix}")
+        if r.returncode != 0 or not path.startswith("/"):
+            raise Unreachable(
+                f"{self.name}: cannot look {name!r} up in {SAFE_PATH} "
+                f"({r.text or f'exit {r.returncode}'}): {fix}"
+            )
+        return path
 
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
         """A file's content through `cat` in the container; Unreachable when it cannot be read."""
@@ -715,6 +811,30 @@ class Container:
 
 
 ExecFn = Callable[[Sequence[str]], ExecResult]
+
+# Run as root with a command name: print `path REAL` (its real path, found through SAFE_PATH)
+# when it and every directory above it are root's and writable by root alone, else `unsafe
+# WHAT`; nothing (exit 5) when no file of that name is on SAFE_PATH.
+_RESOLVE = f"""
+PATH={SAFE_PATH}; export PATH
+p=$(command -v -- "$1") || exit 5
+case $p in /*) ;; *) exit 5 ;; esac
+r=$(readlink -f -- "$p") || exit 3
+[ -f "$r" ] || exit 5
+a=$r
+while :; do
+    s=$(stat -c '%u %a' -- "$a") || exit 3
+    set -- $s
+    case $2 in
+    *[2367]? | *[2367]) echo "unsafe $a mode $2"; exit 4 ;;
+    esac
+    [ "$1" = 0 ] || {{ echo "unsafe $a owner $1"; exit 4; }}
+    [ "$a" = / ] && break
+    a=${{a%/*}}
+    [ -n "$a" ] || a=/
+done
+echo "path $r"
+"""
 
 
 def _takes_env(fn: Callable[..., object]) -> bool:

@@ -77,6 +77,9 @@ def _run_freeze(c: Container, nonce: str, deadline: float) -> ExecResult:
     finish joining to a container at its pids limit (runc: "error executing setns process"),
     which a sidecar's container, whose PID 1 the engine's signal cannot reach for it, meets;
     each ask is its own request, and only an answer carrying this nonce is read."""
+    found = c.find_binary()
+    if isinstance(found, ExecResult):
+        return found
     for attempt in range(_KILLED_RETRIES + 1):
         wait_s = max(1, int(_remaining(deadline)))
         argv = c.quiesce("freeze", "--wait", "--json", "--nonce", nonce, "--timeout", str(wait_s))

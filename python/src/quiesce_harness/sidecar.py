@@ -25,7 +25,9 @@ already there with the same sha256 is kept. The copy goes in through the contain
 (Docker's archive API, `podman cp`, a from_exec upload_fn), else through an exec of
 `sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256, or the size where the
 image has no sha256sum) and run once with --version before the sidecar starts. The sandbox
-needs sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do).
+needs /bin/sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do), found
+through the fixed PATH the install script sets (SAFE_PATH), never the image's: every exec the
+kit makes here has an absolute argv[0] and runs nothing of a directory the sandbox user owns.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .binary import binary_path
-from .container import DEFAULT_STATE_DIR, Container, ExecResult
+from .container import DEFAULT_STATE_DIR, SAFE_PATH, Container, ExecResult
 from .errors import InstallFailed, MarkerInvalid, SidecarRefused, Unreachable
 from .marker import load_public_key
 
@@ -60,7 +62,9 @@ _ELF_MACHINE = {62: "x86_64", 183: "aarch64"}
 # user can write in it, `dir REAL` and, for a file already there, `have SUM`. place: move the
 # uploaded `.NAME.new` into place as a copy root makes (root's, 0755), print `have SUM` and
 # `ran CODE` of its --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
-_SCRIPT = r"""
+_SCRIPT = (
+    f"PATH={SAFE_PATH}; export PATH\n"
+    + r"""
 umask 022
 f=$1
 d=${f%/*}
@@ -117,6 +121,7 @@ place)
     ;;
 esac
 """
+)
 
 
 @dataclass(frozen=True)
@@ -309,12 +314,12 @@ def _check_elf(local: Path, data: bytes, arch: str) -> None:
 def _script(
     container: Container, path: str, step: str, user: str | None, deadline: float
 ) -> ExecResult:
-    argv = ["sh", "-c", _SCRIPT, "quiesce-install", path, step]
+    argv = ["/bin/sh", "-c", _SCRIPT, "quiesce-install", path, step]
     r = container.exec(argv, user=user, timeout=_left(deadline, f"the install's {step}"))
     _ran(container, r, f"the install's {step}")
     if r.returncode == 127 and b"sh" in r.stderr:
         raise InstallFailed(
-            f"{container.name}: the sandbox has no sh to install quiesce with: put quiesce "
+            f"{container.name}: the sandbox has no /bin/sh to install quiesce with: put quiesce "
             "in the image, or run the sidecar from a path the image has"
         )
     return r

@@ -51,6 +51,13 @@ def run_verifier(
     Podman, and through a from_exec function that takes `env=`, so that the container's
     environment cannot accept it either (`kubectl exec`, and an exec function without `env`,
     set no environment: there the container's own is read).
+
+    quiesce itself runs from its absolute path (Container.binary_path(), never looked up
+    through the image's PATH), but `cmd` is the task's: it runs with the container's own
+    environment, PATH included, as the task chose. A bare command name is looked up there, and
+    an image whose PATH starts with a directory the sandbox user can write (a workspace venv)
+    runs the sandbox user's file of that name as the verifier: give an absolute command, or
+    an image whose PATH holds root's directories only.
     """
     argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
@@ -68,7 +75,9 @@ def run_verifier(
     elif container.sets_env:
         env = {ACCEPT_ENV: "0"}
     full = container.quiesce("verify", *opts, "--", *argv)
-    r = container.exec(full, timeout=timeout if timeout is not None else 3600.0, env=env)
+    r = container.exec(
+        full, timeout=timeout if timeout is not None else 3600.0, env=env, image_path=True
+    )
     if not r.started:
         raise Unreachable(f"{container.name}: the verifier's exec could not start ({r.text})")
     return subprocess.CompletedProcess(full, r.returncode, r.stdout, r.stderr)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,9 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         c = self.container_for(env)
         uid = _uid(c, sandbox_user)
         if _pid1_is_quiesce(c, self.binary):
+            # Looked up now, before the agent runs, through the fixed PATH (never the image's,
+            # which may start with a directory the agent owns), and kept absolute.
+            c = replace(c, binary=c.binary_path())
             return Guard(c, _init_key(c), sandbox_user, uid, sidecar=False)
         try:
             sc = start_sidecar(
@@ -290,16 +293,18 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
         return r
 
     def probe(self, env: Any) -> None:
-        """`quiesce verify --nonce N -- true` in the sandbox: the last freeze's marker passes
-        quiesce's own checks and no sandbox process is alive now. Raises MarkerInvalid naming
-        what failed, Unreachable when the sandbox was not frozen or cannot be reached."""
+        """`quiesce verify --nonce N -- QUIESCE --version` in the sandbox (QUIESCE: the absolute
+        path of the quiesce that froze it; nothing of the image's PATH runs): the last freeze's
+        marker passes quiesce's own checks and no sandbox process is alive now. Raises
+        MarkerInvalid naming what failed, Unreachable when the sandbox was not frozen or cannot
+        be reached."""
         frozen = self._frozen.get(env)
         if frozen is None:
             raise Unreachable("the verifier of a sandbox these planes did not freeze: no score")
         g, r = frozen
         cp = run_verifier(
             g.container,
-            ["true"],
+            [g.container.binary_path(), "--version"],
             nonce=r.nonce,
             timeout=60.0,
             accept_privilege_escalation=self.accept_privilege_escalation,

@@ -488,14 +488,16 @@ def test_switch_on_every_exec_after_the_freeze_is_frozen_after(
     # A root scorer that runs the agent's solution as the agent (su, setpriv): the freeze
     # after that exec kills the forger it left, and the sample is an error, not a score. A
     # scorer that runs the tests as the agent, leaving nothing, is scored. During the solver
-    # a root exec (the tools' default) is refused once the sandbox user is known; Inspect's
-    # own write_file (its execs run as root) is let through.
+    # a root exec (the tools' default) is refused once the sandbox user is known, and a first
+    # exec as the user after root ones is refused too; Inspect's own write_file (its execs run
+    # as root) is let through.
     compose = compose_file(tmp_path / "compose.yaml", task_image)
     samples: list[tuple[str, list[Any], str]] = [
         ("su", [[SOLUTION, "agent"]], compose),
         ("setpriv", [[SOLUTION, "agent"]], compose),
         ("asagent", [[HONEST, "agent"]], compose),
         ("rootstep", [["true", "agent"], [FORGER, None]], compose),
+        ("rootfirst", [[FORGER, None], ["true", "agent"]], compose),
         ("writefile", [["true", "agent"], ["/workspace/answer.txt", "@write_file"]], compose),
     ]
     pre_score = {
@@ -513,6 +515,7 @@ def test_switch_on_every_exec_after_the_freeze_is_frozen_after(
         ("su", "process(es) of agent alive (the freeze after it: quiescent, killed"),
         ("setpriv", "process(es) of agent alive (the freeze after it: quiescent, killed"),
         ("rootstep", "run the agent's tools with user='agent'"),
+        ("rootfirst", "after execs as root during the solver"),
     ):
         assert_refused(s[sid], sid, says)
 

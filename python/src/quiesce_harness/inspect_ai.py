@@ -44,8 +44,10 @@ project, every service of it):
   are let through (write_file's mkdir and tee: a script under its pinned shell and PATH;
   read_file copies, it does not exec); its sandbox tools' server (text_editor,
   bash_session) starts as the tools' user, and as root it is refused like any tool. Root
-  execs before a sandbox user is known (setup, with QUIESCE_SANDBOX_USER unset and no
-  compose `user:`) are not refused: name the user to cover them.
+  execs before a sandbox user is known (QUIESCE_SANDBOX_USER unset, no compose `user:`) run,
+  but the first exec as a user after one is refused: the guard it would start could not vouch
+  for what root left. A solver that only ever execs as root starts no guard, and the sample is
+  an error at scoring.
 - at `on_sample_scoring`, each sandbox is frozen (freeze()) and its marker checked against the
   key read before the agent ran (verify_marker). From then on every exec the wrapper lets
   through, as root or as a guarded user, runs one at a time and is followed, before its
@@ -216,6 +218,9 @@ class _Guard:
     default_user: str | None = None
     failure: str | None = None
     frozen: bool = False
+    # A root exec of the solver that ran before any sandbox user was known: what it left is
+    # root's, so a later exec as a user must not start a guard that would vouch for it.
+    root_ran: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # After the freeze: one exec at a time, each followed by its re-freeze (see _wrap_exec).
     scoring: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -368,7 +373,18 @@ def _wrap_exec(env: Any, guard: _Guard) -> None:
         if guard.frozen:
             return await _after_freeze(guard, cmd, user, run)
         if not _is_root(user):
+            if guard.root_ran and guard.quiesce is None and not _root_allowed([]):
+                guard.failure = (
+                    f"sandbox {guard.name!r}: an exec as {user!r}, after execs as root during "
+                    "the solver: a process they left is root's, which no freeze ends: run every "
+                    f"tool of the agent's with user={user!r}, set {USER_SETTING}={user} so that "
+                    f"quiesce starts before the solver, or set {ROOT_SETTING}=1 to accept "
+                    "markers that say nothing of root processes"
+                )
+                raise QuiesceRefused(guard.failure)
             await guard.start([str(user).split(":")[0]])
+        elif guard.quiesce is None and not _root_allowed(cmd):
+            guard.root_ran = True
         elif guard.quiesce is not None and not _root_allowed(cmd):
             # The solver: a root exec here runs what no freeze ends (bash() and the other
             # tools default to root): the marker would say nothing of it.

@@ -126,14 +126,19 @@ def test_a_rollout_of_an_unchanged_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A whole Rollout.run() of a task whose image has no quiesce, with BenchFlow's oracle agent
-    # (no model needed) as the hostile agent: its solve.sh solves nothing and leaves the
-    # forger as the sandbox user. BenchFlow's own planes keep the forged 1 (pkill is missing
-    # on a slim image, and BenchFlow ignores that); QuiescePlanes, the one change, score 0.
+    # (no model needed) as the hostile agent: its solve.sh solves nothing and leaves a forger.
+    # BenchFlow 0.7.11 runs solve.sh as root even with sandbox_user="agent" (_run_oracle(...,
+    # sandbox_user=None), after setup_sandbox_user(..., guard_daemon=False)): its own planes
+    # keep the forged 1; QuiescePlanes cannot tell a root agent's processes from the
+    # verifier's, start nothing and keep no reward, naming why. The hostile 0.0 and honest
+    # 1.0 of an agent run as the sandbox user are the tests below (the plane BenchFlow calls
+    # before the agent, then its own verify step), as no agent BenchFlow runs as the sandbox
+    # user works here without a model.
     monkeypatch.setenv("BENCHFLOW_AGENTS_SOURCE", "off")  # no registry fetch offline
     path = make_task(tmp_path, task_image)
     (path / "solution").mkdir()
     (path / "solution" / "solve.sh").write_text(
-        f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}\nsleep 1\n"
+        f"id -u > /logs/agent/solve-uid\n{REWARD_FORGER}\nsleep 1\n"
     )
     planes = QuiescePlanes() if quiesce else DefaultRolloutPlanes()
     config = RolloutConfig(
@@ -145,14 +150,17 @@ def test_a_rollout_of_an_unchanged_task(
         planes=planes,
     )
     result = asyncio.run(Rollout(config).run())
+    [uid] = list((tmp_path / "jobs").rglob("solve-uid"))
+    assert uid.read_text().strip() == "0"  # BenchFlow ran the oracle as root
     if not quiesce:
         assert (result.rewards, result.verifier_error) == ({"reward": 1.0}, None)
         return
-    assert (result.rewards, result.verifier_error) == ({"reward": 0.0}, None)
+    assert result.rewards is None
+    assert result.verifier_error is not None
+    assert "guard_daemon=False" in result.verifier_error
+    assert "the agent runs as root" in result.verifier_error
     assert isinstance(planes, QuiescePlanes)
-    [g] = planes.guards
-    [r] = planes.results
-    assert g.sidecar and r.state == "quiescent" and r.killed >= 1
+    assert planes.guards == [] and planes.results == []
 
 
 @pytest.mark.parametrize(

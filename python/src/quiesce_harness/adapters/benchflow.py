@@ -20,7 +20,9 @@ else raises a QuiesceError, which BenchFlow 0.7.11 records as the verifier's err
 crashed: ...`) and keeps no reward: a freeze that is not quiescent, a marker that fails a
 check, a sandbox process alive at the gate, a sandbox quiesce could not get into (no root exec,
 no upload, an architecture with no build, a read-only file system), or a sandbox no quiesce
-was started in before the agent (RolloutConfig.sandbox_user unset: the agent ran as root).
+was started in before the agent because the agent ran as root (RolloutConfig.sandbox_user
+unset; or BenchFlow's setup_sandbox_user called with guard_daemon=False, its sign of an agent
+it runs as root: 0.7.11's oracle, whose solve.sh runs as root even with sandbox_user set).
 When quiesce cannot get in, the `setup_sandbox_user` plane itself raises: the rollout ends
 before the agent runs.
 
@@ -31,9 +33,12 @@ rollout_planes.py, rollout/_setup.py, sandbox/lockdown.py, sandbox/docker.py):
 - `Rollout.install_agent` calls `planes.setup_sandbox_user(env, user, ...)` (useradd, owner of
   the workspace): the first plane given the user once the sandbox is up, awaited after the
   agent's install (as root) and before the credentials, skills, path lockdown and the agent's
-  start (ACP connect, or the oracle's solve.sh, which goes through it too with
-  guard_daemon=False). BenchFlow ignores that useradd's result: a user it could not make is
+  start (ACP connect). BenchFlow ignores that useradd's result: a user it could not make is
   refused here (`id -u` finds none).
+- The oracle agent goes through that plane with guard_daemon=False, and then `Rollout.run()`
+  calls `_run_oracle(..., sandbox_user=None)`: solve.sh runs as root although sandbox_user is
+  "agent". A root agent's processes are the verifier's kind, so these planes start nothing
+  there and refuse at the verify step: a whole-rollout run with the oracle keeps no reward.
 - `_verify_rollout` awaits `planes.harden_before_verify(env, task, sandbox_user, workspace=)`
   inside the try that turns any exception into `verifier_error` with rewards None; then, in
   the same try, `planes.verifier(task=, rollout_paths=, sandbox=env).verify()`.
@@ -70,6 +75,11 @@ from ..result import FreezeResult
 from ..sidecar import DEFAULT_INSTALL_PATH, start_sidecar
 from ..verifier import GATE_EXIT_CODES, run_verifier
 
+_ROOT_AGENT = (
+    "the agent runs as root: BenchFlow called setup_sandbox_user with guard_daemon=False, "
+    "which it does for an agent it runs as root whatever sandbox_user says (0.7.11: the "
+    "oracle's solve.sh), so no quiesce was started"
+)
 _NO_USER_FIX = (
     "set RolloutConfig.sandbox_user to the non-root user the agent runs as (no freeze can "
     "tell a root agent's processes from the verifier's)"
@@ -177,6 +187,11 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
             timeout_sec=timeout_sec,
             guard_daemon=guard_daemon,
         )
+        if not guard_daemon:
+            # BenchFlow's word that nothing will run as the sandbox user: 0.7.11 passes it for
+            # the oracle, whose solve.sh then runs as root (_run_oracle(..., sandbox_user=None)).
+            self._failures[env] = f"{_ROOT_AGENT}: {_NO_USER_FIX}"
+            return cwd
         await self.start(env, sandbox_user)
         return cwd
 

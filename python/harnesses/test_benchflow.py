@@ -343,3 +343,31 @@ def test_the_planes_run_nothing_of_a_path_the_sandbox_user_owns(
     [g] = planes.guards
     assert g.sidecar is sidecar and g.container.binary_path().startswith("/")
     assert not (tmp_path / "rollout" / "agent" / "fake-ran.log").exists()
+
+
+@pytest.mark.parametrize("task_image", [BARE], indirect=True)
+def test_a_sandbox_process_started_once_the_gate_passed_drops_the_reward(
+    tmp_path: Path, task_image: str, project: str
+) -> None:
+    # A root service of the image that starts the sandbox user's forger again once BenchFlow
+    # has uploaded the tests (after the gate's probe, while test.sh runs): the probe after the
+    # scoring finds it alive, and the reward is dropped.
+    job = f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}"
+    later = (
+        "nohup sh -c "
+        + shlex.quote(f"while [ ! -e /tests/test.sh ]; do sleep 0.02; done; {job}")
+        + " >/dev/null 2>&1 &"
+    )
+
+    class Planes(QuiescePlanes):
+        async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
+            await super().harden_before_verify(*a, **kw)
+            await a[0].exec(later, user="root")
+
+    planes = Planes()
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
+    )
+    assert rewards is None
+    assert error is not None and "after the scoring exited 16" in error and "alive" in error
+    assert planes.results[0].state == "quiescent"

@@ -23,6 +23,8 @@ no upload, an architecture with no build, a read-only file system), or a sandbox
 was started in before the agent because the agent ran as root (RolloutConfig.sandbox_user
 unset; or BenchFlow's setup_sandbox_user called with guard_daemon=False, its sign of an agent
 it runs as root: 0.7.11's oracle, whose solve.sh runs as root even with sandbox_user set).
+A sandbox process found alive by the gate's second probe, when BenchFlow's verifier has
+finished, drops the reward in the same way.
 When quiesce cannot get in, the `setup_sandbox_user` plane itself raises: the rollout ends
 before the agent runs.
 
@@ -59,6 +61,8 @@ rollout_planes.py, rollout/_setup.py, sandbox/lockdown.py, sandbox/docker.py):
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -80,6 +84,8 @@ _ROOT_AGENT = (
     "which it does for an agent it runs as root whatever sandbox_user says (0.7.11: the "
     "oracle's solve.sh), so no quiesce was started"
 )
+# quiesce verify's --max-age when none is given (docs/marker.md).
+_DEFAULT_MAX_AGE_S = 600
 _NO_USER_FIX = (
     "set RolloutConfig.sandbox_user to the non-root user the agent runs as (no freeze can "
     "tell a root agent's processes from the verifier's)"
@@ -307,12 +313,13 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
             )
         return r
 
-    def probe(self, env: Any) -> None:
+    def probe(self, env: Any, *, max_age_s: int | None = None, when: str = "") -> None:
         """`quiesce verify --nonce N -- QUIESCE --version` in the sandbox (QUIESCE: the absolute
         path of the quiesce that froze it; nothing of the image's PATH runs): the last freeze's
         marker passes quiesce's own checks and no sandbox process is alive now. Raises
         MarkerInvalid naming what failed, Unreachable when the sandbox was not frozen or cannot
-        be reached."""
+        be reached. `max_age_s` is the marker's age allowed (quiesce verify's --max-age, 600 s
+        unless given); `when` is said in the error."""
         frozen = self._frozen.get(env)
         if frozen is None:
             raise Unreachable("the verifier of a sandbox these planes did not freeze: no score")
@@ -321,13 +328,16 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
             g.container,
             [g.container.binary_path(), "--version"],
             nonce=r.nonce,
+            max_age_s=max_age_s,
             timeout=60.0,
             accept_privilege_escalation=self.accept_privilege_escalation,
         )
         if cp.returncode != 0:
             said = (cp.stderr or cp.stdout).decode("utf-8", "replace").strip()[:300]
             what = GATE_EXIT_CODES.get(cp.returncode, "the gate itself failed")
-            raise MarkerInvalid("gate", f"quiesce verify exited {cp.returncode} ({what}): {said}")
+            raise MarkerInvalid(
+                "gate", f"quiesce verify{when} exited {cp.returncode} ({what}): {said}"
+            )
 
     def verifier(self, *args: Any, **kwargs: Any) -> Any:
         # BenchFlow 0.7.11 calls it as (task=, rollout_paths=, sandbox=env) and awaits
@@ -348,9 +358,12 @@ class QuiescePlanes(DefaultRolloutPlanes):  # type: ignore[misc]
 
 
 class _GatedVerifier:
-    """BenchFlow's Verifier, whose every verify() first passes QuiescePlanes.probe: a sandbox
-    process started after the freeze (a root process of the image acting for the agent) is
-    found alive there, and nothing is scored."""
+    """BenchFlow's Verifier, whose every verify() passes QuiescePlanes.probe before and after
+    it: a sandbox process started after the freeze (a root process of the image acting for the
+    agent) is found alive before the scoring starts, or, started once the gate had passed
+    (BenchFlow uploads the tests and runs test.sh in execs of their own), alive when it ends;
+    either way verify() raises and the reward is dropped. One started and gone within the
+    scoring is not seen: the probes are two observations, not a watch."""
 
     def __init__(self, inner: Any, planes: QuiescePlanes, env: Any) -> None:
         self._inner = inner
@@ -358,8 +371,16 @@ class _GatedVerifier:
         self._env = env
 
     async def verify(self) -> Any:
-        await asyncio.to_thread(self._planes.probe, self._env)
-        return await self._inner.verify()
+        await asyncio.to_thread(self._planes.probe, self._env, when=" before the scoring")
+        t0 = time.monotonic()
+        result = await self._inner.verify()
+        # The first probe checked the marker's age; this one allows the scoring's time on top,
+        # so that a long test.sh does not drop an honest reward as "too old".
+        age = _DEFAULT_MAX_AGE_S + math.ceil(time.monotonic() - t0)
+        await asyncio.to_thread(
+            self._planes.probe, self._env, max_age_s=age, when=" after the scoring"
+        )
+        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -95,6 +95,10 @@ SPAWNER = _entrypoint(
 )
 
 
+# An image that left /tests writable by the agent.
+TESTS_THE_AGENTS = "RUN mkdir /tests && chown agent /tests\n"
+
+
 def _build(client: docker.DockerClient, tag: str, extra: str) -> None:
     with tempfile.TemporaryDirectory() as ctx:
         (Path(ctx) / "Dockerfile").write_text(PLAIN_DOCKERFILE.format(extra=extra))
@@ -110,11 +114,13 @@ def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
         "shell": f"{support.PREFIX}hb-shell-{run}",
         "daemon": f"{support.PREFIX}hb-daemon-{run}",
         "spawner": f"{support.PREFIX}hb-spawner-{run}",
+        "tests": f"{support.PREFIX}hb-tests-{run}",
     }
     _build(client, tags["plain"], "")
     _build(client, tags["shell"], SHELL_PID1)
     _build(client, tags["daemon"], ROOT_DAEMON)
     _build(client, tags["spawner"], SPAWNER)
+    _build(client, tags["tests"], TESTS_THE_AGENTS)
     yield tags
     for t in tags.values():
         with contextlib.suppress(docker.errors.DockerException):
@@ -400,3 +406,106 @@ def test_tests_run_past_the_gate_keep_no_reward(tmp_path: Path, images: dict[str
     o = start_one(tmp_path, task, *SWITCH[:2], *named, *PIDS)
     assert o.reward is None and o.exception == "GateRefused", o
     assert "behind quiesce verify" in o.message, o
+
+
+# --- a multi-step task: every step's agent is frozen before its tests -------------------------
+
+
+def make_steps_task(
+    root: Path,
+    name: str,
+    image: str,
+    solves: list[str],
+    users: list[str | None],
+    *,
+    strategy: str | None = "final",
+) -> Path:
+    """A [[steps]] task, one step per solve, each step's agent user as given."""
+    t = root / name
+    (t / "environment").mkdir(parents=True)
+    (t / "environment" / "Dockerfile").write_text(f"FROM {image}\n")
+    (t / "instruction.md").write_text("Write the expected answer to /app/answer.txt\n")
+    toml = 'schema_version = "1.4"\n'
+    if strategy is not None:
+        toml += f'multi_step_reward_strategy = "{strategy}"\n'
+    toml += (
+        "[metadata]\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 120.0\n"
+        f'[environment]\ndocker_image = "{image}"\n'
+    )
+    for i, (solve, user) in enumerate(zip(solves, users, strict=True)):
+        step = t / "steps" / f"s{i}"
+        for d in ("tests", "solution"):
+            (step / d).mkdir(parents=True)
+        (step / "instruction.md").write_text("Write the expected answer to /app/answer.txt\n")
+        (step / "solution" / "solve.sh").write_text(solve)
+        (step / "tests" / "test.sh").write_text(TEST_SH)
+        (step / "tests" / "expected.txt").write_text("42\n")
+        for f in ("solution/solve.sh", "tests/test.sh"):
+            (step / f).chmod(0o755)
+        toml += f'\n[[steps]]\nname = "s{i}"\n'
+        if user is not None:
+            toml += f'[steps.agent]\nuser = "{user}"\n'
+    (t / "task.toml").write_text(toml)
+    return t
+
+
+def test_a_later_step_s_agent_runs_as_the_sandbox_user_and_is_frozen(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    # No agent user anywhere: the run's sandbox_user is every step's, not only the first's. The
+    # second step's hostile loop is a sandbox process, and its own freeze kills it.
+    hostile = HOSTILE.replace("#!/bin/sh\n", "#!/bin/sh\nrm -f /app/answer.txt\n", 1)
+    task = make_steps_task(tmp_path, "steps", images["plain"], [HONEST, hostile], [None, None])
+    user = ["--environment-kwarg", "sandbox_user=agent"]
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *user)
+    assert (o.reward, o.exception) == (0.0, None), o
+    kills = re.findall(r"quiescent in [0-9.]+ s \(killed ([0-9]+)", o.log)
+    assert len(kills) == 2 and int(kills[1]) >= 1, (kills, o.log[-800:])
+
+
+@pytest.mark.parametrize(
+    ("users", "strategy", "fix"),
+    [
+        # The second step would run as the image's root, whom no freeze kills.
+        (["agent", None], "final", "[steps.agent] user"),
+        # "mean" leaves a step whose freeze was refused out of the trial's reward.
+        (["agent", "agent"], None, 'multi_step_reward_strategy = "final"'),
+        (["agent", "agent"], "mean", 'multi_step_reward_strategy = "final"'),
+    ],
+)
+def test_a_multi_step_task_the_freeze_cannot_cover_is_refused(
+    tmp_path: Path, images: dict[str, str], users: list[str | None], strategy: str, fix: str
+) -> None:
+    task = make_steps_task(
+        tmp_path, "steps", images["plain"], [HOSTILE, HOSTILE], users, strategy=strategy
+    )
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert o.reward is None and o.exception == "InstallFailed", o
+    assert fix in o.message, o
+
+
+# --- what the agent leaves where the verifier writes ------------------------------------------
+
+# A task whose tests source what tests/conf.d holds, as pytest runs a tests dir's conftest.py.
+CONF_TEST_SH = (
+    '#!/bin/bash\nfor f in /tests/conf.d/*; do . "$f"; done\n' + TEST_SH.split("\n", 1)[1]
+)
+# The agent (no answer) plants a symlink where the root verifier redirects the tests' output,
+# which truncates the expected answer once it is there, and a file the tests will source.
+PLANTER = (
+    "#!/bin/sh\nset -e\nrm -f /app/answer.txt\n"
+    "ln -s /tests/expected.txt /logs/verifier/test-stdout.txt\n"
+    "mkdir -p /tests/conf.d\n"
+    "echo 'cp /tests/expected.txt /app/answer.txt' > /tests/conf.d/99-planted\n"
+)
+
+
+def test_what_the_agent_plants_for_the_verifier_scores_nothing(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "planter", images["tests"], PLANTER)
+    (task / "tests" / "test.sh").write_text(CONF_TEST_SH)
+    (task / "tests" / "conf.d").mkdir()
+    (task / "tests" / "conf.d" / "00-base").write_text(":\n")
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert (o.reward, o.exception) == (0.0, None), o

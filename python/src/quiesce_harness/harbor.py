@@ -23,16 +23,28 @@ wraps=daytona`, default docker; every other kwarg goes to it):
   the public key it prints at its start is kept here.
 
 Agent commands run as the sandbox user: Harbor 0.25.0's Trial sets the environment's
-default_user to the task's `[agent] user` for the agent's phase, and an exec that names no user
-runs as that default; with no `[agent] user`, such an exec runs as `sandbox_user` until the
-freeze. Commands that name their user (Harbor's and the agents' `user="root"`) keep it.
+default_user to the agent user of the phase (a step's `[steps.agent] user`, else `[agent] user`),
+and an exec that names no user runs as that default; when the task names no agent user at all,
+such an exec runs as `sandbox_user` whenever the verifier's gate is closed (every step's agent
+too). A task that names an agent user for some phases but not others is refused at start: the
+others would run as root, whom no freeze kills. Commands that name their user (Harbor's and the
+agents' `user="root"`) keep it.
 
 QuiescedVerifier is Harbor's Verifier with the freeze first: before anything of the verifier's
 enters the sandbox (the reward files' removal, the upload of tests/), the environment is frozen
-and the marker checked against the kept key, and the test script runs behind `quiesce verify`.
-A freeze that is not quiescent, a marker that fails a check, or a gate that refuses raises in
-verify(), which Harbor 0.25.0's Trial records as the trial's exception_info, with no
-verifier_result (no reward).
+and the marker checked against the kept key; then, as root, /logs/verifier is emptied of all the
+agent left in it (a symlink there would take the tests' root redirect, a FIFO would hang it),
+/tests is made anew (root's, so nothing planted there runs with the tests), and the test script
+runs behind `quiesce verify`. A freeze covers that one verification: a later step's tests need
+a freeze of their own. A freeze that is not quiescent, a marker that fails a check, a directory
+that cannot be made root's, or a gate that refuses raises in verify(), which Harbor 0.25.0's
+Trial records as the trial's exception_info, with no verifier_result (no reward).
+
+A `[[steps]]` task: Harbor 0.25.0 records such a raise as that step's exception_info (the trial
+has none), stops after that step, and derives the trial's reward from the steps' results. With
+`multi_step_reward_strategy = "final"` that is the last step's verifier_result, which is none
+then: no reward. "mean" (the default) averages only the steps that have a reward, so a refused
+step would drop out of it: a `[[steps]]` task without "final" is refused at start, naming it.
 
 `environment_mode = "separate"`: Harbor 0.25.0 collects the artifacts from the agent's
 environment, stops it, and runs the verifier in a fresh environment that no sandbox process
@@ -77,6 +89,8 @@ ENV_FLAG = "--env quiesce_harness.harbor:QuiescedEnvironment"
 VERIFIER_FLAG = "--verifier quiesce_harness.harbor:QuiescedVerifier"
 # Harbor 0.25.0's EnvironmentPaths.tests_dir: where its Verifier uploads tests/.
 TESTS_DIR = PurePosixPath("/tests")
+# Its EnvironmentPaths.verifier_dir: where the tests' output and the reward go.
+VERIFIER_DIR = PurePosixPath("/logs/verifier")
 _WAYS = ("init", "sidecar")
 _INIT_ENGINES = ("docker", "podman")
 
@@ -113,9 +127,9 @@ class _Guard:
     notes: list[str] = field(default_factory=list)
 
 
-def _task_users(environment_dir: Path) -> list[str]:
-    """The agent users task.toml names ([agent] user, and each step's), read as Harbor reads
-    it; none when there is no task.toml beside the environment directory."""
+def _task_config(environment_dir: Path) -> Any:
+    """task.toml read as Harbor reads it; None when there is none beside the environment
+    directory."""
     from harbor.models.task.config import TaskConfig
 
     # The agent's environment is TASK/environment; a separate verifier's is TASK/tests or a
@@ -123,17 +137,61 @@ def _task_users(environment_dir: Path) -> list[str]:
     for d in list(environment_dir.resolve().parents)[:4]:
         try:
             text = (d / "task.toml").read_text()
-            break
         except OSError:
             continue
-    else:
+        return TaskConfig.model_validate_toml(text)
+    return None
+
+
+def _agent_phases(cfg: Any) -> list[tuple[str, str | None]]:
+    """Each agent phase and the user Harbor 0.25.0 runs it as: a step's `[steps.agent] user`,
+    else `[agent] user`; None is the image's user."""
+    if cfg is None:
         return []
-    cfg = TaskConfig.model_validate_toml(text)
+    top = None if cfg.agent.user is None else str(cfg.agent.user)
+    if not cfg.steps:
+        return [("[agent]", top)]
+    return [
+        (f"step {s.name!r}", top if s.agent.user is None else str(s.agent.user)) for s in cfg.steps
+    ]
+
+
+def _task_users(environment_dir: Path) -> list[str]:
+    """The agent users task.toml names ([agent] user, and each step's)."""
+    cfg = _task_config(environment_dir)
     found: list[str] = []
-    for agent in [cfg.agent, *(step.agent for step in cfg.steps or [])]:
-        if agent.user is not None and str(agent.user) not in found:
-            found.append(str(agent.user))
+    for _, user in _agent_phases(cfg):
+        if user is not None and user not in found:
+            found.append(user)
     return found
+
+
+def _check_task(environment_dir: Path) -> None:
+    """Refuse, before the agent runs, a task whose phases the freeze cannot all cover."""
+    from harbor.models.task.config import MultiStepRewardStrategy
+
+    cfg = _task_config(environment_dir)
+    phases = _agent_phases(cfg)
+    unnamed = [name for name, user in phases if user is None]
+    if unnamed and len(unnamed) < len(phases):
+        # Such a phase runs as the image's user (root), whom no freeze kills.
+        raise InstallFailed(
+            f"{', '.join(unnamed)} of {environment_dir.parent.name} names no agent user and "
+            "would run as root: set `[agent] user` in task.toml (or each step's "
+            "`[steps.agent] user`)"
+        )
+    if (
+        cfg is not None
+        and cfg.steps
+        and (cfg.multi_step_reward_strategy is not MultiStepRewardStrategy.FINAL)
+    ):
+        # Harbor 0.25.0 records a step's verifier exception in that step alone, and "mean"
+        # averages only the steps that have a reward: a refused freeze would drop out.
+        raise InstallFailed(
+            f"{environment_dir.parent.name} has [[steps]] scored by the mean of the steps "
+            "that have a reward, so a refused freeze drops out of it: set "
+            '`multi_step_reward_strategy = "final"` in task.toml'
+        )
 
 
 def _sandbox_users(environment_dir: Path, sandbox_user: object) -> tuple[str, ...]:
@@ -221,6 +279,12 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     ) -> None:
         del wraps, via  # chose the class in __new__
         env_dir = Path(kwargs.get("environment_dir", args[0] if args else "."))
+        # Raised at start, so that Harbor records it as this trial's, not the job's.
+        self._refusal: InstallFailed | None = None
+        try:
+            _check_task(env_dir)
+        except InstallFailed as e:
+            self._refusal = e
         self._guard = _Guard(
             way=self._quiesce_way,
             users=_sandbox_users(env_dir, sandbox_user),
@@ -236,6 +300,8 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     # --- Harbor's calls -----------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
+        if self._refusal is not None:
+            raise self._refusal
         self._guard.loop = asyncio.get_running_loop()
         await super().start(force_build)
         if self._guard.way == "sidecar":
@@ -254,12 +320,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     def _resolve_user(self, user: str | int | None) -> str | int | None:
         # Harbor 0.25.0: an exec that names no user runs as default_user, which the Trial sets
-        # to `[agent] user` for the agent's phase; with none, as the sandbox user until the
-        # freeze (after it, the verifier's commands keep the image's user). Harbor's own steps
-        # before the agent (start, the environment's checks) keep the image's user.
+        # to the phase's agent user; with none named anywhere, as the sandbox user whenever the
+        # verifier's gate is not open (a multi-step task's later agents too); inside it, the
+        # tests keep the image's user. Harbor's own steps before the agent (start, the
+        # environment's checks) keep the image's user.
         resolved: str | int | None = super()._resolve_user(user)
         g = self._guard
-        if resolved is None and g.default_to_sandbox and g.started and g.frozen is None:
+        if resolved is None and g.default_to_sandbox and g.started and g.gate is None:
             return g.users[0]
         return resolved
 
@@ -339,6 +406,43 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         g.notes.append(note)
         self.logger.info(note)
         return r
+
+    async def fresh_verifier_dirs(self, *, tests: bool = True) -> None:
+        """After the freeze, as root: /logs/verifier emptied of all the agent left there, and
+        (with `tests`) /tests made anew, root's, before Harbor writes either."""
+        # The agent could write both (Harbor leaves /logs/verifier 0777 for it): a symlink
+        # there is followed by the root redirect of the tests' output, a FIFO hangs it, and a
+        # file planted in /tests (a conftest.py) runs as root with the tests.
+        logs = shlex.quote(str(VERIFIER_DIR))
+        parent = shlex.quote(str(VERIFIER_DIR.parent))
+        steps = [
+            # Its parent is root's: no one else can swap the directory under the commands.
+            f"[ -d {parent} ] && [ ! -L {parent} ] && [ -O {parent} ]",
+            # A bind mount on Docker: emptied, not replaced, as Harbor's own reset does.
+            f"if [ -L {logs} ] || {{ [ -e {logs} ] && [ ! -d {logs} ]; }}; "
+            f"then rm -f -- {logs}; fi",
+            f"mkdir -p -- {logs}",
+            f"find {logs} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} +",
+            f'[ -z "$(find {logs} -mindepth 1 -maxdepth 1)" ]',
+            f"chown 0:0 {logs}",
+            # The mode Harbor gives it: the tests may run as a verifier user of the task's.
+            f"chmod 0777 {logs}",
+        ]
+        if tests:
+            t = shlex.quote(str(TESTS_DIR))
+            steps += [f"rm -rf -- {t}", f"mkdir -m 0755 -- {t}", f"chown 0:0 {t}"]
+        r = await self.exec(" && ".join(steps), user="root")
+        if int(r.return_code) != 0:
+            said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
+            raise QuiesceNotOn(
+                f"{self.session_id}: cannot make {VERIFIER_DIR} and {TESTS_DIR} root's and "
+                f"empty before the tests (exit {r.return_code}: {said or 'no output'}): "
+                f"{VERIFIER_DIR.parent} and / must be root's, and /tests no mount"
+            )
+
+    def end_verification(self) -> None:
+        """The freeze covered one verification: the next upload of tests needs a new one."""
+        self._guard.frozen = None
 
     @contextlib.contextmanager
     def verifier_gate(self, nonce: str) -> Iterator[list[str]]:
@@ -639,11 +743,16 @@ class QuiescedVerifier(Verifier):  # type: ignore[misc]
             raise QuiesceNotOn(
                 f"the environment is {type(env).__name__}, not quiesce's: pass {ENV_FLAG}"
             )
-        r = await env.quiesce_freeze()
-        if r.nonce is None:
-            raise Unreachable("the freeze carries no nonce: score nothing")
-        with env.verifier_gate(r.nonce) as gated:
-            result = await super().verify()
+        try:
+            r = await env.quiesce_freeze()
+            if r.nonce is None:
+                raise Unreachable("the freeze carries no nonce: score nothing")
+            await env.fresh_verifier_dirs(tests=not self._skip_tests_upload)
+            with env.verifier_gate(r.nonce) as gated:
+                result = await super().verify()
+        finally:
+            # A later step's agent runs after this: its tests need a freeze of their own.
+            env.end_verification()
         if not gated:
             # Harbor 0.25.0's Verifier runs the test script with an exec that names no user; a
             # Harbor that names one would run it past the gate: score nothing then.

@@ -23,12 +23,12 @@ wraps=daytona`, default docker; every other kwarg goes to it):
   the public key it prints at its start is kept here.
 
 Agent commands run as the sandbox user: Harbor 0.25.0's Trial sets the environment's
-default_user to the agent user of the phase (a step's `[steps.agent] user`, else `[agent] user`),
-and an exec that names no user runs as that default; when the task names no agent user at all,
-such an exec runs as `sandbox_user` whenever the verifier's gate is closed (every step's agent
-too). A task that names an agent user for some phases but not others is refused at start: the
-others would run as root, whom no freeze kills. Commands that name their user (Harbor's and the
-agents' `user="root"`) keep it.
+default_user to the agent user of the phase (a step's `[steps.agent] user`, else `[agent]
+user`), and an exec that names no user runs as that default; when the task names no agent user
+at all, such an exec runs as `sandbox_user` outside a verification (every step's agent too). A
+task that names an agent user for some phases but not others is refused at start: the others
+would run as root, whom no freeze kills. Commands that name their user (Harbor's and the agents'
+`user="root"`) keep it.
 
 QuiescedVerifier is Harbor's Verifier with the freeze first: before anything of the verifier's
 enters the sandbox (the reward files' removal, the upload of tests/), the environment is frozen
@@ -320,13 +320,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     def _resolve_user(self, user: str | int | None) -> str | int | None:
         # Harbor 0.25.0: an exec that names no user runs as default_user, which the Trial sets
-        # to the phase's agent user; with none named anywhere, as the sandbox user whenever the
-        # verifier's gate is not open (a multi-step task's later agents too); inside it, the
-        # tests keep the image's user. Harbor's own steps before the agent (start, the
-        # environment's checks) keep the image's user.
+        # to the phase's agent user; with none named anywhere, as the sandbox user outside a
+        # verification (from a freeze to the end of its verify(): a multi-step task's later
+        # agents too); inside one, the verifier's commands keep the image's user. Harbor's own
+        # steps before the agent (start, the environment's checks) keep the image's user.
         resolved: str | int | None = super()._resolve_user(user)
         g = self._guard
-        if resolved is None and g.default_to_sandbox and g.started and g.gate is None:
+        if resolved is None and g.default_to_sandbox and g.started and g.frozen is None:
             return g.users[0]
         return resolved
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,26 @@ SPAWNER = _entrypoint(
 
 # An image that left /tests writable by the agent.
 TESTS_THE_AGENTS = "RUN mkdir /tests && chown agent /tests\n"
+# An image whose PATH starts with a directory of the agent's (a venv in the workspace).
+PATH_THE_AGENTS = "RUN mkdir -p /app/bin && chown agent /app/bin\nENV PATH=/app/bin:$PATH\n"
+# Its agent solves nothing and leaves, first on that PATH, what Harbor and the kit might run
+# as root: each, run as root, starts a root loop that copies the expected answer once the
+# tests arrive (a root process no freeze ends), then runs the real one.
+PATH_FAKE = (
+    "#!/bin/sh\n"
+    'if [ "$(/usr/bin/id -u)" = 0 ]; then /usr/bin/setsid /bin/sh -c '
+    "'for i in $(/usr/bin/seq 1200); do [ -e /tests/expected.txt ] && "
+    "/bin/cp /tests/expected.txt /app/answer.txt; /bin/sleep 0.05; done' "
+    ">/dev/null 2>&1 </dev/null & fi\n"
+    "n=${0##*/}; for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do "
+    '[ -x "$d/$n" ] && exec "$d/$n" "$@"; done; exit 127\n'
+)
+PATH_PLANTER = (
+    "#!/bin/sh\n"
+    f"printf '%s' {shlex.quote(PATH_FAKE)} > /app/bin/.fake && chmod 755 /app/bin/.fake\n"
+    "for n in bash sh find rm mkdir chown chmod cat tr sed head quiesce true; do "
+    "cp /app/bin/.fake /app/bin/$n; done\n"
+)
 
 
 def _build(client: docker.DockerClient, tag: str, extra: str) -> None:
@@ -115,12 +136,14 @@ def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
         "daemon": f"{support.PREFIX}hb-daemon-{run}",
         "spawner": f"{support.PREFIX}hb-spawner-{run}",
         "tests": f"{support.PREFIX}hb-tests-{run}",
+        "path": f"{support.PREFIX}hb-path-{run}",
     }
     _build(client, tags["plain"], "")
     _build(client, tags["shell"], SHELL_PID1)
     _build(client, tags["daemon"], ROOT_DAEMON)
     _build(client, tags["spawner"], SPAWNER)
     _build(client, tags["tests"], TESTS_THE_AGENTS)
+    _build(client, tags["path"], PATH_THE_AGENTS)
     yield tags
     for t in tags.values():
         with contextlib.suppress(docker.errors.DockerException):
@@ -508,4 +531,16 @@ def test_what_the_agent_plants_for_the_verifier_scores_nothing(
     (task / "tests" / "conf.d").mkdir()
     (task / "tests" / "conf.d" / "00-base").write_text(":\n")
     o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert (o.reward, o.exception) == (0.0, None), o
+
+
+@pytest.mark.parametrize("via", [[], SIDECAR])
+def test_a_path_the_agent_owns_runs_nothing_of_its_as_root(
+    tmp_path: Path, images: dict[str, str], via: list[str]
+) -> None:
+    # Nothing the agent left first on the image's PATH runs as root once it ran: not the
+    # kit's commands, not Harbor's own (`bash -c`), not the gate's; the tests get the image's
+    # PATH back behind the gate.
+    task = make_task(tmp_path, "path", images["path"], PATH_PLANTER)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
     assert (o.reward, o.exception) == (0.0, None), o

@@ -36,17 +36,17 @@ NAMES = ("true", "sh", "bash", "quiesce", "stat", "cat", "kill", "uname", "id", 
 FAKE = """#!/bin/sh
 echo "$(/usr/bin/id -u 2>/dev/null || /bin/id -u) ${0##*/} $*" >> %s
 for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
-    [ -x "$d/${0##*/}" ] && exec "$d/${0##*/}" "$@"
+    [ "$d" != "${0%%/*}" ] && [ -x "$d/${0##*/}" ] && exec "$d/${0##*/}" "$@"
 done
 exit 0
 """
 
 
-def plant(b: Box) -> None:
-    """The sandbox user's fakes, first on the container's PATH."""
+def plant(b: Box, where: str = FAKES, names: Sequence[str] = NAMES) -> None:
+    """The sandbox user's fakes, first on the container's PATH (or in `where`)."""
     script = shlex.quote(FAKE % PROOF)
-    cmd = f"mkdir -p {FAKES} && cd {FAKES} && " + " && ".join(
-        f"printf '%s' {script} > {n} && chmod 755 {n}" for n in NAMES
+    cmd = f"mkdir -p {where} && cd {where} && " + " && ".join(
+        f"printf '%s' {script} > {n} && chmod 755 {n}" for n in names
     )
     rc, out = b.ctr.exec_run(["/bin/sh", "-c", cmd], user=support.AGENT_UID)
     assert rc == 0, out
@@ -96,6 +96,12 @@ def gate(c: Container, nonce: str | None) -> None:
 def test_quiesce_as_pid1_runs_nothing_of_the_image_path(client: docker.DockerClient) -> None:
     with box(client, SLIM, environment={"PATH": IMAGE_PATH}) as b:
         plant(b)
+        # Dockerfiles hand /usr/local/bin to the non-root user (so that `pip install` works):
+        # the kit's fixed PATH leaves it out. (A quiesce there, the first place a relative
+        # binary is looked for, is refused: the test below.)
+        rc, out = b.ctr.exec_run(["/bin/sh", "-c", f"chown {support.AGENT_UID} /usr/local/bin"])
+        assert rc == 0, out
+        plant(b, "/usr/local/bin", [n for n in NAMES if n != "quiesce"])
         for c in containers(b, client):
             b.start("setsid-writer")
             r = freeze(c)

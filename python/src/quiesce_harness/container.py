@@ -27,10 +27,14 @@ Engine = Literal["docker", "podman", "compose", "kubectl", "exec"]
 # The state dir the init and its clients use when given none; a Container with another one
 # names it to the client (`--state-dir`), which then needs no locator to find it.
 DEFAULT_STATE_DIR = "/run/quiesce"
-# The PATH every exec the kit makes for itself runs with (Docker's default): an image's own
-# PATH may put a directory the sandbox user owns first (ENV PATH=/app/.venv/bin:$PATH), and a
-# name looked up there as root would run the sandbox user's code as root.
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The PATH every exec the kit makes for itself runs with: an image's own PATH may put a
+# directory the sandbox user owns first (ENV PATH=/app/.venv/bin:$PATH), and a name looked up
+# there as root would run the sandbox user's code as root. Not /usr/local/*: Dockerfiles hand
+# those to the non-root user (so `pip install` works) often enough; only the quiesce binary is
+# looked up there (_RESOLVE), and used only when it and every directory above it are root's.
+SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Where a relative `binary` (the default "quiesce") is looked for: Docker's default PATH.
+_BINARY_DIRS = "/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin"
 # A bare command of the kit's runs through this: an absolute argv[0] that sets the fixed PATH
 # before the name is looked up, and then is replaced by the command (one process, as before).
 _SAFE_SH = ("/bin/sh", "-c", f'PATH={SAFE_PATH}; export PATH; exec "$@"', "sh")
@@ -812,13 +816,17 @@ class Container:
 
 ExecFn = Callable[[Sequence[str]], ExecResult]
 
-# Run as root with a command name: print `path REAL` (its real path, found through SAFE_PATH)
-# when it and every directory above it are root's and writable by root alone, else `unsafe
-# WHAT`; nothing (exit 5) when no file of that name is on SAFE_PATH.
+# Run as root with a command name: print `path REAL` (its real path, the first executable of
+# that name in _BINARY_DIRS) when it and every directory above it are root's and writable by
+# root alone, else `unsafe WHAT`; nothing (exit 5) when there is none. The tools it runs
+# (readlink, stat) are found through SAFE_PATH alone.
 _RESOLVE = f"""
 PATH={SAFE_PATH}; export PATH
-p=$(command -v -- "$1") || exit 5
-case $p in /*) ;; *) exit 5 ;; esac
+p=
+for d in {_BINARY_DIRS}; do
+    if [ -f "$d/$1" ] && [ -x "$d/$1" ]; then p=$d/$1; break; fi
+done
+[ -n "$p" ] || exit 5
 r=$(readlink -f -- "$p") || exit 3
 [ -f "$r" ] || exit 5
 a=$r

@@ -73,7 +73,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.verifier.verifier import Verifier
 
 from .binary import binary_path
-from .container import Container
+from .container import SAFE_PATH, Container
 from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
 from .freeze import freeze
 from .marker import verify_marker
@@ -125,6 +125,10 @@ class _Guard:
     install_path: str = DEFAULT_INSTALL_PATH
     accept_setuid: bool = False
     notes: list[str] = field(default_factory=list)
+    # The PATH an exec of the image gets, read before the agent ran: the gated tests get it back.
+    image_path: str | None = None
+    # A command ran as a sandbox user: from then on the image's PATH may lead to its files.
+    agent_ran: bool = False
 
 
 def _task_config(environment_dir: Path) -> Any:
@@ -308,6 +312,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             await self._start_sidecar()
         else:
             await self._check_init()
+        # Before the agent's first command, so nothing of the agent's is on the way to bash.
+        r = await super().exec('printf %s "$PATH"', user="root")
+        if int(r.return_code) == 0 and (r.stdout or "").strip():
+            self._guard.image_path = (r.stdout or "").strip()
         self._guard.started = True
 
     async def stop(self, delete: bool) -> None:
@@ -338,7 +346,17 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         timeout_sec: int | None = None,
         user: str | int | None = None,
     ) -> Any:
-        if self._guard.gate is None or user is not None:
+        g = self._guard
+        who = self._resolve_user(user)
+        if g.started and who is not None and str(who) not in ("root", "0"):
+            g.agent_ran = True
+        elif g.agent_ran and "PATH" not in (env or {}):
+            # Once the agent ran, the image's PATH may lead to its files (ENV
+            # PATH=/app/.venv/bin:$PATH): a root command of Harbor's (its `bash -c` included)
+            # looks names up through the kit's fixed PATH, so that no root process of the
+            # agent's making outlives the freeze.
+            env = {**(env or {}), "PATH": SAFE_PATH}
+        if g.gate is None or user is not None:
             return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
         command, env = self._gated(command, env)
         r = await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
@@ -431,7 +449,9 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if tests:
             t = shlex.quote(str(TESTS_DIR))
             steps += [f"rm -rf -- {t}", f"mkdir -m 0755 -- {t}", f"chown 0:0 {t}"]
-        r = await self.exec(" && ".join(steps), user="root")
+        # The image's PATH may lead to the agent's files (ENV PATH=/app/.venv/bin:$PATH): bash
+        # and these tools are found through the kit's fixed one.
+        r = await self.exec(" && ".join(steps), user="root", env={"PATH": SAFE_PATH})
         if int(r.return_code) != 0:
             said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
             raise QuiesceNotOn(
@@ -465,10 +485,15 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             opts += ["--sandbox-user", u]
         # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
         # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
-        inner = f"(\n{command}\n); exit 0"
-        argv = box.quiesce("verify", *opts, "--", "bash", "-c", inner)
+        # Harbor's bash, quiesce and the bash after `--` are found through the kit's fixed
+        # PATH (the image's may lead to the agent's files); the tests then get back the PATH
+        # they would have had: Harbor's env's, else the image's as read at start. What that
+        # PATH finds is the task's.
+        task_path = (env or {}).get("PATH") or g.image_path or SAFE_PATH
+        inner = f"PATH={shlex.quote(task_path)}; export PATH\n(\n{command}\n); exit 0"
+        argv = box.quiesce("verify", *opts, "--", "/bin/bash", "-c", inner)
         accept = "1" if g.accept_setuid else "0"
-        return "exec " + shlex.join(argv), {**(env or {}), ACCEPT_ENV: accept}
+        return "exec " + shlex.join(argv), {**(env or {}), ACCEPT_ENV: accept, "PATH": SAFE_PATH}
 
     # --- the sidecar path ---------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ DEFAULT_STATE_DIR = "/run/quiesce"
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Where a relative `binary` (the default "quiesce") is looked for: Docker's default PATH.
 _BINARY_DIRS = "/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin"
+_LOOKED_IN = ":".join(_BINARY_DIRS.split())
 # A bare command of the kit's runs through this: an absolute argv[0] that sets the fixed PATH
 # before the name is looked up, and then is replaced by the command (one process, as before).
 _SAFE_SH = ("/bin/sh", "-c", f'PATH={SAFE_PATH}; export PATH; exec "$@"', "sh")
@@ -97,9 +98,9 @@ class Container:
 
     `binary` is quiesce's path inside the container: `quiesce` when it is in the image,
     `/sbin/docker-init` (Docker) or `/run/podman-init` (Podman) when the engine injects it.
-    A relative one is looked up once through SAFE_PATH, never the image's PATH, and used only
-    where the file and every directory above it are root's and writable by root alone
-    (binary_path()); the kit's other execs run with SAFE_PATH too (exec()).
+    A relative one is looked for once in Docker's default PATH (_BINARY_DIRS), never the
+    image's PATH, and used only where the file and every directory above it are root's and
+    writable by root alone (binary_path()); the kit's other execs run with SAFE_PATH (exec()).
     `freeze_signal` must be the init's `--freeze-signal` (USR1 unless changed). `sidecar_pid`
     is the pid, in the container, of a quiesce sidecar (start_sidecar sets it): PID 1 is then
     someone else's process, and signal() reaches the sidecar instead.
@@ -697,7 +698,7 @@ class Container:
 
     def binary_path(self) -> str:
         """quiesce's absolute path in the container: `binary` when absolute; a relative one is
-        looked up through SAFE_PATH (never the image's PATH) once, and kept only where the file
+        looked for in _BINARY_DIRS (never the image's PATH) once, and kept only where the file
         and every directory above it (links resolved) are root's and writable by root alone,
         so that the sandbox user can neither have put it there nor replace it later.
         Unreachable, naming binary=, otherwise."""
@@ -736,17 +737,17 @@ class Container:
         )
         if "unsafe" in said:
             raise Unreachable(
-                f"{self.name}: {name!r} found through {SAFE_PATH} is not safe to run as root: "
+                f"{self.name}: {name!r} found in {_LOOKED_IN} is not safe to run as root: "
                 f"{said['unsafe']} (the sandbox user could replace it): {fix}"
             )
         path = said.get("path", "")
         if r.returncode == 127:
             raise Unreachable(f"{self.name}: no /bin/sh to look {name!r} up with: {fix}")
         if r.returncode == 5:
-            raise Unreachable(f"{self.name}: {name!r} not found in {SAFE_PATH}: {fix}")
+            raise Unreachable(f"{self.name}: {name!r} not found in {_LOOKED_IN}: {fix}")
         if r.returncode != 0 or not path.startswith("/"):
             raise Unreachable(
-                f"{self.name}: cannot look {name!r} up in {SAFE_PATH} "
+                f"{self.name}: cannot look {name!r} up in {_LOOKED_IN} "
                 f"({r.text or f'exit {r.returncode}'}): {fix}"
             )
         return path

@@ -316,6 +316,11 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         r = await super().exec('printf %s "$PATH"', user="root")
         if int(r.return_code) == 0 and (r.stdout or "").strip():
             self._guard.image_path = (r.stdout or "").strip()
+        else:
+            self.logger.warning(
+                f"{self.session_id}: could not read the image's PATH (exit {r.return_code}): "
+                f"the tests behind the gate run with {SAFE_PATH}"
+            )
         self._guard.started = True
 
     async def stop(self, delete: bool) -> None:

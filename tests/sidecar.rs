@@ -430,7 +430,9 @@ fn a_lock_held_with_no_sidecar_behind_it_is_refused_within_the_wait_naming_the_l
     std::fs::create_dir(&c.state).unwrap();
     chmod(&c.state, 0o755);
     let lock = c.state.join("sidecar.lock");
-    let _holder = guard(c.exec_cmd(&["flock", "-n", lock.to_str().unwrap(), "sleep", "60"]));
+    // The holder waits for the lock (no -n): a probe below holds it for an instant, and a
+    // non-blocking holder that met one would give up and leave the lock free.
+    let _holder = guard(c.exec_cmd(&["flock", lock.to_str().unwrap(), "sleep", "60"]));
     wait_for("flock to hold the lock", Duration::from_secs(10), || {
         c.exec(&["flock", "-n", lock.to_str().unwrap(), "true"]).status.code() == Some(1)
     });

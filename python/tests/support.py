@@ -7,6 +7,7 @@ they work while the sandbox holds the pids limit.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -19,11 +20,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 import docker.errors
 import pytest
 from docker.models.containers import Container as DockerContainer
+
+if TYPE_CHECKING:
+    from quiesce_harness import SandboxExec
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "qhk-"
@@ -355,3 +360,41 @@ def box(
     finally:
         with contextlib.suppress(docker.errors.DockerException):
             ctr.remove(force=True)
+
+
+def cli_exec(cli: str, name: str) -> SandboxExec:
+    """The exec function a harness without an SDK writes: `CLI exec -i [-u USER] NAME argv`. It
+    sets no environment: argv runs with the image's (PATH included)."""
+
+    def run(
+        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        p = subprocess.run(
+            [cli, "exec", "-i", *(["-u", user] if user else []), name, *argv],
+            input=stdin or b"",
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        return p.returncode, p.stdout, p.stderr
+
+    return run
+
+
+def cli_exec_async(cli: str, name: str) -> SandboxExec:
+    """cli_exec as a coroutine function (asyncio's subprocesses), as async harnesses write it:
+    the kit runs it on its own loop."""
+
+    async def run(
+        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
+    ) -> tuple[int, bytes, bytes]:
+        p = await asyncio.create_subprocess_exec(
+            cli, "exec", "-i", *(["-u", user] if user else []), name, *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(p.communicate(stdin or b""), 120)
+        return p.returncode if p.returncode is not None else -1, out, err
+
+    return run

@@ -25,7 +25,7 @@ import pytest
 from quiesce_harness import Container, Unreachable, freeze, run_verifier, start_sidecar
 
 import support
-from support import SLIM, Box, box
+from support import SLIM, Box, box, cli_exec
 
 BASE = "debian:bookworm-slim"
 FAKES = "/workspace/bin"
@@ -63,28 +63,10 @@ def no_proof(b: Box) -> None:
     assert root == [], f"a fake ran as root: {root}"
 
 
-def cli_exec(name: str) -> object:
-    """An exec function that sets no environment: `docker exec` runs argv with the image's."""
-
-    def run(
-        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
-    ) -> tuple[int, bytes, bytes]:
-        p = subprocess.run(
-            ["docker", "exec", "-i", *(["-u", user] if user else []), name, *argv],
-            input=stdin or b"",
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        return p.returncode, p.stdout, p.stderr
-
-    return run
-
-
 def containers(b: Box, client: docker.DockerClient) -> list[Container]:
     return [
         Container.docker(b.name, client=client),
-        Container.from_exec(cli_exec(b.name), name=b.name),  # type: ignore[arg-type]
+        Container.from_exec(cli_exec("docker", b.name), name=b.name),
     ]
 
 

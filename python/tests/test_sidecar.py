@@ -6,14 +6,13 @@ the key its start printed, the verifier behind `quiesce verify`; and each refuse
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from quiesce_harness import (
     FreezeFailed,
     FreezeResult,
     InstallFailed,
-    SandboxExec,
     SidecarRefused,
     freeze,
     run_verifier,
@@ -36,7 +34,7 @@ from quiesce_harness import (
 from quiesce_harness.sidecar import DEFAULT_INSTALL_PATH, _install
 
 import support
-from support import PREFIX, Box
+from support import PREFIX, Box, cli_exec, cli_exec_async
 
 UID = support.AGENT_UID  # a bare UID: the images name no such user
 BASE = "debian:bookworm-slim"
@@ -114,43 +112,6 @@ def busybox_image(client: docker.DockerClient) -> str:
         )
         client.images.build(path=ctx, tag=BUSYBOX, rm=True, labels={support.LABEL: "1"})
     return BUSYBOX
-
-
-def cli_exec(cli: str, name: str) -> SandboxExec:
-    """The exec function a harness without an SDK writes: `CLI exec -i [-u USER] NAME argv`."""
-
-    def run(
-        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
-    ) -> tuple[int, bytes, bytes]:
-        p = subprocess.run(
-            [cli, "exec", "-i", *(["-u", user] if user else []), name, *argv],
-            input=stdin or b"",
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        return p.returncode, p.stdout, p.stderr
-
-    return run
-
-
-def cli_exec_async(cli: str, name: str) -> SandboxExec:
-    """cli_exec as a coroutine function (asyncio's subprocesses), as async harnesses write it:
-    the kit runs it on its own loop."""
-
-    async def run(
-        argv: Sequence[str], *, user: str | None = None, stdin: bytes | None = None
-    ) -> tuple[int, bytes, bytes]:
-        p = await asyncio.create_subprocess_exec(
-            cli, "exec", "-i", *(["-u", user] if user else []), name, *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(p.communicate(stdin or b""), 120)
-        return p.returncode if p.returncode is not None else -1, out, err
-
-    return run
 
 
 @contextlib.contextmanager
@@ -330,6 +291,41 @@ def test_an_install_the_kit_refuses_names_its_fix(
         assert copied == ["/usr/local/sbin/.q2.new"]
         sums = c.exec(["sha256sum", "/usr/local/sbin/q1", "/usr/local/sbin/q2"]).stdout.split()
         assert sums[0] == sums[2] and b"q2" in sums[3]
+
+
+def live_uids(b: Box) -> list[str]:
+    """The UID of each live (non-zombie) process of the container, by `docker top` (no exec)."""
+    top = b.client.api.top(b.id, ps_args="-o pid,uid,stat")
+    return [p[1] for p in top["Processes"] or [] if not p[2].startswith("Z")]
+
+
+def test_a_sidecar_for_several_sandbox_users(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    other = str(int(UID) + 1)
+    with plain_box(client) as b:
+        c = Container.from_exec(cli_exec("docker", b.name), name=b.name)
+        with pytest.raises(ValueError, match="no sandbox user given"):
+            start_sidecar(c, [], binary=quiesce_bin)
+        assert b.pids() == 1  # refused before anything went in or ran
+        sc = start_sidecar(c, [UID, other], binary=quiesce_bin)
+        assert sc.started and sorted(sc.sandbox_uids) == [int(UID), int(other)]
+        # The same users in another order: the running sidecar, unchanged.
+        again = start_sidecar(c, (other, UID), binary=quiesce_bin)
+        assert (again.pid, again.started) == (sc.pid, False)
+        with pytest.raises(SidecarRefused, match="sandbox UIDs"):
+            start_sidecar(c, UID, binary=quiesce_bin)
+        for u in (UID, other):
+            cmd = [sc.binary, "exec", "--user", u, "--", "sleep", "1000"]
+            b.client.api.exec_start(b.client.api.exec_create(b.id, cmd)["Id"], detach=True)
+        support.until(
+            lambda: {UID, other} <= set(live_uids(b)), 30, "a sandbox user's sleep never ran"
+        )
+        r = freeze(sc.container, nonce="two-users")
+        assert r.state == "quiescent" and r.killed >= 2 and r.marker is not None
+        support.until(
+            lambda: not {UID, other} & set(live_uids(b)), 5, "a sandbox user's process outlived"
+        )
 
 
 PODMAN_RUN = [

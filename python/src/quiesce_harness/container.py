@@ -57,6 +57,17 @@ _NOT_FOUND = ("executable file not found", "no such file or directory")
 _NO_FORK = ("cannot fork", "resource temporarily unavailable", "can't fork")
 
 
+def sandbox_user_args(users: str | Sequence[str]) -> list[str]:
+    """`--sandbox-user U` for each of `users` (one name or UID, or a sequence of them), as
+    quiesce's init, sidecar and verify take them."""
+    return [a for u in user_list(users) for a in ("--sandbox-user", u)]
+
+
+def user_list(users: str | Sequence[str]) -> list[str]:
+    """One user, or a sequence of them, as a list (a str is one name, not its letters)."""
+    return [users] if isinstance(users, str) else list(users)
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """One exec in the container; `started` is False when the engine could not start it."""

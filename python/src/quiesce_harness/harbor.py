@@ -73,7 +73,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.verifier.verifier import Verifier
 
 from .binary import binary_path
-from .container import SAFE_PATH, Container
+from .container import SAFE_PATH, Container, sandbox_user_args
 from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
 from .freeze import freeze
 from .marker import verify_marker
@@ -485,9 +485,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         box = g.container
         if box is None or g.gate is None:  # verifier_gate opens only after a freeze
             raise Unreachable(f"{self.session_id}: no freeze to gate the verifier with")
-        opts = ["--nonce", g.gate]
-        for u in g.users:
-            opts += ["--sandbox-user", u]
+        opts = ["--nonce", g.gate, *sandbox_user_args(g.users)]
         # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
         # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
         # Harbor's bash, quiesce and the bash after `--` are found through the kit's fixed
@@ -527,19 +525,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def _start_sidecar(self) -> None:
         g = self._guard
         box = self._as_container()
-        users = g.users
 
         def go() -> Any:
-            extra: list[str] = []
-            for u in users[1:]:
-                extra += ["--sandbox-user", u]
             return start_sidecar(
-                box,
-                users[0],
-                arch=g.arch,
-                install_path=g.install_path,
-                extra_args=extra,
-                timeout=120,
+                box, g.users, arch=g.arch, install_path=g.install_path, timeout=120
             )
 
         sc = await asyncio.to_thread(go)
@@ -634,9 +623,7 @@ class _ComposeInit:
                 "under quiesce: give the main service a command"
             )
         g.key_dir, g.public_key = _make_key()
-        init = [INIT_BINARY]
-        for u in g.users:
-            init += ["--sandbox-user", u]
+        init = [INIT_BINARY, *sandbox_user_args(g.users)]
         init += ["--signing-key", f"{INIT_KEY_DIR}/signing.key", "--", *entry]
         svc: dict[str, Any] = {
             "entrypoint": init,

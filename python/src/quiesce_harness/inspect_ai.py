@@ -124,7 +124,7 @@ from inspect_ai.hooks import (
 )
 from inspect_ai.util import LimitExceededError
 
-from .container import DEFAULT_STATE_DIR, Container
+from .container import DEFAULT_STATE_DIR, Container, sandbox_user_args
 from .errors import QuiesceError
 from .freeze import freeze
 from .marker import key_id, load_public_key, verify_marker
@@ -284,17 +284,13 @@ def _setting_hint(e: Exception) -> str:
 
 
 def _start(container: Container, users: list[str]) -> Any:
-    extra: list[str] = []
-    for u in users[1:]:
-        extra += ["--sandbox-user", u]
     return start_sidecar(
         container,
-        users[0],
+        users,
         state_dir=os.environ.get(STATE_SETTING) or DEFAULT_STATE_DIR,
         install_path=os.environ.get(INSTALL_SETTING) or DEFAULT_INSTALL_PATH,
         arch=os.environ.get(ARCH_SETTING) or None,
         timeout=START_TIMEOUT_S,
-        extra_args=extra,
     )
 
 
@@ -646,7 +642,7 @@ def _init_service(svc: dict[str, Any], user: str, argv: list[str], binary: Path)
     """Rewrite one service (in place) so that quiesce is its init, guarding `user`."""
     bare = user.split(":")[0]
     others = [u for u in _users_setting() if u != bare]
-    guard_args = [a for u in [bare, *others] for a in ("--sandbox-user", u)]
+    guard_args = sandbox_user_args([bare, *others])
     state = os.environ.get(STATE_SETTING)
     state_args = ["--state-dir", state] if state else []
     svc["user"] = "0"

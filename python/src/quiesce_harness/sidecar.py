@@ -42,7 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from .binary import binary_path
-from .container import DEFAULT_STATE_DIR, SAFE_PATH, Container, ExecResult
+from .container import (
+    DEFAULT_STATE_DIR,
+    SAFE_PATH,
+    Container,
+    ExecResult,
+    sandbox_user_args,
+    user_list,
+)
 from .errors import InstallFailed, MarkerInvalid, SidecarRefused, Unreachable
 from .marker import load_public_key
 
@@ -150,7 +157,7 @@ class Sidecar:
 
 def start_sidecar(
     container: Container,
-    sandbox_user: str,
+    sandbox_user: str | Sequence[str],
     *,
     state_dir: str = DEFAULT_STATE_DIR,
     binary: str | Path | None = None,
@@ -161,6 +168,9 @@ def start_sidecar(
     user: str | None = None,
 ) -> Sidecar:
     """Put quiesce into the sandbox and start it as a sidecar for `sandbox_user`; return it.
+
+    `sandbox_user` is one user (a name or a UID) or a sequence of them: the sidecar guards the
+    processes of every one (ValueError for an empty sequence).
 
     `binary` is the local quiesce binary to put in (default: the kit's packaged one for the
     sandbox's architecture, which `uname -m` names there, or `arch`). `extra_args` go to
@@ -174,14 +184,16 @@ def start_sidecar(
     the sidecar's own line when it refused to start, and Unreachable when the sandbox could
     not be reached.
     """
+    users = user_list(sandbox_user)
+    if not users:
+        raise ValueError("start_sidecar: no sandbox user given: name at least one")
     deadline = time.monotonic() + timeout
     as_user = container.root_user if user is None else user
     _install(container, binary, arch, install_path, as_user, deadline)
     argv = [
         install_path,
         "sidecar",
-        "--sandbox-user",
-        sandbox_user,
+        *sandbox_user_args(users),
         "--state-dir",
         state_dir,
         *extra_args,
@@ -190,19 +202,20 @@ def start_sidecar(
     if not r.started:
         raise Unreachable(f"{container.name}: the sidecar's exec could not start ({r.text})")
     sc = _sidecar(container, install_path, r)
-    _check_guards(sc, sandbox_user)
+    _check_guards(sc, users)
     return sc
 
 
-def _check_guards(sc: Sidecar, sandbox_user: str) -> None:
+def _check_guards(sc: Sidecar, users: Sequence[str]) -> None:
     """A sidecar already running answers a second start with its own line: one started for
-    another user guards that user's processes, not these. A UID given is compared here; a name
-    only the sidecar can resolve, and it refuses a second start whose users resolve otherwise."""
-    if sandbox_user.isdigit() and sc.sandbox_uids != (int(sandbox_user),):
+    other users guards their processes, not these. Users given all as UIDs are compared here
+    (in any order, as the sidecar compares them); a name only the sidecar can resolve, and it
+    refuses a second start whose users resolve otherwise."""
+    if all(u.isdigit() for u in users) and set(sc.sandbox_uids) != {int(u) for u in users}:
         raise SidecarRefused(
             f"a sidecar (pid {sc.pid}) already runs in {sc.state_dir} for sandbox UIDs "
-            f"{list(sc.sandbox_uids)}, not {sandbox_user}: stop it (kill -TERM {sc.pid} in "
-            "the sandbox) or start this one for the same user",
+            f"{list(sc.sandbox_uids)}, not {','.join(users)}: stop it (kill -TERM {sc.pid} in "
+            "the sandbox) or start this one for the same users",
             2,
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from .container import Container
+from .container import Container, sandbox_user_args
 from .errors import Unreachable
 
 # Set in the verifier's exec so that the container's environment (an image's ENV) cannot accept
@@ -66,7 +66,7 @@ def run_verifier(
     if nonce is not None:
         opts += ["--nonce", nonce]
     if sandbox_user is not None:
-        opts += ["--sandbox-user", sandbox_user]
+        opts += sandbox_user_args(sandbox_user)
     if max_age_s is not None:
         opts += ["--max-age", str(max_age_s)]
     env: dict[str, str] | None = None

@@ -108,6 +108,40 @@ async def rollout_verify(
         await env.stop(delete=True)
 
 
+class RootCommandPlanes(QuiescePlanes):
+    """QuiescePlanes whose harden_before_verify also runs `command` as root, a process of the
+    image's own: before the kit's freeze (`before=True`) or once it is over."""
+
+    def __init__(self, command: str, *, before: bool = False) -> None:
+        super().__init__()
+        self.command, self.before = command, before
+
+    async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
+        if self.before:
+            await self._run(a[0])
+        await super().harden_before_verify(*a, **kw)
+        if not self.before:
+            await self._run(a[0])
+
+    async def _run(self, env: Any) -> None:
+        r = await env.exec(self.command, user="root")
+        assert r.return_code == 0, f"{self.command!r} as root: exit {r.return_code}: {r.stdout}"
+
+
+# A root process of the image's that starts the forger again as the sandbox user.
+FORGER_AS_AGENT = f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}"
+
+
+def forger_restarted(tmp_path: Path, image: str, project: str, command: str) -> str:
+    """The verifier's error of a rollout whose freeze held (quiescent) and after which a root
+    `command` started the forger again: no reward is kept."""
+    planes = RootCommandPlanes(command)
+    rewards, error = asyncio.run(rollout_verify(tmp_path, image, project, planes, [REWARD_FORGER]))
+    assert rewards is None and error is not None, (rewards, error)
+    assert planes.results[0].state == "quiescent"
+    return error
+
+
 def _kill_main(project: str) -> None:
     # BenchFlow's stop gives a PID 1 that ignores SIGTERM (sh, sleep) 5 s: not spent here.
     c = docker.from_env()
@@ -213,17 +247,10 @@ def test_quiesce_planes_through_a_bomb_at_the_pids_limit(
 def test_a_failed_freeze_keeps_no_reward(tmp_path: Path, task_image: str, project: str) -> None:
     # A root daemon forking all the time makes the freeze fail: BenchFlow records the raise
     # as a verifier error and keeps no reward.
-    daemon = support.ROOT_DAEMON_BACKGROUND
-
-    async def run() -> tuple[dict[str, float] | None, str | None]:
-        class Planes(QuiescePlanes):
-            async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
-                await a[0].exec(daemon, user="root")
-                await super().harden_before_verify(*a, **kw)
-
-        return await rollout_verify(tmp_path, task_image, project, Planes(), [REWARD_FORGER])
-
-    rewards, error = asyncio.run(run())
+    planes = RootCommandPlanes(support.ROOT_DAEMON_BACKGROUND, before=True)
+    rewards, error = asyncio.run(
+        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
+    )
     assert rewards is None
     assert error is not None and "vouch" in error
 
@@ -234,20 +261,8 @@ def test_a_sandbox_process_started_after_the_freeze_stops_the_scoring(
 ) -> None:
     # A root process of the image starts the forger again as the sandbox user once the freeze
     # is over: quiesce verify's live probe, before BenchFlow's verifier, finds it alive.
-    again = f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}"
-
-    class Planes(QuiescePlanes):
-        async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
-            await super().harden_before_verify(*a, **kw)
-            await a[0].exec(again, user="root")
-
-    planes = Planes()
-    rewards, error = asyncio.run(
-        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
-    )
-    assert rewards is None
-    assert error is not None and "exited 16" in error and "alive" in error
-    assert planes.results[0].state == "quiescent"
+    error = forger_restarted(tmp_path, task_image, project, FORGER_AS_AGENT)
+    assert "exited 16" in error and "alive" in error
 
 
 @pytest.mark.parametrize("task_image", [BARE], indirect=True)
@@ -352,22 +367,10 @@ def test_a_sandbox_process_started_once_the_gate_passed_drops_the_reward(
     # A root service of the image that starts the sandbox user's forger again once BenchFlow
     # has uploaded the tests (after the gate's probe, while test.sh runs): the probe after the
     # scoring finds it alive, and the reward is dropped.
-    job = f"su -s /bin/sh agent -c {shlex.quote(REWARD_FORGER)}"
     later = (
         "nohup sh -c "
-        + shlex.quote(f"while [ ! -e /tests/test.sh ]; do sleep 0.02; done; {job}")
+        + shlex.quote(f"while [ ! -e /tests/test.sh ]; do sleep 0.02; done; {FORGER_AS_AGENT}")
         + " >/dev/null 2>&1 &"
     )
-
-    class Planes(QuiescePlanes):
-        async def harden_before_verify(self, *a: Any, **kw: Any) -> None:
-            await super().harden_before_verify(*a, **kw)
-            await a[0].exec(later, user="root")
-
-    planes = Planes()
-    rewards, error = asyncio.run(
-        rollout_verify(tmp_path, task_image, project, planes, [REWARD_FORGER])
-    )
-    assert rewards is None
-    assert error is not None and "after the scoring exited 16" in error and "alive" in error
-    assert planes.results[0].state == "quiescent"
+    error = forger_restarted(tmp_path, task_image, project, later)
+    assert "after the scoring exited 16" in error and "alive" in error

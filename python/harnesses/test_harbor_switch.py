@@ -336,6 +336,17 @@ def test_the_sidecar_path(tmp_path: Path, images: dict[str, str]) -> None:
 # --- failure is loud: an exception for the trial, and no reward --------------------------------
 
 
+def honest_trial_fails(
+    tmp: Path, images: dict[str, str], exception: str, *opts: str, compose: str = ""
+) -> Outcome:
+    """A trial of an honest task on the plain image, started with the switch and `opts`, that
+    must end in `exception` with no reward: a refusal, not a score."""
+    task = make_task(tmp, "honest", images["plain"], HONEST, compose=compose)
+    o = start_one(tmp, task, *SWITCH, *opts)
+    assert o.reward is None and o.exception == exception, o
+    return o
+
+
 @pytest.mark.parametrize(("image", "via"), [("spawner", []), ("daemon", SIDECAR)])
 def test_a_failed_freeze_keeps_no_reward(
     tmp_path: Path, images: dict[str, str], image: str, via: list[str]
@@ -348,9 +359,7 @@ def test_a_failed_freeze_keeps_no_reward(
 def test_an_architecture_with_no_binary_fails_the_trial(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
-    task = make_task(tmp_path, "honest", images["plain"], HONEST)
-    o = start_one(tmp_path, task, *SWITCH, "--environment-kwarg", "arch=riscv64")
-    assert o.reward is None and o.exception == "InstallFailed", o
+    o = honest_trial_fails(tmp_path, images, "InstallFailed", "--environment-kwarg", "arch=riscv64")
     assert "riscv64" in o.message and "x86_64" in o.message, o
 
 
@@ -359,9 +368,7 @@ def test_a_read_only_root_fails_naming_the_fix(
     tmp_path: Path, images: dict[str, str], via: list[str], fix: str
 ) -> None:
     ro = "services:\n  main:\n    read_only: true\n"
-    task = make_task(tmp_path, "honest", images["plain"], HONEST, compose=ro)
-    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
-    assert o.reward is None and o.exception == "InstallFailed", o
+    o = honest_trial_fails(tmp_path, images, "InstallFailed", *PIDS, *via, compose=ro)
     assert fix in o.message, o
 
 
@@ -369,9 +376,7 @@ def test_a_main_service_not_root_fails_the_init_naming_the_fix(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
     as_agent = "services:\n  main:\n    user: '1000'\n"
-    task = make_task(tmp_path, "honest", images["plain"], HONEST, compose=as_agent)
-    o = start_one(tmp_path, task, *SWITCH, *PIDS)
-    assert o.reward is None and o.exception == "InstallFailed", o
+    o = honest_trial_fails(tmp_path, images, "InstallFailed", *PIDS, compose=as_agent)
     assert "root" in o.message, o
 
 
@@ -389,9 +394,7 @@ def test_a_bare_uid_from_the_command_line_is_the_sandbox_user(
 def test_the_sidecar_refuses_a_sandbox_without_no_new_privileges(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
-    task = make_task(tmp_path, "honest", images["plain"], HONEST)
-    o = start_one(tmp_path, task, *SWITCH, "--environment-kwarg", "via=sidecar")
-    assert o.reward is None and o.exception == "MarkerInvalid", o
+    o = honest_trial_fails(tmp_path, images, "MarkerInvalid", "--environment-kwarg", "via=sidecar")
     assert "accept_privilege_escalation=true" in o.message, o
 
 

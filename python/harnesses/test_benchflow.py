@@ -9,7 +9,9 @@ sandbox user."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,25 @@ def make_task(root: Path, image: str, compose: str = "", *, nnp: bool = True) ->
     return t
 
 
+@contextlib.asynccontextmanager
+async def started_sandbox(
+    tmp_path: Path, image: str, project: str, compose: str = "", *, nnp: bool = True
+) -> AsyncIterator[tuple[Any, Task, RolloutPaths]]:
+    """BenchFlow's DockerSandbox of a task made here, started: its environment, the task and
+    the rollout's paths; stopped and deleted on exit."""
+    path = make_task(tmp_path, image, compose, nnp=nnp)
+    task = Task(path)
+    rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
+    rp.mkdir()
+    env = _create_environment("docker", task, path, project, rp)
+    await env.start(force_build=False)
+    try:
+        yield env, task, rp
+    finally:
+        _kill_main(project)
+        await env.stop(delete=True)
+
+
 async def rollout_verify(
     tmp_path: Path,
     image: str,
@@ -75,13 +96,7 @@ async def rollout_verify(
     wrote: bool = True,
     nnp: bool = True,
 ) -> tuple[dict[str, float] | None, str | None]:
-    path = make_task(tmp_path, image, compose, nnp=nnp)
-    task = Task(path)
-    rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
-    rp.mkdir()
-    env = _create_environment("docker", task, path, project, rp)
-    await env.start(force_build=False)
-    try:
+    async with started_sandbox(tmp_path, image, project, compose, nnp=nnp) as (env, task, rp):
         # As Rollout.install_agent: the workspace, then the sandbox user's plane (where
         # QuiescePlanes starts quiesce), then the agent.
         await env.exec("mkdir -p /app", user="root")
@@ -103,9 +118,6 @@ async def rollout_verify(
             env, task, rp, {}, planes, sandbox_user="agent", workspace="/app"
         )
         return rewards, error
-    finally:
-        _kill_main(project)
-        await env.stop(delete=True)
 
 
 class RootCommandPlanes(QuiescePlanes):
@@ -288,13 +300,7 @@ def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(
 
     async def run() -> tuple[str, dict[str, float] | None, str | None]:
         planes = QuiescePlanes()
-        path = make_task(tmp_path, task_image, compose)
-        task = Task(path)
-        rp = RolloutPaths(rollout_dir=tmp_path / "rollout")
-        rp.mkdir()
-        env = _create_environment("docker", task, path, project, rp)
-        await env.start(force_build=False)
-        try:
+        async with started_sandbox(tmp_path, task_image, project, compose) as (env, task, rp):
             with pytest.raises(InstallFailed) as e:
                 await planes.setup_sandbox_user(env, "agent", workspace="/workspace")
             await env.exec(REWARD_FORGER, user="agent")
@@ -302,9 +308,6 @@ def test_a_read_only_root_file_system_stops_the_rollout_naming_the_fix(
                 env, task, rp, {}, planes, sandbox_user="agent", workspace="/workspace"
             )
             return str(e.value), rewards, error
-        finally:
-            _kill_main(project)
-            await env.stop(delete=True)
 
     said, rewards, error = asyncio.run(run())
     assert "read-only root file system install_path= must name a writable" in said

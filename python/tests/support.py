@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -342,21 +342,70 @@ def box(
     environment: dict[str, str] | None = None,
 ) -> Iterator[Box]:
     """A test container; `no_new_privileges=False` starts it as Docker does by default."""
-    name = f"{PREFIX}{uuid.uuid4().hex[:10]}"
-    ctr = client.containers.run(
+    ctr = run_container(
+        client,
         image,
-        detach=True,
-        name=name,
-        labels={LABEL: "1", **(labels or {})},
-        network_mode="none",
-        pids_limit=pids_limit or PIDS_LIMIT,
-        security_opt=[SECURITY_OPT] if no_new_privileges else None,
+        pids_limit=pids_limit,
+        labels=labels,
+        no_new_privileges=no_new_privileges,
         environment=environment,
     )
     b = Box(client, ctr)
     try:
         b.wait_running()
         yield b
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            ctr.remove(force=True)
+
+
+def run_container(
+    client: docker.DockerClient,
+    image: str,
+    command: list[str] | None = None,
+    *,
+    kind: str = "",
+    pids_limit: int | None = None,
+    labels: dict[str, str] | None = None,
+    no_new_privileges: bool = True,
+    **run: Any,
+) -> DockerContainer:
+    """A detached test container as every test starts one: named with the prefix (then `kind`)
+    and labelled for its removal, no network, the pids limit, and no-new-privileges unless
+    told; `run` goes to the engine as given."""
+    return client.containers.run(
+        image,
+        command,
+        detach=True,
+        name=f"{PREFIX}{kind}{uuid.uuid4().hex[:10]}",
+        labels={LABEL: "1", **(labels or {})},
+        network_mode="none",
+        pids_limit=pids_limit or PIDS_LIMIT,
+        security_opt=[SECURITY_OPT] if no_new_privileges else None,
+        **run,
+    )
+
+
+@contextlib.contextmanager
+def foreign_box(
+    client: docker.DockerClient,
+    image: str,
+    command: list[str],
+    *,
+    kind: str = "",
+    workspace: bool = True,
+    **run: Any,
+) -> Iterator[Box]:
+    """A test container whose PID 1 is `command`, not quiesce, with /workspace the sandbox
+    user's unless `workspace=False`; removed on exit."""
+    ctr = run_container(client, image, command, kind=kind, **run)
+    try:
+        if workspace:
+            rc, out = ctr.exec_run(
+                ["/bin/sh", "-c", f"mkdir -p /workspace && chown {AGENT_UID} /workspace"]
+            )
+            assert rc == 0, out
+        yield Box(client, ctr)
     finally:
         with contextlib.suppress(docker.errors.DockerException):
             ctr.remove(force=True)

@@ -10,8 +10,9 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -130,19 +131,11 @@ class RefusedExecs(Container):
 
     refuse: int = 0
 
-    def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        timeout: float = 60.0,
-        env: Mapping[str, str] | None = None,
-        image_path: bool = False,
-    ) -> ExecResult:
+    def exec(self, argv: Sequence[str], **kw: Any) -> ExecResult:
         if self.refuse > 0:
             object.__setattr__(self, "refuse", self.refuse - 1)
             return ExecResult(126, b"", b"OCI runtime exec failed: read init-p", started=False)
-        return super().exec(argv, user=user, timeout=timeout, env=env, image_path=image_path)
+        return super().exec(argv, **kw)
 
 
 def test_the_bomb_at_the_pids_limit_through_the_engines_signal(
@@ -204,21 +197,10 @@ def test_unreachable_inits(client: docker.DockerClient) -> None:
 
 
 def test_an_image_whose_init_is_not_quiesce(client: docker.DockerClient) -> None:
-    name = "qhk-plain-" + str(time.monotonic_ns())
-    ctr = client.containers.run(
-        "debian:bookworm-slim",
-        ["sleep", "infinity"],
-        detach=True,
-        name=name,
-        labels={support.LABEL: "1"},
-        network_mode="none",
-        security_opt=[support.SECURITY_OPT],
-    )
-    try:
-        with pytest.raises(Unreachable, match="not found"):
-            freeze(Container.docker(name, client=client), timeout=5)
-    finally:
-        ctr.remove(force=True)
+    sleep = ["sleep", "infinity"]
+    plain = support.foreign_box(client, "debian:bookworm-slim", sleep, workspace=False)
+    with plain as b, pytest.raises(Unreachable, match="not found"):
+        freeze(Container.docker(b.name, client=client), timeout=5)
 
 
 def test_compose_service_found_by_its_labels(client: docker.DockerClient) -> None:

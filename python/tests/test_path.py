@@ -14,8 +14,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import docker
@@ -116,33 +115,15 @@ def test_a_relative_binary_in_a_directory_the_sandbox_user_owns_is_refused(
         assert "'no-such-quiesce' not found" in str(e.value) and "binary=" in str(e.value)
 
 
-@contextlib.contextmanager
-def bare(client: docker.DockerClient) -> Iterator[Box]:
+def bare(client: docker.DockerClient) -> contextlib.AbstractContextManager[Box]:
     """debian:bookworm-slim running sleep as PID 1, its PATH the sandbox user's first."""
     try:
         client.images.get(BASE)
     except docker.errors.ImageNotFound:
         subprocess.run(["bash", str(support.REPO / "docker/base-images")], check=True)
-    ctr = client.containers.run(
-        BASE,
-        ["sleep", "infinity"],
-        detach=True,
-        name=f"{support.PREFIX}path-{uuid.uuid4().hex[:10]}",
-        labels={support.LABEL: "1"},
-        network_mode="none",
-        pids_limit=support.PIDS_LIMIT,
-        security_opt=[support.SECURITY_OPT],
-        environment={"PATH": IMAGE_PATH},
+    return support.foreign_box(
+        client, BASE, ["sleep", "infinity"], kind="path-", environment={"PATH": IMAGE_PATH}
     )
-    try:
-        rc, out = ctr.exec_run(
-            ["/bin/sh", "-c", f"mkdir -p /workspace && chown {support.AGENT_UID} /workspace"]
-        )
-        assert rc == 0, out
-        yield Box(client, ctr)
-    finally:
-        with contextlib.suppress(docker.errors.DockerException):
-            ctr.remove(force=True)
 
 
 @pytest.mark.parametrize("through", ["docker", "exec"])

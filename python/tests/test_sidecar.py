@@ -114,32 +114,14 @@ def busybox_image(client: docker.DockerClient) -> str:
     return BUSYBOX
 
 
-@contextlib.contextmanager
 def plain_box(
     client: docker.DockerClient, pid1: str = "sleep", *, workspace: bool = True, **run: Any
-) -> Iterator[Box]:
+) -> contextlib.AbstractContextManager[Box]:
     """A container whose PID 1 is `pid1`'s, not quiesce, with /workspace the sandbox user's."""
     image, cmd, init = PID1[pid1]
-    ctr = client.containers.run(
-        image,
-        cmd,
-        detach=True,
-        name=f"{PREFIX}sc-{uuid.uuid4().hex[:10]}",
-        labels={support.LABEL: "1"},
-        network_mode="none",
-        pids_limit=support.PIDS_LIMIT,
-        security_opt=[support.SECURITY_OPT],
-        init=init,
-        **run,
+    return support.foreign_box(
+        client, image, cmd, kind="sc-", workspace=workspace, init=init, **run
     )
-    try:
-        if workspace:
-            rc, out = ctr.exec_run(["sh", "-c", f"mkdir -p /workspace && chown {UID} /workspace"])
-            assert rc == 0, out
-        yield Box(client, ctr)
-    finally:
-        with contextlib.suppress(docker.errors.DockerException):
-            ctr.remove(force=True)
 
 
 def outside_parents(b: Box) -> list[int]:

@@ -93,3 +93,19 @@ fn a_missing_proc_says_mount_proc() {
     );
     one_line_refusal(&out, "no /proc", &["/proc", "mount proc"]);
 }
+
+#[test]
+fn a_state_dir_made_under_a_tight_umask_is_root_s_and_0755() {
+    // The init makes a missing state dir, then sets its mode on a descriptor: under umask 077
+    // it would be 0700 and the verifier, not root, could not read the marker. The mode is set
+    // the same way whatever the C library (a chmod of an O_PATH descriptor is EBADF in the
+    // kernel); scripts/test runs this file against a glibc build too.
+    let out = in_namespaces(
+        "umask 077 && mount -t proc proc /proc && $Q --state-dir $D/made/state --sandbox-user 4276 \
+         -- echo ran && stat -c '%a %u' $D/made/state",
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ran\n755 0\n", "{err}");
+}

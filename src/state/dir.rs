@@ -232,18 +232,26 @@ impl StateDir {
             };
             let dir = crate::kernel::dirfd::open_dir(parent).map_err(|e| create_error(path, &e))?;
             match crate::kernel::dirwrite::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
-                Ok(()) => {
-                    // The umask may have taken bits away; set them on what was opened and checked.
-                    let made = StateDir::open(path)?;
-                    crate::kernel::dirwrite::fchmod(&made.fd, 0o755)
-                        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
-                    return Ok(made);
-                }
+                Ok(()) => return StateDir::made(&dir, name, path),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(create_error(path, &e)),
             }
         }
         StateDir::open(path)
+    }
+
+    /// The directory `name` just made in `parent`, given its mode 0755 (the umask may have taken
+    /// bits away) and checked. It is opened through the parent without following a link, and for
+    /// reading: `fchmod` on the O_PATH descriptor `open` takes is EBADF in the kernel, which one C
+    /// library hides by going through /proc and another does not. The descriptor chmodded is the
+    /// one checked and kept, so nothing put at the path meanwhile is taken for it.
+    fn made(parent: &OwnedFd, name: &std::ffi::OsStr, path: &Path) -> Result<StateDir, String> {
+        let chmod_error = |e: io::Error| format!("cannot chmod {}: {e}", path.display());
+        let fd = crate::kernel::dirfd::open_dir_at(parent, name).map_err(chmod_error)?;
+        crate::kernel::dirwrite::fchmod(&fd, 0o755).map_err(chmod_error)?;
+        let st = crate::kernel::stat::fstat(&fd).map_err(|e| format!("state dir {}: {e}", path.display()))?;
+        check_dir(&st, path)?;
+        Ok(StateDir { path: path.to_path_buf(), fd })
     }
 
     /// An existing subdirectory, opened through this one and checked like it.

@@ -6,7 +6,7 @@ use crate::kernel::process::Pid;
 use crate::kernel::users::{self, resolve_uids};
 use crate::observe::procs::model::Detail;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::published::published;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -27,11 +27,11 @@ struct PsRow<'a> {
     reasons: Vec<&'static str>,
 }
 
-fn tree_order(snap: &Snapshot) -> Vec<(Pid, usize)> {
+fn tree_order(snap: &Table) -> Vec<(Pid, usize)> {
     let mut kids: BTreeMap<Pid, Vec<Pid>> = BTreeMap::new();
     let mut roots = Vec::new();
-    for p in snap.procs.values() {
-        if snap.procs.contains_key(&p.ppid) && p.ppid != p.pid {
+    for p in snap.values() {
+        if snap.contains_key(&p.ppid) && p.ppid != p.pid {
             kids.entry(p.ppid).or_default().push(p.pid);
         } else {
             roots.push(p.pid);
@@ -40,7 +40,7 @@ fn tree_order(snap: &Snapshot) -> Vec<(Pid, usize)> {
     let mut out = Vec::new();
     let mut stack: Vec<(Pid, usize)> = roots.into_iter().rev().map(|p| (p, 0)).collect();
     while let Some((pid, d)) = stack.pop() {
-        if out.len() > snap.procs.len() {
+        if out.len() > snap.len() {
             break;
         }
         out.push((pid, d));
@@ -74,7 +74,7 @@ pub fn ps(args: PsArgs) -> i32 {
     let pw = users::read_passwd();
     let rows: Vec<PsRow> = tree_order(&snap)
         .into_iter()
-        .filter_map(|(pid, depth)| snap.procs.get(&pid).map(|p| (p, depth)))
+        .filter_map(|(pid, depth)| snap.get(&pid).map(|p| (p, depth)))
         .map(|(p, depth)| {
             let mut all: Vec<u32> = p.all_uids().collect();
             all.sort();

@@ -496,7 +496,7 @@ fn live_probe(
     let tainted = Policy::new(uids, lineage).classify(&snap);
     let alive: Vec<String> = tainted
         .keys()
-        .filter_map(|pid| snap.procs.get(pid))
+        .filter_map(|pid| snap.get(pid))
         .filter(|p| p.alive())
         .map(|p| format!("{} ({}, uid {})", p.pid, p.comm, p.uid()))
         .collect();

@@ -19,7 +19,7 @@
 use crate::decide::taint::{Reason, Tainted};
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::launches::Launch;
 use std::collections::{HashMap, HashSet};
 
@@ -127,8 +127,8 @@ impl Launchers {
     }
 
     /// Forget launchers that are gone: a later process with the same pid is another process.
-    pub fn prune(&mut self, snap: &Snapshot) {
-        let live = |(pid, st): &(Pid, u64)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st);
+    pub fn prune(&mut self, snap: &Table) {
+        let live = |(pid, st): &(Pid, u64)| snap.get(pid).is_some_and(|p| p.start_time == *st);
         self.by_launcher.retain(|k, _| live(k));
         self.followed.retain(live);
     }
@@ -163,7 +163,7 @@ fn is_own(own: &[Own], p: &Proc) -> bool {
 /// same child as one during it. A launcher's other children, a root daemon that daemonized since,
 /// an orchestrator's `docker exec` are named too: they cannot be told apart from an escapee's.
 pub fn unfollowed_children<'a>(
-    snap: &'a Snapshot,
+    snap: &'a Table,
     tainted: &Tainted,
     launchers: &Launchers,
     init: Pid,
@@ -172,11 +172,10 @@ pub fn unfollowed_children<'a>(
     if !launchers.any_unfollowed() {
         return Vec::new();
     }
-    snap.procs
-        .values()
+    snap.values()
         .filter(|p| p.alive() && p.pid != init && !tainted.contains_key(&p.pid) && !is_own(own, p))
         .filter(|p| {
-            let parent = if p.ppid == 0 { None } else { snap.procs.get(&p.ppid) };
+            let parent = if p.ppid == 0 { None } else { snap.get(&p.ppid) };
             // A parent gone from the table, or read dead (the table reads each process at its own
             // moment: a child read before its parent exited still names it): nothing vouches,
             // and an escapee that exited is one. Its children belong to the init or a subreaper
@@ -229,24 +228,24 @@ impl Ancestry {
 
     /// Add what one observation shows. Every observation of the freeze is noted: a chain can
     /// change between them (a parent exits, its children move to a subreaper).
-    pub fn note(&mut self, snap: &Snapshot, tainted: &Tainted, init: Pid) {
+    pub fn note(&mut self, snap: &Table, tainted: &Tainted, init: Pid) {
         let mut walked: HashSet<Pid> = HashSet::new();
         for (pid, why) in tainted {
             if why.contains(&Reason::Lineage) {
                 continue;
             }
-            let Some(mut cur) = snap.procs.get(pid) else { continue };
+            let Some(mut cur) = snap.get(pid) else { continue };
             // A followed launch read before it tagged itself (as root, in transit) is lineage's.
             if self.followed.contains(&(cur.pid, cur.start_time)) {
                 continue;
             }
-            // Bounded by the snapshot: each hop moves to another process of it, once per call.
-            for _ in 0..=snap.procs.len() {
+            // Bounded by the table: each hop moves to another process of it, once per call.
+            for _ in 0..=snap.len() {
                 if cur.ppid == 0 {
                     self.outside |= cur.pid != init && cur.pid != 1;
                     break;
                 }
-                let Some(parent) = snap.procs.get(&cur.ppid) else { break };
+                let Some(parent) = snap.get(&cur.ppid) else { break };
                 self.above.insert((parent.pid, parent.start_time));
                 if !walked.insert(parent.pid) {
                     break;
@@ -266,7 +265,7 @@ impl Ancestry {
 /// vouch, or outside when a sandbox process came from there. `now`: the pid counter at the
 /// observation. `own`: the init's own helper processes.
 pub fn orphaned<'a>(
-    snap: &'a Snapshot,
+    snap: &'a Table,
     tainted: &Tainted,
     ancestry: &Ancestry,
     since: &Since,
@@ -275,14 +274,13 @@ pub fn orphaned<'a>(
     own: &[Own],
 ) -> Vec<&'a Proc> {
     let new = |p: &Proc| p.alive() && since.born(p, now) && !tainted.contains_key(&p.pid) && !is_own(own, p);
-    snap.procs
-        .values()
+    snap.values()
         .filter(|p| new(p))
         .filter(|p| {
             let mut cur = *p;
-            // Bounded by the snapshot: each hop moves to another process of it.
-            for _ in 0..snap.procs.len() {
-                match snap.procs.get(&cur.ppid) {
+            // Bounded by the table: each hop moves to another process of it.
+            for _ in 0..snap.len() {
+                match snap.get(&cur.ppid) {
                     Some(parent) if new(parent) => cur = parent,
                     Some(parent) => {
                         return parent.pid == init
@@ -307,8 +305,8 @@ mod tests {
         Proc::fixture(pid, ppid, start_time, 0)
     }
 
-    fn snap(ps: &[Proc]) -> Snapshot {
-        Snapshot::of(ps)
+    fn snap(ps: &[Proc]) -> Table {
+        Table::of(ps)
     }
 
     #[test]
@@ -320,7 +318,7 @@ mod tests {
             proc(20, 1, 130),  // born during the freeze, reparented to the init: an orphan
             proc(21, 20, 131), // its child: named through it
             proc(30, 0, 140),  // entered from outside the namespace
-            proc(40, 77, 150), // its parent is gone from the snapshot
+            proc(40, 77, 150), // its parent is gone from the table
             proc(50, 1, 99),   // born before the freeze
             proc(60, 1, 160),  // the init's own helper
             proc(70, 1, 170),  // the sandbox's: marked, killed by the freeze
@@ -424,7 +422,7 @@ mod tests {
         assert!(orphaned(&s, &lineage, &a, &since, Some(99), 1, &[]).is_empty());
         // Another process with the launcher's pid is another process.
         let mut later = s.clone();
-        later.procs.insert(10, proc(10, 1, 50));
+        later.insert(10, proc(10, 1, 50));
         assert!(orphaned(&later, &tainted, &a, &since, Some(99), 1, &[]).iter().all(|p| p.pid != 40));
     }
 
@@ -441,7 +439,7 @@ mod tests {
         a.note(&s, &by_init, 1);
         assert!(orphaned(&s, &by_init, &a, &since, Some(99), 1, &[]).is_empty());
         let mut entered = s.clone();
-        entered.procs.insert(21, proc(21, 0, 8)); // `docker exec -u`: a sandbox process from outside
+        entered.insert(21, proc(21, 0, 8)); // `docker exec -u`: a sandbox process from outside
         let from_outside: Tainted = [(21, Reasons::of(&[Reason::Uid]))].into_iter().collect();
         a.note(&entered, &from_outside, 1);
         let got: Vec<Pid> =
@@ -472,7 +470,7 @@ mod tests {
         let got: Vec<Pid> = unfollowed_children(&s, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![60], "born since the launch under a dead parent; 61 is from before it");
         let mut alive = s.clone();
-        alive.procs.insert(70, proc(70, 1, 55));
+        alive.insert(70, proc(70, 1, 55));
         let got: Vec<Pid> = unfollowed_children(&alive, &tainted, &l, 1, &[]).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![70], "alive, the parent is refused itself and vouches for its child");
     }
@@ -515,7 +513,7 @@ mod tests {
         assert_eq!(got(&l, &[]), vec![12, 40, 50]);
         // The launcher gone, a later process with its pid is another process.
         let mut later = s.clone();
-        later.procs.insert(10, proc(10, 1, 95));
+        later.insert(10, proc(10, 1, 95));
         l.prune(&later);
         assert!(!unfollowed_children(&later, &tainted, &l, 1, &[]).iter().any(|p| p.pid == 12));
         // The launch's launcher is above it for newcomers during the freeze, unobserved.

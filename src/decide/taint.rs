@@ -2,7 +2,7 @@
 
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -150,19 +150,15 @@ impl Policy {
         r
     }
 
-    /// Classify every process of the snapshot. The init (pid 1 / ourselves) is never tainted.
+    /// Classify every process of the table. The init (pid 1 / ourselves) is never tainted.
     /// The work lists run beside the table, one byte per process, in its order.
-    pub fn classify(&self, snap: &Snapshot) -> Tainted {
+    pub fn classify(&self, snap: &Table) -> Tainted {
         let me = crate::kernel::process::getpid();
-        let direct: Vec<Reasons> = snap
-            .procs
-            .values()
-            .map(|p| if p.pid == me { Reasons::default() } else { self.direct(p) })
-            .collect();
+        let direct: Vec<Reasons> =
+            snap.values().map(|p| if p.pid == me { Reasons::default() } else { self.direct(p) }).collect();
         let ancestry = tainted_ancestors(snap, &direct, me);
         // In pid order: the map is built in one go, its nodes full.
-        snap.procs
-            .values()
+        snap.values()
             .zip(direct)
             .zip(ancestry)
             .filter(|((p, _), _)| p.pid != me)
@@ -176,12 +172,12 @@ impl Policy {
     }
 
     /// Remember every tainted process so that it stays tainted after it escapes its lineage.
-    pub fn remember(&mut self, snap: &Snapshot, tainted: &Tainted) {
+    pub fn remember(&mut self, snap: &Table, tainted: &Tainted) {
         // Forget identities that no longer exist, so the table stays as small as the namespace.
-        self.history.retain(|(pid, st)| snap.procs.get(pid).is_some_and(|p| p.start_time == *st));
+        self.history.retain(|(pid, st)| snap.get(pid).is_some_and(|p| p.start_time == *st));
         let new: Vec<(Pid, u64)> = tainted
             .keys()
-            .filter_map(|pid| snap.procs.get(pid))
+            .filter_map(|pid| snap.get(pid))
             .map(|p| (p.pid, p.start_time))
             .filter(|id| !self.history.contains(id))
             .collect();
@@ -193,8 +189,7 @@ impl Policy {
 /// direct reason? Each process is settled once (a 4,096-deep chain must not cost a walk up the
 /// chain per process). The chain stops at the init, at a parent outside the table, and after as
 /// many steps as the table has (a cycle, from pid reuse between reads).
-fn tainted_ancestors(snap: &Snapshot, direct: &[Reasons], me: Pid) -> Vec<bool> {
-    let t = &snap.procs;
+fn tainted_ancestors(t: &Table, direct: &[Reasons], me: Pid) -> Vec<bool> {
     let mut memo: Vec<Option<bool>> = vec![None; t.len()];
     let tainted = |i: usize| !direct[i].is_empty();
     let mut chain: Vec<usize> = Vec::new();
@@ -241,8 +236,8 @@ mod tests {
         Proc::fixture(pid, ppid, pid as u64 * 10, uid)
     }
 
-    fn snap(ps: Vec<Proc>) -> Snapshot {
-        Snapshot::of(&ps)
+    fn snap(ps: Vec<Proc>) -> Table {
+        Table::of(&ps)
     }
 
     #[test]

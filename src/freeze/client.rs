@@ -15,7 +15,7 @@
 use crate::decide::newcomers::Own;
 use crate::kernel::{pidfd, process::Pid};
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use std::os::fd::OwnedFd;
 
 /// The subcommand a client runs as.
@@ -73,8 +73,8 @@ impl Client {
 
     /// Its identity for the proof, while it is still that process, from outside and untraced,
     /// and started nothing that `snap` shows alive.
-    pub fn own(&self, reader: &Reader, snap: &Snapshot) -> Option<Own> {
-        if let Some(child) = snap.procs.values().find(|p| p.ppid == self.pid && p.alive()) {
+    pub fn own(&self, reader: &Reader, snap: &Table) -> Option<Own> {
+        if let Some(child) = snap.values().find(|p| p.ppid == self.pid && p.alive()) {
             log::info!(
                 "freeze client {}: not the init's own: a client starts no process, and {} ({}) is its child",
                 self.pid,

@@ -8,7 +8,7 @@ use crate::freeze::target;
 use crate::kernel::process::{self, Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::observe::settle;
 use std::collections::BTreeMap;
 use std::io;
@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 /// Depth of every process in the tree, in the table's order, each computed once: a 4,096-deep
 /// chain must not cost a walk up the chain per comparison.
-fn depths(snap: &Snapshot) -> Vec<u32> {
-    let t = &snap.procs;
+fn depths(t: &Table) -> Vec<u32> {
     let mut memo: Vec<Option<u32>> = vec![None; t.len()];
     let mut chain: Vec<usize> = Vec::new();
     for start in 0..t.len() {
@@ -79,7 +78,7 @@ impl Reach<'_> {
 /// What one kill aims at: the live sandbox processes of an observation that `reach` names.
 #[derive(Clone, Copy)]
 struct Aim<'a> {
-    snap: &'a Snapshot,
+    snap: &'a Table,
     tainted: &'a Tainted,
     reach: Reach<'a>,
 }
@@ -89,7 +88,7 @@ fn signal_each(reader: &Reader, aim: Aim, sig: i32) -> io::Result<usize> {
     let Aim { snap, tainted, reach } = aim;
     let mut targets: Vec<&Proc> = live(snap, tainted).filter(|p| reach.needs(p)).collect();
     let depth = depths(snap);
-    targets.sort_by_key(|p| std::cmp::Reverse(snap.procs.position(p.pid).map_or(0, |i| depth[i])));
+    targets.sort_by_key(|p| std::cmp::Reverse(snap.position(p.pid).map_or(0, |i| depth[i])));
     let mut n = 0;
     let mut pass = reader.pass()?;
     for p in targets {
@@ -112,7 +111,7 @@ fn sandbox_groups<'a>(aim: Aim<'a>) -> Vec<&'a Proc> {
     let own = process::getpgrp();
     // Per group: all live members are sandbox processes; some live member needs the group signal.
     let mut groups: BTreeMap<Pid, (bool, bool)> = BTreeMap::new();
-    for p in snap.procs.values().filter(|p| p.alive()) {
+    for p in snap.values().filter(|p| p.alive()) {
         let ok = tainted.contains_key(&p.pid);
         let needs = reach.needs(p);
         let g = groups.entry(p.pgid).or_insert((true, false));
@@ -122,7 +121,7 @@ fn sandbox_groups<'a>(aim: Aim<'a>) -> Vec<&'a Proc> {
     groups
         .into_iter()
         .filter(|&(g, (all, needs))| all && needs && g != own)
-        .filter_map(|(g, _)| snap.procs.get(&g).filter(|l| tainted.contains_key(&l.pid)))
+        .filter_map(|(g, _)| snap.get(&g).filter(|l| tainted.contains_key(&l.pid)))
         .collect()
 }
 
@@ -159,7 +158,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 impl Run<'_> {
     /// The first kill, of what the stop observed: every channel at once, then a short wait for
     /// the killed processes to exit.
-    pub fn kill(&mut self, snap: &Snapshot, tainted: &Tainted) -> Result<(), String> {
+    pub fn kill(&mut self, snap: &Table, tainted: &Tainted) -> Result<(), String> {
         let t = Instant::now();
         // kill(-1) reaches every stopped process it can reach, and anything one of them forks
         // before dying; the other channels go to the rest. A process some SIGCONT restarted after
@@ -185,7 +184,7 @@ impl Run<'_> {
 
     /// Every channel: the kernel-atomic kill(-1) as each sandbox UID, then pidfds and process
     /// groups for the processes `reach` names.
-    pub fn kill_channels(&mut self, snap: &Snapshot, tainted: &Tainted, reach: Reach) -> Result<(), String> {
+    pub fn kill_channels(&mut self, snap: &Table, tainted: &Tainted, reach: Reach) -> Result<(), String> {
         let sig = libc::SIGKILL;
         self.cred
             .kill_all_as(&self.policy.uids, sig)

@@ -10,7 +10,7 @@ use crate::freeze::run::Context;
 use crate::kernel::process::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::dir::Survivor;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ impl Run<'_> {
     /// the proof first found one that none vouches for, the start of the grace.
     pub fn vouched(
         &mut self,
-        snap: &Snapshot,
+        snap: &Table,
         tainted: &Tainted,
         ctx: &Context,
         first: &mut Option<Instant>,

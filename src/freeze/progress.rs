@@ -8,7 +8,7 @@ use crate::freeze::run::{Outcome, Reap};
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -18,13 +18,13 @@ pub fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-/// The live sandbox processes of a snapshot.
-pub fn live<'a>(snap: &'a Snapshot, tainted: &'a Tainted) -> impl Iterator<Item = &'a Proc> + 'a {
-    tainted.keys().filter_map(|pid| snap.procs.get(pid)).filter(|p| p.alive())
+/// The live sandbox processes of a table.
+pub fn live<'a>(snap: &'a Table, tainted: &'a Tainted) -> impl Iterator<Item = &'a Proc> + 'a {
+    tainted.keys().filter_map(|pid| snap.get(pid)).filter(|p| p.alive())
 }
 
-/// The live sandbox processes of a snapshot, as the status names them.
-pub fn survivors(snap: &Snapshot, tainted: &Tainted) -> Vec<Survivor> {
+/// The live sandbox processes of a table, as the status names them.
+pub fn survivors(snap: &Table, tainted: &Tainted) -> Vec<Survivor> {
     live(snap, tainted)
         .map(|p| Survivor { pid: p.pid, uid: p.uid(), state: p.state, comm: p.comm.to_string() })
         .collect()

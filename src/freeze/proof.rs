@@ -9,7 +9,7 @@ use crate::freeze::progress::{ms, survivors, Run};
 use crate::freeze::run::{Context, Outcome};
 use crate::kernel::process::{self, Pid};
 use crate::observe::consistency::{self, Observed};
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::dir::Survivor;
 use std::io;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ impl Run<'_> {
     /// texts name it.
     pub fn prove(
         mut self,
-        table: &mut Snapshot,
+        table: &mut Table,
         walked: &[(Pid, u64)],
         ctx: &Context,
         budget: Duration,

@@ -14,7 +14,7 @@ use crate::freeze::progress::{live, survivors, Run};
 use crate::kernel::process::Pid;
 use crate::observe::procs;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::state::{dir::Phases, dir::Survivor};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -80,7 +80,7 @@ pub fn run(
     cfg: &mut Config,
     policy: &mut Policy,
     reader: &Reader,
-    seen: &Snapshot,
+    seen: &Table,
     ctx: Context,
     reap: &mut dyn Reap,
 ) -> Outcome {

@@ -10,7 +10,7 @@ use crate::kernel::process;
 use crate::observe::consistency;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use crate::observe::settle;
 use std::io;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ const STOP_SWEEPS: u32 = 8;
 /// Observe into `table` (the observation before, read again in its own room: its loginuids that
 /// were set are reused) and classify; the policy remembers what it saw, so an escape later does
 /// not help.
-fn observe(reader: &Reader, policy: &mut Policy, table: &mut Snapshot) -> io::Result<Tainted> {
+fn observe(reader: &Reader, policy: &mut Policy, table: &mut Table) -> io::Result<Tainted> {
     reader.refresh(table, &policy.uids, None)?;
     let tainted = policy.classify(table);
     policy.remember(table, &tainted);
@@ -35,7 +35,7 @@ impl Run<'_> {
     /// one-by-one stop, but not a stop that reaches all of them at once.
     /// The stop starts from `table`, the freeze's copy of the init's last tracking observation,
     /// and reads each of its own observations into it.
-    pub fn stop(&mut self, stop_wait: Duration, table: &mut Snapshot) -> Result<Tainted, String> {
+    pub fn stop(&mut self, stop_wait: Duration, table: &mut Table) -> Result<Tainted, String> {
         let t = Instant::now();
         let until = (t + stop_wait).min(self.deadline);
         let mut first = true;
@@ -90,7 +90,7 @@ impl Run<'_> {
                 settle - swept,
                 pass - settle,
                 waiting.len(),
-                snap.procs.len(),
+                snap.len(),
                 pass.elapsed(),
                 tainted.len(),
                 running.len()

@@ -117,7 +117,7 @@ fn unreaped_zombies(sb: &Sandbox, reader: &Reader, id: &str) -> usize {
     let mut by_uid = std::collections::BTreeMap::<u32, usize>::new();
     // A dead process's credentials are not read (its stat line says all a freeze needs): its
     // /proc directory's owner, its effective UID, says whose it was.
-    let dead = snap.procs.values().filter(|p| !p.alive() && p.ppid != me);
+    let dead = snap.values().filter(|p| !p.alive() && p.ppid != me);
     for uid in dead.filter_map(|p| pass.owner(p.pid)).filter(|u| sb.tracking.policy.uids.contains(u)) {
         *by_uid.entry(uid).or_default() += 1;
     }

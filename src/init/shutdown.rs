@@ -78,11 +78,11 @@ fn signal_rest(sig: i32) -> usize {
     };
     let me = process::getpid();
     let mut n = 0;
-    for p in snap.procs.values() {
+    for p in snap.values() {
         let mut cur = p.ppid;
         let mut hops = 0;
-        while cur > 1 && cur != me && hops < snap.procs.len() {
-            cur = snap.procs.get(&cur).map(|q| q.ppid).unwrap_or(0);
+        while cur > 1 && cur != me && hops < snap.len() {
+            cur = snap.get(&cur).map(|q| q.ppid).unwrap_or(0);
             hops += 1;
         }
         if cur == me && p.pid != me && p.alive() {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub struct Tracking {
     pub policy: Policy,
     /// The last tracking observation.
-    pub seen: crate::observe::procs::table::Snapshot,
+    pub seen: crate::observe::procs::table::Table,
     /// What the launch records of `quiesce exec` said so far.
     pub launchers: newcomers::Launchers,
     /// When the last tracking refresh completed; None: the last one was cut off.

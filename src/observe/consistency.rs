@@ -50,7 +50,7 @@ use crate::kernel::{
 use crate::observe::procs::model::{Detail, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::Reader;
-use crate::observe::procs::table::Snapshot;
+use crate::observe::procs::table::Table;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -63,7 +63,7 @@ const PROBE_MAX: u64 = 256;
 /// What one observation came to.
 #[derive(Debug)]
 pub enum Observed {
-    /// A consistent table, read into the snapshot, after this many passes.
+    /// A consistent table, read into the caller's, after this many passes.
     Consistent { passes: usize },
     /// Processes kept being created until the deadline: no consistent table in time.
     Churn {
@@ -249,11 +249,12 @@ pub fn made_after(pid: Pid, start_time: u64, order: u64) -> bool {
     }
 }
 
-/// The table being taken, and whether a window of it saw pids handed out.
-struct Table<'a> {
+/// The table being taken: its reads, put in by the batch, and whether a window of it saw pids
+/// handed out.
+struct Reads<'a> {
     /// The earlier observation, read again in its own room: its entries' loginuids that were
     /// set are reused.
-    snap: &'a mut Snapshot,
+    table: &'a mut Table,
     /// A window ended with pids handed out: entries read before the last window may name other
     /// processes by now, unless the init is their parent (see `volatile`).
     moved: bool,
@@ -263,9 +264,9 @@ struct Table<'a> {
     batch: Vec<(Pid, Option<Proc>)>,
 }
 
-impl Table<'_> {
+impl Reads<'_> {
     fn read(&mut self, pass: &mut Pass, pid: Pid) -> io::Result<()> {
-        let p = pass.read(pid, Detail::Light, self.snap.procs.get(&pid))?;
+        let p = pass.read(pid, Detail::Light, self.table.get(&pid))?;
         self.batch.push((pid, p));
         Ok(())
     }
@@ -273,7 +274,7 @@ impl Table<'_> {
     /// Put the reads so far into the table: before anything looks at it.
     fn flush(&mut self) {
         if !self.batch.is_empty() {
-            self.snap.procs.apply(std::mem::take(&mut self.batch));
+            self.table.apply(std::mem::take(&mut self.batch));
         }
     }
 
@@ -284,14 +285,14 @@ impl Table<'_> {
         if !self.moved {
             return Vec::new();
         }
-        self.snap.procs.values().filter(|p| p.ppid != self.init).map(|p| p.pid).collect()
+        self.table.values().filter(|p| p.ppid != self.init).map(|p| p.pid).collect()
     }
 }
 
 /// A consistent table of the whole PID namespace, read into `snap` (an earlier observation, whose
 /// loginuids that were set are reused: its room is the new table's), with the number of passes it
 /// took; or Churn when processes kept being created until `deadline`; or Unheld.
-pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::Result<Observed> {
+pub fn observe(reader: &Reader, snap: &mut Table, deadline: Instant) -> io::Result<Observed> {
     // No pass outlives the budget: under load one listing of a large namespace took twice it.
     let bounded = reader.bounded(deadline);
     let reader = &bounded;
@@ -302,23 +303,23 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
         return Ok(Observed::Unheld);
     }
     reader.refresh(snap, &[], None)?;
-    let mut table = Table { snap, moved: false, init: process::getpid(), batch: Vec::new() };
+    let mut reads = Reads { table: snap, moved: false, init: process::getpid(), batch: Vec::new() };
     let mut passes = 1;
     loop {
         let now = last_pid(&root)?;
         if now == window.covered {
             // Read again within this window whatever may name another process by now.
-            for pid in table.volatile() {
-                table.read(&mut pass, pid)?;
+            for pid in reads.volatile() {
+                reads.read(&mut pass, pid)?;
             }
-            table.flush();
+            reads.flush();
             // The counter moves when a pid is handed out, a little before the new process shows
             // in /proc: a fork whose pid was handed out before the window opened may attach its
             // child after the listing passed it. Its parent is alive until then, so either the
             // table shows that parent alive, or the child is attached by now: a last listing,
             // after every read, finds any such child.
             let missing: Vec<Pid> =
-                reader.pids()?.into_iter().filter(|pid| !table.snap.procs.contains_key(pid)).collect();
+                reader.pids()?.into_iter().filter(|pid| !reads.table.contains_key(pid)).collect();
             if missing.is_empty() {
                 if last_pid(&root)? == window.covered && window.held() {
                     return Ok(Observed::Consistent { passes });
@@ -326,9 +327,9 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
             } else {
                 passes += 1;
                 for pid in missing {
-                    table.read(&mut pass, pid)?;
+                    reads.read(&mut pass, pid)?;
                 }
-                table.flush();
+                reads.flush();
                 if Instant::now() >= deadline {
                     return Ok(Observed::Churn { created: Some(0), passes });
                 }
@@ -347,7 +348,7 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
             // free some and start over.
             return Ok(Observed::Unheld);
         }
-        table.moved = true;
+        reads.moved = true;
         // Every pid in (covered, next.covered] was handed out before `next` opened, if the
         // counter went less than once round: read those now. That is only quicker: anything new
         // that this misses is in the final listing, anything reused is read again at the end.
@@ -356,21 +357,21 @@ pub fn observe(reader: &Reader, snap: &mut Snapshot, deadline: Instant) -> io::R
             let mut pid = from;
             while pid != to {
                 pid += 1;
-                table.read(&mut pass, pid)?;
+                reads.read(&mut pass, pid)?;
             }
-            table.flush();
+            reads.flush();
         } else {
             let mut listed = reader.pids()?;
             listed.sort_unstable();
             // Not listed now: exited (anything created since is in the next window).
-            table.snap.procs.retain(|pid, _| listed.binary_search(pid).is_ok());
+            reads.table.retain(|pid, _| listed.binary_search(pid).is_ok());
             for pid in listed {
-                if table.snap.procs.contains_key(&pid) && !allocated_between(from, to, pid) {
+                if reads.table.contains_key(&pid) && !allocated_between(from, to, pid) {
                     continue;
                 }
-                table.read(&mut pass, pid)?;
+                reads.read(&mut pass, pid)?;
             }
-            table.flush();
+            reads.flush();
         }
         window = next;
     }
@@ -512,7 +513,7 @@ mod tests {
         let snap = (0..3)
             .find_map(|_| {
                 let deadline = Instant::now() + std::time::Duration::from_secs(5);
-                let mut snap = Snapshot::default();
+                let mut snap = Table::default();
                 match observe(&r, &mut snap, deadline) {
                     Ok(Observed::Consistent { .. }) => Some(snap),
                     other => {
@@ -522,7 +523,7 @@ mod tests {
                 }
             })
             .expect("no quiet observation in three tries of 5 s");
-        assert!(snap.procs.contains_key(&crate::kernel::process::getpid()));
+        assert!(snap.contains_key(&crate::kernel::process::getpid()));
         assert!(last_pid(r.root()).unwrap() > 0);
     }
 }

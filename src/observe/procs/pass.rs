@@ -314,11 +314,10 @@ mod tests {
         let me = crate::kernel::process::getpid();
         let euid = unsafe { libc::geteuid() };
         let r = Reader::default();
-        let full = r.snapshot_after(Detail::Light, None).unwrap().procs.remove(&me).unwrap();
+        let full = r.snapshot_after(Detail::Light, None).unwrap().remove(&me).unwrap();
         let other = if euid == 4242 { 4243 } else { 4242 };
-        let undecided =
-            r.snapshot_deciding(Detail::Light, None, &[other]).unwrap().procs.remove(&me).unwrap();
-        let decided = r.snapshot_deciding(Detail::Light, None, &[euid]).unwrap().procs.remove(&me).unwrap();
+        let undecided = r.snapshot_deciding(Detail::Light, None, &[other]).unwrap().remove(&me).unwrap();
+        let decided = r.snapshot_deciding(Detail::Light, None, &[euid]).unwrap().remove(&me).unwrap();
         drop(tx);
         parked.join().unwrap();
         // Other tests' threads come and go meanwhile: only the leader and the parked thread are

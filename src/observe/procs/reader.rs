@@ -8,7 +8,7 @@ use crate::kernel::{
 use crate::observe::procs::model::{Detail, Named, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::read::{is_gone, read_prefix, unknown, Read};
-use crate::observe::procs::table::{Snapshot, Table};
+use crate::observe::procs::table::Table;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -109,12 +109,12 @@ impl Reader {
     }
 
     /// Every process of the PID namespace. Fails whole if any entry is unknown.
-    pub fn snapshot(&self, detail: Detail) -> io::Result<Snapshot> {
+    pub fn snapshot(&self, detail: Detail) -> io::Result<Table> {
         self.snapshot_after(detail, None)
     }
 
     /// Like `snapshot`, reusing what `prev` saw that cannot have changed (see `Pass::read`).
-    pub fn snapshot_after(&self, detail: Detail, prev: Option<&Snapshot>) -> io::Result<Snapshot> {
+    pub fn snapshot_after(&self, detail: Detail, prev: Option<&Table>) -> io::Result<Table> {
         self.snapshot_deciding(detail, prev, &[])
     }
 
@@ -123,12 +123,7 @@ impl Reader {
     /// for their state only, from their stat line (cheaper than status: about two thirds, at
     /// 1,000 threads). Nothing else changes; a process whose leader holds none of them has
     /// every thread's credentials read.
-    pub fn snapshot_deciding(
-        &self,
-        detail: Detail,
-        prev: Option<&Snapshot>,
-        uids: &[u32],
-    ) -> io::Result<Snapshot> {
+    pub fn snapshot_deciding(&self, detail: Detail, prev: Option<&Table>, uids: &[u32]) -> io::Result<Table> {
         crate::observe::proctrust::check(&self.root)?;
         let procs = self.read_all(&self.pids()?, detail, prev, uids)?;
         if !procs.contains_key(&process::getpid()) {
@@ -137,7 +132,7 @@ impl Reader {
                 self.root.display()
             )));
         }
-        Ok(Snapshot { procs })
+        Ok(procs)
     }
 
     /// Read every pid of `pids`. A large light observation is read by two threads, half each:
@@ -150,7 +145,7 @@ impl Reader {
         &self,
         pids: &[Pid],
         detail: Detail,
-        prev: Option<&Snapshot>,
+        prev: Option<&Table>,
         deciding: &[u32],
     ) -> io::Result<Table> {
         let all = std::sync::Mutex::new(Vec::with_capacity(pids.len()));
@@ -160,7 +155,7 @@ impl Reader {
             pass.deciding = deciding;
             let mut batch = Vec::with_capacity(READ_BATCH);
             for &pid in pids {
-                if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.procs.get(&pid)))? {
+                if let Some(p) = pass.read(pid, detail, prev.and_then(|s| s.get(&pid)))? {
                     batch.push(p);
                     if batch.len() == READ_BATCH {
                         put(&mut batch);
@@ -256,7 +251,7 @@ mod tests {
     #[test]
     fn sees_itself_with_threads() {
         let s = Reader::default().snapshot(Detail::Full).unwrap();
-        let me = &s.procs[&process::getpid()];
+        let me = &s[&process::getpid()];
         assert!(me.alive());
         assert!(!me.threads.is_empty());
         assert!(me.exe().is_some());

@@ -5,7 +5,7 @@ use crate::kernel::process::{self, Pid};
 use crate::observe::procs::model::{Detail, Proc};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::reader::{several_cores, Reader, SPLIT_MIN};
-use crate::observe::procs::table::{Snapshot, Table, GONE};
+use crate::observe::procs::table::{Table, GONE};
 use std::io;
 
 impl Reader {
@@ -26,7 +26,7 @@ impl Reader {
     /// a large table is read by two threads, half of it each.
     pub fn refresh(
         &self,
-        snap: &mut Snapshot,
+        snap: &mut Table,
         uids: &[u32],
         abort: Option<&dyn Fn() -> bool>,
     ) -> io::Result<bool> {
@@ -34,7 +34,7 @@ impl Reader {
         let mut pids = self.pids()?;
         pids.sort_unstable();
         pids.dedup();
-        let slots = &mut snap.procs.v[..];
+        let slots = &mut snap.v[..];
         let part = |slots: &mut [Proc], pids: &[Pid], added: &mut Vec<Proc>| -> io::Result<()> {
             let mut pass = self.pass()?;
             pass.deciding = uids;
@@ -46,7 +46,7 @@ impl Reader {
             let Some(pending) = merge_pending(&mut pass, slots, &pids, abort)? else {
                 return Ok(false);
             };
-            pending.commit(&mut snap.procs);
+            pending.commit(snap);
             return Ok(true);
         }
         let mut added = Vec::new();
@@ -90,9 +90,9 @@ impl Reader {
             }
         };
         // Whatever happened, the table is put back in order: gone entries out, new ones in.
-        snap.procs.settle(added);
+        snap.settle(added);
         done?;
-        if !snap.procs.contains_key(&process::getpid()) {
+        if !snap.contains_key(&process::getpid()) {
             return Err(io::Error::other(format!(
                 "{} does not list this process: the process table is unknown",
                 self.root.display()
@@ -193,21 +193,21 @@ mod tests {
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let pid = child.id() as Pid;
         // A table with an entry whose pid no process holds, and a stale one of this process.
-        let mut snap = Snapshot::of(&[Proc::fixture(i32::MAX - 7, 1, 5, 0), Proc::fixture(me, 1, 5, 0)]);
+        let mut snap = Table::of(&[Proc::fixture(i32::MAX - 7, 1, 5, 0), Proc::fixture(me, 1, 5, 0)]);
         assert!(r.refresh(&mut snap, &[], None).unwrap());
-        assert!(!snap.procs.contains_key(&(i32::MAX - 7)), "a pid no process holds stays");
-        assert!(snap.procs.contains_key(&pid), "a new process is not added");
+        assert!(!snap.contains_key(&(i32::MAX - 7)), "a pid no process holds stays");
+        assert!(snap.contains_key(&pid), "a new process is not added");
         let fresh = r.snapshot(Detail::Light).unwrap();
-        assert_eq!(snap.procs[&me].start_time, fresh.procs[&me].start_time);
-        assert!(snap.procs.keys_sorted(), "the table is out of order");
+        assert_eq!(snap[&me].start_time, fresh[&me].start_time);
+        assert!(snap.keys_sorted(), "the table is out of order");
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(r.refresh(&mut snap, &[], None).unwrap());
-        assert!(!snap.procs.contains_key(&pid), "a reaped process stays");
+        assert!(!snap.contains_key(&pid), "a reaped process stays");
         // Aborted at once: nothing read, nothing lost that was not known gone.
-        let before = snap.procs.len();
+        let before = snap.len();
         assert!(!r.refresh(&mut snap, &[], Some(&|| true)).unwrap());
-        assert_eq!(snap.procs.len(), before);
+        assert_eq!(snap.len(), before);
     }
 
     /// A tracking refresh cut off near its end leaves the table the last complete observation:
@@ -223,14 +223,14 @@ mod tests {
         assert_ne!(me, 1, "run as PID 1: no pid below this one to leave out");
         // The last complete observation, but for pid 1 (new to the table when listed), this
         // process with another start time (read again), and an entry of the free pid.
-        let mut table = r.snapshot(Detail::Light).unwrap().procs.v;
+        let mut table = r.snapshot(Detail::Light).unwrap().v;
         let mut stale_me = table.iter().find(|p| p.pid == me).unwrap().clone();
         stale_me.start_time = 5;
         table.retain(|p| p.pid != me && p.pid != 1);
         table.push(stale_me);
         table.push(Proc::fixture(free, 1, 7, 4242));
-        let mut snap = Snapshot { procs: Table::from_procs(table) };
-        let before = snap.procs.clone();
+        let mut snap = Table::from_procs(table);
+        let before = snap.clone();
         // Cut off before the last pid listed: every entry below it has been passed.
         let n = r.pids().unwrap().len();
         let calls = std::cell::Cell::new(0usize);
@@ -240,13 +240,13 @@ mod tests {
         };
         assert!(!r.refresh(&mut snap, &[], Some(&abort)).unwrap());
         assert!(calls.get() > 1, "the reading was cut off before it started");
-        assert!(snap.procs.contains_key(&free), "an entry the cut-off reading found unlisted was dropped");
-        assert_eq!(snap.procs[&me].start_time, 5, "an entry was replaced by a reading that never finished");
-        assert!(!snap.procs.contains_key(&1), "a pid new to the table was added");
-        assert_eq!(snap.procs, before, "a cut-off refresh changed the table");
+        assert!(snap.contains_key(&free), "an entry the cut-off reading found unlisted was dropped");
+        assert_eq!(snap[&me].start_time, 5, "an entry was replaced by a reading that never finished");
+        assert!(!snap.contains_key(&1), "a pid new to the table was added");
+        assert_eq!(snap, before, "a cut-off refresh changed the table");
         // Completed, it is what a fresh observation reads.
         assert!(r.refresh(&mut snap, &[], Some(&|| false)).unwrap());
-        assert!(!snap.procs.contains_key(&free));
-        assert_ne!(snap.procs[&me].start_time, 5);
+        assert!(!snap.contains_key(&free));
+        assert_ne!(snap[&me].start_time, 5);
     }
 }

@@ -4,11 +4,6 @@
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 
-#[derive(Debug, Default, Clone)]
-pub struct Snapshot {
-    pub procs: Table,
-}
-
 /// The processes of an observation by pid: a vector sorted by pid, so that an entry costs the
 /// process's own bytes and nothing more (a map's nodes cost about as much again, and building
 /// one from a list holds the list, a sort buffer and the map at once). The sandbox chooses how
@@ -31,6 +26,12 @@ impl Table {
         }
         v.shrink_to_fit();
         Table { v }
+    }
+
+    /// From processes given in a test, in any order.
+    #[cfg(test)]
+    pub fn of(ps: &[Proc]) -> Table {
+        Table::from_procs(ps.to_vec())
     }
 
     #[cfg(test)]
@@ -159,13 +160,6 @@ impl std::ops::Index<&Pid> for Table {
     type Output = Proc;
     fn index(&self, pid: &Pid) -> &Proc {
         self.get(pid).expect("no process with this pid in the table")
-    }
-}
-
-#[cfg(test)]
-impl Snapshot {
-    pub fn of(ps: &[Proc]) -> Snapshot {
-        Snapshot { procs: Table::from_procs(ps.to_vec()) }
     }
 }
 

@@ -30,49 +30,21 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Ok(d) => d,
         Err(e) => return fatal(e),
     };
-    // The private key must never land in a core dump; ptrace by a same-UID process is also refused.
-    if let Err(e) = process::set_not_dumpable() {
-        return fatal(format!("cannot mark the init non-dumpable: {e}"));
-    }
-    if process::suid_dumpable() == Some(1) {
-        // Every credential switch resets the flag to this value until the init sets it back.
-        log::warn!(
-            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
-             the init and read its signing key; set it to 0 or 2 on the host"
-        );
+    if let Err(e) = keep_out_of_dumps() {
+        return fatal(e);
     }
     if process::getpid() != 1 || a.subreaper {
-        match process::set_child_subreaper() {
-            Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", process::getpid()),
-            Err(e) if a.subreaper => {
-                return fatal(format!(
-                    "cannot become a child subreaper, which --subreaper (QUIESCE_SUBREAPER) asks for: \
-                     {e}: run quiesce as PID 1, or without --subreaper"
-                ))
-            }
-            // As tini does: the command's status, signals and the freeze (which covers the whole
-            // PID namespace) do not need it; only orphans go elsewhere. qemu-user answers EINVAL.
-            // Said at every verbosity, before the command runs.
-            Err(e) => eprintln!(
-                "quiesce: warn: cannot become a child subreaper ({e}): orphans of the command go to \
-                 PID 1 of this namespace, which must reap them, and are not ended when the command \
-                 exits; run quiesce as PID 1 to have both"
-            ),
+        if let Err(e) = become_subreaper(a.subreaper) {
+            return fatal(e);
         }
     }
     let uids = match users::resolve_uids(&a.sandbox.users) {
         Ok(u) => u,
         Err(e) => return fatal(e),
     };
-    let drop = match &a.run_as {
-        None => None,
-        Some(spec) => match users::resolve(spec, &users::read_passwd()) {
-            Ok(user) => {
-                let groups = users::groups_of(&user, &users::read_group());
-                Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.freeze.no_lineage })
-            }
-            Err(e) => return fatal(format!("--run-as: {e}")),
-        },
+    let drop = match run_as(&a) {
+        Ok(d) => d,
+        Err(e) => return fatal(e),
     };
     let sandbox = if uids.is_empty() {
         None
@@ -99,6 +71,50 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         grace,
         sandbox,
     })
+}
+
+/// The private key must never land in a core dump; ptrace by a same-UID process is also refused.
+fn keep_out_of_dumps() -> Result<(), String> {
+    process::set_not_dumpable().map_err(|e| format!("cannot mark the init non-dumpable: {e}"))?;
+    if process::suid_dumpable() == Some(1) {
+        // Every credential switch resets the flag to this value until the init sets it back.
+        log::warn!(
+            "fs.suid_dumpable is 1: for an instant at each switch to a sandbox UID, that UID may trace \
+             the init and read its signing key; set it to 0 or 2 on the host"
+        );
+    }
+    Ok(())
+}
+
+/// Become the child subreaper (not PID 1, or `required` by --subreaper): an error only when
+/// `required`, else a warning.
+fn become_subreaper(required: bool) -> Result<(), String> {
+    match process::set_child_subreaper() {
+        Ok(()) => log::debug!("not PID 1 (pid {}): registered as a child subreaper", process::getpid()),
+        Err(e) if required => {
+            return Err(format!(
+                "cannot become a child subreaper, which --subreaper (QUIESCE_SUBREAPER) asks for: \
+                 {e}: run quiesce as PID 1, or without --subreaper"
+            ))
+        }
+        // As tini does: the command's status, signals and the freeze (which covers the whole
+        // PID namespace) do not need it; only orphans go elsewhere. qemu-user answers EINVAL.
+        // Said at every verbosity, before the command runs.
+        Err(e) => eprintln!(
+            "quiesce: warn: cannot become a child subreaper ({e}): orphans of the command go to \
+             PID 1 of this namespace, which must reap them, and are not ended when the command \
+             exits; run quiesce as PID 1 to have both"
+        ),
+    }
+    Ok(())
+}
+
+/// The user the command runs as (--run-as), with its groups; None: the init's own.
+fn run_as(a: &cli::args::InitArgs) -> Result<Option<spawn::Drop>, String> {
+    let Some(spec) = &a.run_as else { return Ok(None) };
+    let user = users::resolve(spec, &users::read_passwd()).map_err(|e| format!("--run-as: {e}"))?;
+    let groups = users::groups_of(&user, &users::read_group());
+    Ok(Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.freeze.no_lineage }))
 }
 
 /// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
@@ -183,55 +199,29 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
     init::attesting::check_setup(&attest)?;
     let timeout = cli::args::seconds("--freeze-timeout", a.freeze.freeze_timeout)?;
     let interval = cli::args::seconds("--track-interval", a.freeze.track_interval)?;
-    let state = state::dir::StateDir::create(&a.state.state_dir)?;
-    if let Some(w) = state::dir::parent_warning(&state.path) {
-        // Said at every verbosity: it is a setup to fix, and the command has not run yet.
-        eprintln!("quiesce: warn: {w}");
-    }
+    let state = open_state(&a.state.state_dir)?;
     evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
-    let key = match &a.freeze.signing_key {
-        Some(path) => marker::jws::load_private(path)?,
-        None => marker::jws::generate().map_err(|e| format!("cannot make an ephemeral key: {e}"))?,
-    };
+    let key = signing_key(a.freeze.signing_key.as_deref())?;
     let pub_pem = marker::jws::public_pem(&key.verifying_key());
     // Synced once the command runs (init::run::run): no reader needs more than the rename.
     let mut unsynced = Vec::new();
-    let mut write = |name: &str, data: &[u8]| {
-        let f = state
-            .write_atomic_deferred(name, data, 0o644)
-            .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))?;
-        unsynced.push(f);
-        Ok::<(), String>(())
-    };
-    // A marker or status from before this init started proves nothing about this one.
-    for stale in [state::dir::MARKER, state::dir::ATTESTATION, state::dir::STATUS] {
-        state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
-    }
+    remove_stale(&state)?;
     let intake = requests::Intake::new(&state)?;
-    write(state::dir::PUBKEY, pub_pem.as_bytes())?;
+    unsynced.push(write_deferred(&state, state::dir::PUBKEY, pub_pem.as_bytes())?);
     let lineage = lineage(a.freeze.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
     let me = process::getpid();
-    let start_time = procs::reader::Reader::default()
-        .start_time(me)
-        .map_err(|e| format!("cannot read this init's own start time: {e}"))?
-        .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?;
+    let start_time = own_start_time(me)?;
     let published =
         state::published::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
     publish_locator(&state, me, start_time)?;
-    write(state::published::SANDBOX_FILE, &serde_json::to_vec(&published).map_err(|e| e.to_string())?)?;
+    let sandbox_json = serde_json::to_vec(&published).map_err(|e| e.to_string())?;
+    unsynced.push(write_deferred(&state, state::published::SANDBOX_FILE, &sandbox_json)?);
     log::debug!("sandbox UIDs {uids:?}, freeze on {}", signal::signal_name(freeze_signal));
     let no_new_privs =
         process::no_new_privs().map_err(|e| format!("cannot read this init's no_new_privs: {e}"))?;
-    let mut launchers = newcomers::Launchers::default();
     // The command started with --run-as is a launch by the init itself.
-    launchers.add_command(start_time, a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs);
-    if !lineage && !no_new_privs {
-        log::warn!(
-            "lineage is off and setuid binaries work here: a sandbox process that becomes root is told from root's \
-             own only by observation and launch records (quiesce exec), and freezes refuse what they cannot tell apart; run the \
-             container with no-new-privileges, or where lineage works"
-        );
-    }
+    let unfollowed = a.run_as.is_some() && a.allow_setuid && !lineage && !no_new_privs;
+    let launchers = launchers(start_time, unfollowed, lineage, no_new_privs);
     Ok(init::run::Sandbox {
         settings: init::run::Settings {
             key,
@@ -260,4 +250,59 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
         worker: None,
         last: None,
     })
+}
+
+/// The state dir, made if need be; a parent others can write is warned of.
+fn open_state(path: &std::path::Path) -> Result<state::dir::StateDir, String> {
+    let state = state::dir::StateDir::create(path)?;
+    if let Some(w) = state::dir::parent_warning(&state.path) {
+        // Said at every verbosity: it is a setup to fix, and the command has not run yet.
+        eprintln!("quiesce: warn: {w}");
+    }
+    Ok(state)
+}
+
+/// A marker or status from before this init started proves nothing about this one.
+fn remove_stale(state: &state::dir::StateDir) -> Result<(), String> {
+    for stale in [state::dir::MARKER, state::dir::ATTESTATION, state::dir::STATUS] {
+        state.remove(stale).map_err(|e| format!("cannot remove stale {stale}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn own_start_time(me: process::Pid) -> Result<u64, String> {
+    Ok(procs::reader::Reader::default()
+        .start_time(me)
+        .map_err(|e| format!("cannot read this init's own start time: {e}"))?
+        .ok_or("cannot find this init in /proc: mount proc for this PID namespace")?)
+}
+
+/// The key markers are signed with: the one at `path` (--signing-key), else an ephemeral one.
+fn signing_key(path: Option<&std::path::Path>) -> Result<ed25519_dalek::SigningKey, String> {
+    match path {
+        Some(path) => marker::jws::load_private(path),
+        None => marker::jws::generate().map_err(|e| format!("cannot make an ephemeral key: {e}")),
+    }
+}
+
+/// Write `name` in the state dir, to be synced once the command runs.
+fn write_deferred(state: &state::dir::StateDir, name: &str, data: &[u8]) -> Result<std::fs::File, String> {
+    state
+        .write_atomic_deferred(name, data, 0o644)
+        .map_err(|e| format!("cannot write {name} in {}: {e}", state.path.display()))
+}
+
+/// The launchers known at start: the command, as a launch by the init (`unfollowed`: one whose
+/// processes may become root unseen). Where lineage is off and setuid binaries work, says so.
+fn launchers(start_time: u64, unfollowed: bool, lineage: bool, no_new_privs: bool) -> newcomers::Launchers {
+    let mut launchers = newcomers::Launchers::default();
+    launchers.add_command(start_time, unfollowed);
+    if !lineage && !no_new_privs {
+        log::warn!(
+            "lineage is off and setuid binaries work here: a sandbox process that becomes root is told from root's \
+             own only by observation and launch records (quiesce exec), and freezes refuse what they cannot tell apart; run the \
+             container with no-new-privileges, or where lineage works"
+        );
+    }
+    launchers
 }

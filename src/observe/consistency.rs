@@ -287,6 +287,69 @@ impl Reads<'_> {
         }
         self.table.values().filter(|p| p.ppid != self.init).map(|p| p.pid).collect()
     }
+    /// End a window the counter has not left: read again whatever may name another process by
+    /// now, then list once more. Consistent if that listing found nothing new and the counter
+    /// still reads the window's value, held; Missing if it found processes (read now).
+    fn end_window(&mut self, reader: &Reader, pass: &mut Pass, window: &Window) -> io::Result<Ending> {
+        for pid in self.volatile() {
+            self.read(pass, pid)?;
+        }
+        self.flush();
+        // The counter moves when a pid is handed out, a little before the new process shows
+        // in /proc: a fork whose pid was handed out before the window opened may attach its
+        // child after the listing passed it. Its parent is alive until then, so either the
+        // table shows that parent alive, or the child is attached by now: a last listing,
+        // after every read, finds any such child.
+        let missing: Vec<Pid> =
+            reader.pids()?.into_iter().filter(|pid| !self.table.contains_key(pid)).collect();
+        if missing.is_empty() {
+            let quiet = last_pid(reader.root())? == window.covered && window.held();
+            return Ok(if quiet { Ending::Consistent } else { Ending::Moved });
+        }
+        for pid in missing {
+            self.read(pass, pid)?;
+        }
+        self.flush();
+        Ok(Ending::Missing)
+    }
+
+    /// Read the pids handed out in (from, to], between two windows' readings of the counter: one
+    /// by one when the counter went less than once round and few enough, else from a fresh
+    /// listing. That is only quicker: anything new that this misses is in the final listing,
+    /// anything reused is read again at the end.
+    fn read_between(&mut self, reader: &Reader, pass: &mut Pass, from: Pid, to: Pid) -> io::Result<()> {
+        if distance(from, to).is_some_and(|d| d <= PROBE_MAX) {
+            let mut pid = from;
+            while pid != to {
+                pid += 1;
+                self.read(pass, pid)?;
+            }
+        } else {
+            let mut listed = reader.pids()?;
+            listed.sort_unstable();
+            // Not listed now: exited (anything created since is in the next window).
+            self.table.retain(|pid, _| listed.binary_search(pid).is_ok());
+            for pid in listed {
+                if self.table.contains_key(&pid) && !allocated_between(from, to, pid) {
+                    continue;
+                }
+                self.read(pass, pid)?;
+            }
+        }
+        self.flush();
+        Ok(())
+    }
+}
+
+/// How a window the counter had not left ended (`Reads::end_window`).
+enum Ending {
+    /// Nothing new listed, and the counter still held at the window's value.
+    Consistent,
+    /// The last listing found processes the table lacked: read now, the window is checked again.
+    Missing,
+    /// The counter moved just now, or its holder let the pid go: it may have been handed out
+    /// again.
+    Moved,
 }
 
 /// A consistent table of the whole PID namespace, read into `snap` (an earlier observation, whose
@@ -308,35 +371,17 @@ pub fn observe(reader: &Reader, snap: &mut Table, deadline: Instant) -> io::Resu
     loop {
         let now = last_pid(&root)?;
         if now == window.covered {
-            // Read again within this window whatever may name another process by now.
-            for pid in reads.volatile() {
-                reads.read(&mut pass, pid)?;
+            match reads.end_window(reader, &mut pass, &window)? {
+                Ending::Consistent => return Ok(Observed::Consistent { passes }),
+                Ending::Missing => {
+                    passes += 1;
+                    if Instant::now() >= deadline {
+                        return Ok(Observed::Churn { created: Some(0), passes });
+                    }
+                    continue;
+                }
+                Ending::Moved => {}
             }
-            reads.flush();
-            // The counter moves when a pid is handed out, a little before the new process shows
-            // in /proc: a fork whose pid was handed out before the window opened may attach its
-            // child after the listing passed it. Its parent is alive until then, so either the
-            // table shows that parent alive, or the child is attached by now: a last listing,
-            // after every read, finds any such child.
-            let missing: Vec<Pid> =
-                reader.pids()?.into_iter().filter(|pid| !reads.table.contains_key(pid)).collect();
-            if missing.is_empty() {
-                if last_pid(&root)? == window.covered && window.held() {
-                    return Ok(Observed::Consistent { passes });
-                }
-            } else {
-                passes += 1;
-                for pid in missing {
-                    reads.read(&mut pass, pid)?;
-                }
-                reads.flush();
-                if Instant::now() >= deadline {
-                    return Ok(Observed::Churn { created: Some(0), passes });
-                }
-                continue;
-            }
-            // The counter moved just now, or its holder let the pid go: it may have been handed
-            // out again.
         }
         if Instant::now() >= deadline {
             return Ok(Observed::Churn { created: distance(window.covered, now), passes });
@@ -350,29 +395,8 @@ pub fn observe(reader: &Reader, snap: &mut Table, deadline: Instant) -> io::Resu
         }
         reads.moved = true;
         // Every pid in (covered, next.covered] was handed out before `next` opened, if the
-        // counter went less than once round: read those now. That is only quicker: anything new
-        // that this misses is in the final listing, anything reused is read again at the end.
-        let (from, to) = (window.covered, next.covered);
-        if distance(from, to).is_some_and(|d| d <= PROBE_MAX) {
-            let mut pid = from;
-            while pid != to {
-                pid += 1;
-                reads.read(&mut pass, pid)?;
-            }
-            reads.flush();
-        } else {
-            let mut listed = reader.pids()?;
-            listed.sort_unstable();
-            // Not listed now: exited (anything created since is in the next window).
-            reads.table.retain(|pid, _| listed.binary_search(pid).is_ok());
-            for pid in listed {
-                if reads.table.contains_key(&pid) && !allocated_between(from, to, pid) {
-                    continue;
-                }
-                reads.read(&mut pass, pid)?;
-            }
-            reads.flush();
-        }
+        // counter went less than once round: read those now.
+        reads.read_between(reader, &mut pass, window.covered, next.covered)?;
         window = next;
     }
 }

@@ -52,24 +52,7 @@ impl Run<'_> {
                 .map_err(|e| format!("credential switch failed: {e}"))?;
             let settle = Instant::now();
             if first {
-                // What to wait for before the first full observation, listed while the first sweep
-                // takes effect: what runs as a sandbox UID now, and the sandbox processes of the
-                // init's last tracking observation. Anything else is found by the observation.
-                let seen = &*table;
-                let tainted = self.policy.classify(seen);
-                self.ancestry.note(seen, &tainted, process::getpid());
-                // In pid order; a pid both lists name keeps the observation's start time.
-                let mut w: Vec<settle::Target> =
-                    live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
-                let from_seen = w.len();
-                for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
-                    if w[..from_seen].binary_search_by_key(&pid, |t| t.0).is_err() {
-                        w.push((pid, start));
-                    }
-                }
-                w.sort_by_key(|t| t.0);
-                w.dedup_by_key(|t| t.0);
-                waiting = w;
+                waiting = self.first_waiting(table);
                 log::debug!(
                     "stop: {} processes to wait for, listed in {:?}",
                     waiting.len(),
@@ -95,31 +78,63 @@ impl Run<'_> {
                 tainted.len(),
                 running.len()
             );
-            if running.is_empty() {
-                self.unstopped.clear();
+            if self.stopped_or_out(&running, until, stop_wait) {
                 break tainted;
             }
-            if Instant::now() >= until {
-                self.unstopped = running.iter().map(|p| p.pid).collect();
-                log::warn!(
-                    "freeze: {} sandbox process(es) not stopped after {:?}; killing anyway",
-                    running.len(),
-                    stop_wait
-                );
-                break tainted;
-            }
-            // kill(-1) reached the rest already and they are on their way to stopping; on the
-            // first pass only what it may have missed needs a pidfd.
-            for p in &running {
-                if !first || missable(p, &self.policy.uids) {
-                    target::signal(self.reader, p, libc::SIGSTOP)
-                        .map_err(|e| format!("signal failed: {e}"))?;
-                }
-            }
+            self.stop_running(&running, first)?;
             waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
         };
         self.phases.stop = ms(t.elapsed());
         Ok(last)
+    }
+
+    /// What to wait for before the first full observation, listed while the first sweep takes
+    /// effect: what runs as a sandbox UID now, and the sandbox processes of the init's last
+    /// tracking observation (`seen`). Anything else is found by the observation.
+    fn first_waiting(&mut self, seen: &Table) -> Vec<settle::Target> {
+        let tainted = self.policy.classify(seen);
+        self.ancestry.note(seen, &tainted, process::getpid());
+        // In pid order; a pid both lists name keeps the observation's start time.
+        let mut w: Vec<settle::Target> = live(seen, &tainted).map(|p| (p.pid, Some(p.start_time))).collect();
+        let from_seen = w.len();
+        for (pid, start) in settle::owned_by(self.reader, &self.policy.uids) {
+            if w[..from_seen].binary_search_by_key(&pid, |t| t.0).is_err() {
+                w.push((pid, start));
+            }
+        }
+        w.sort_by_key(|t| t.0);
+        w.dedup_by_key(|t| t.0);
+        w
+    }
+
+    /// Is the stop over: no sandbox process `running`, or the wait run out (what still runs is
+    /// noted as unstopped, and killed anyway)?
+    fn stopped_or_out(&mut self, running: &[&Proc], until: Instant, stop_wait: Duration) -> bool {
+        if running.is_empty() {
+            self.unstopped.clear();
+            return true;
+        }
+        if Instant::now() >= until {
+            self.unstopped = running.iter().map(|p| p.pid).collect();
+            log::warn!(
+                "freeze: {} sandbox process(es) not stopped after {:?}; killing anyway",
+                running.len(),
+                stop_wait
+            );
+            return true;
+        }
+        false
+    }
+
+    /// SIGSTOP through a pidfd what still runs. kill(-1) reached the rest already and they are
+    /// on their way to stopping; on the `first` pass only what it may have missed needs one.
+    fn stop_running(&self, running: &[&Proc], first: bool) -> Result<(), String> {
+        for p in running {
+            if !first || missable(p, &self.policy.uids) {
+                target::signal(self.reader, p, libc::SIGSTOP).map_err(|e| format!("signal failed: {e}"))?;
+            }
+        }
+        Ok(())
     }
 }

@@ -71,8 +71,21 @@ pub fn ps(args: PsArgs) -> i32 {
         }
     };
     let tainted: Tainted = Policy::new(uids.clone(), lineage).classify(&snap);
+    let rows = rows(&snap, &tainted);
+    if args.json {
+        let doc = serde_json::json!({ "sandbox_uids": uids, "processes": rows });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return 0;
+    }
+    // A closed pipe (ps | head) ends the listing quietly.
+    let _ = print(&rows);
+    0
+}
+
+/// Every process of `snap` as a row, in tree order.
+fn rows<'a>(snap: &'a Table, tainted: &Tainted) -> Vec<PsRow<'a>> {
     let pw = users::read_passwd();
-    let rows: Vec<PsRow> = tree_order(&snap)
+    tree_order(snap)
         .into_iter()
         .filter_map(|(pid, depth)| snap.get(&pid).map(|p| (p, depth)))
         .map(|(p, depth)| {
@@ -97,30 +110,24 @@ pub fn ps(args: PsArgs) -> i32 {
                 reasons,
             }
         })
-        .collect();
-    if args.json {
-        let doc = serde_json::json!({ "sandbox_uids": uids, "processes": rows });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return 0;
-    }
+        .collect()
+}
+
+/// The rows as a table on stdout, a command indented by its depth in the tree.
+fn print(rows: &[PsRow]) -> std::io::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let header = ("PID", "PPID", "USER", "S", "SANDBOX");
-    // A closed pipe (ps | head) ends the listing quietly.
-    if writeln!(
+    writeln!(
         out,
         "{:>7} {:>7} {:<10} {:<2} {:<24} COMMAND",
         header.0, header.1, header.2, header.3, header.4
-    )
-    .is_err()
-    {
-        return 0;
-    }
-    for r in &rows {
+    )?;
+    for r in rows {
         let cmd = if r.cmdline.is_empty() { format!("[{}]", r.comm) } else { r.cmdline.join(" ") };
         let cmd: String = cmd.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
         let reasons = if r.reasons.is_empty() { "-".to_string() } else { r.reasons.join(",") };
-        let line = writeln!(
+        writeln!(
             out,
             "{:>7} {:>7} {:<10} {:<2} {:<24} {}{}",
             r.pid,
@@ -130,10 +137,7 @@ pub fn ps(args: PsArgs) -> i32 {
             reasons,
             "  ".repeat(r.depth.min(20)),
             cmd
-        );
-        if line.is_err() {
-            return 0;
-        }
+        )?;
     }
-    0
+    Ok(())
 }

@@ -90,15 +90,7 @@ impl Pass<'_> {
     /// that was already set is reused, since it cannot change again without CAP_AUDIT_CONTROL.
     /// Ok(None): it exited (or `pid` is a thread's id, not a process's).
     pub fn read(&mut self, pid: Pid, detail: Detail, prev: Option<&Proc>) -> io::Result<Option<Proc>> {
-        self.reads = self.reads.wrapping_add(1);
-        if let Some(until) = self.reader.until.filter(|_| self.reads % CLOCK_EVERY == 1) {
-            if std::time::Instant::now() >= until {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "one pass over /proc did not end within the freeze's budget",
-                ));
-            }
-        }
+        self.count_read()?;
         let Some(stat) = self.stat(pid)? else { return Ok(None) };
         let known = prev.filter(|p| p.start_time == stat.start_time).and_then(|p| p.loginuid);
         // A zombie whose thread count (read with its state) is exactly itself is a dead process
@@ -129,21 +121,8 @@ impl Pass<'_> {
         let nthreads = st
             .threads
             .ok_or_else(|| self.unknown(pid, "status", io::Error::other("status has no Threads line")))?;
-        // Only a process counting other threads than its leader has them read.
         let leader = Thread { tid: pid, state: lstate, uids: luids, gids: lgids, creds: true };
-        let mut threads = if nthreads > 1 {
-            let read = if luids.iter().any(|u| self.deciding.contains(u)) {
-                self.thread_states(pid, leader)?
-            } else {
-                self.threads(pid)?
-            };
-            match read {
-                Read::Gone => return Ok(None),
-                Read::Ok(t) => Threads::from(t),
-            }
-        } else {
-            Threads::One([leader])
-        };
+        let Read::Ok(mut threads) = self.all_threads(pid, leader, nthreads)? else { return Ok(None) };
         // Dead only when the leader reads dead with a count, read with its state, of exactly
         // itself. Any other way of reading no live thread may be a read that straddled an exec
         // from another thread, which swaps the execer into the leader's pid (de_thread): through
@@ -156,12 +135,7 @@ impl Pass<'_> {
         }
         let loginuid = match known {
             Some(u) => Some(u),
-            None => match self.file(pid, "loginuid")? {
-                Read::Gone => None,
-                Read::Ok(()) => {
-                    String::from_utf8_lossy(&self.buf).trim().parse::<u32>().ok().filter(|&u| u != u32::MAX)
-                }
-            },
+            None => self.loginuid(pid)?,
         };
         let named = if detail == Detail::Full {
             Some(Box::new(self.reader.evidence(&self.reader.root.join(pid.to_string()))?))
@@ -169,6 +143,49 @@ impl Pass<'_> {
             None
         };
         Ok(Some(stat.into_proc(threads, loginuid, named)))
+    }
+
+    /// One more process read; in a bounded pass, every CLOCK_EVERY reads, a TimedOut error once
+    /// the pass's time is up.
+    fn count_read(&mut self) -> io::Result<()> {
+        self.reads = self.reads.wrapping_add(1);
+        if let Some(until) = self.reader.until.filter(|_| self.reads % CLOCK_EVERY == 1) {
+            if std::time::Instant::now() >= until {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "one pass over /proc did not end within the freeze's budget",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The threads of a process whose leader's status was just read (`leader`, counting
+    /// `nthreads`). Only a process counting other threads than its leader has them read: each
+    /// one's credentials, or only its state where the leader holds a deciding UID.
+    fn all_threads(&mut self, pid: Pid, leader: Thread, nthreads: usize) -> io::Result<Read<Threads>> {
+        if nthreads <= 1 {
+            return Ok(Read::Ok(Threads::One([leader])));
+        }
+        let read = if leader.uids.iter().any(|u| self.deciding.contains(u)) {
+            self.thread_states(pid, leader)?
+        } else {
+            self.threads(pid)?
+        };
+        Ok(match read {
+            Read::Gone => Read::Gone,
+            Read::Ok(t) => Read::Ok(Threads::from(t)),
+        })
+    }
+
+    /// `pid`'s loginuid; None when it is unset or the process exited.
+    fn loginuid(&mut self, pid: Pid) -> io::Result<Option<u32>> {
+        Ok(match self.file(pid, "loginuid")? {
+            Read::Gone => None,
+            Read::Ok(()) => {
+                String::from_utf8_lossy(&self.buf).trim().parse::<u32>().ok().filter(|&u| u != u32::MAX)
+            }
+        })
     }
 
     /// The state of every thread of `pid`, from each thread's stat line; Ok(None) if it exited.

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,13 @@ def test_a_running_sidecar_for_another_uid_is_refused() -> None:
     _check_guards(sc, "agent")  # a name: the sidecar compares it, not the kit
     with pytest.raises(SidecarRefused, match=r"for sandbox UIDs \[4242\], not 4243"):
         _check_guards(sc, "4243")
+    # Several users: every UID given, in any order, and no other.
+    two = replace(sc, sandbox_uids=(4242, 4243))
+    _check_guards(two, ["4243", "4242"])
+    _check_guards(two, ("4242", "agent"))
+    for fewer_or_more in (["4242"], "4242", ["4242", "4243", "4244"]):
+        with pytest.raises(SidecarRefused, match=r"for sandbox UIDs \[4242, 4243\], not 4242"):
+            _check_guards(two, fewer_or_more)
 
 
 def test_the_install_checks(tmp_path: Path) -> None:

@@ -206,11 +206,12 @@ def start_sidecar(
     return sc
 
 
-def _check_guards(sc: Sidecar, users: Sequence[str]) -> None:
+def _check_guards(sc: Sidecar, sandbox_user: str | Sequence[str]) -> None:
     """A sidecar already running answers a second start with its own line: one started for
     other users guards their processes, not these. Users given all as UIDs are compared here
     (in any order, as the sidecar compares them); a name only the sidecar can resolve, and it
     refuses a second start whose users resolve otherwise."""
+    users = user_list(sandbox_user)
     if all(u.isdigit() for u in users) and set(sc.sandbox_uids) != {int(u) for u in users}:
         raise SidecarRefused(
             f"a sidecar (pid {sc.pid}) already runs in {sc.state_dir} for sandbox UIDs "

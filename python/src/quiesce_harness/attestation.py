@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 
 from .errors import AttestationInvalid
-from .marker import key_id, load_public_key
+from .marker import key_id, load_public_key, same_text, shown
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -53,7 +52,8 @@ def _json_object(raw: bytes, check: str, subject: str, what: str) -> dict[str, A
     """`raw` as a JSON object, or the refusal under `check` ("<subject>not JSON", "not <what>")."""
     try:
         got = json.loads(raw)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
+        # RecursionError: JSON nested deeper than Python's stack, which no attestation is.
         raise AttestationInvalid(check, f"{subject}not JSON: {e}") from None
     if not isinstance(got, dict):
         raise AttestationInvalid(check, f"{subject}not {what} (a JSON object)")
@@ -76,13 +76,14 @@ def verify_attestation(
     bytes -> content), every subject's sha256 again. Files added since, links and special files
     are not compared here: `quiesce verify` walks the trees again.
     """
-    raw = envelope.encode() if isinstance(envelope, str) else envelope
+    # surrogatepass: a lone surrogate (a file read with surrogateescape) fails as JSON, below.
+    raw = envelope.encode("utf-8", "surrogatepass") if isinstance(envelope, str) else envelope
     if len(raw) > MAX_ENVELOPE_BYTES:
         raise AttestationInvalid("format", f"{len(raw)} bytes, more than any attestation")
     env = _json_object(raw, "format", "", "a DSSE envelope")
     if env.get("payloadType") != PAYLOAD_TYPE:
         raise AttestationInvalid(
-            "format", f"payloadType is {env.get('payloadType')!r}, not {PAYLOAD_TYPE}"
+            "format", f"payloadType is {shown(env.get('payloadType'))}, not {PAYLOAD_TYPE}"
         )
     body = _b64(env.get("payload"), "payload")
     key = load_public_key(public_key_pem)
@@ -91,9 +92,7 @@ def verify_attestation(
     mine = [
         s
         for s in (sigs if isinstance(sigs, list) else [])
-        if isinstance(s, dict)
-        and isinstance(s.get("keyid"), str)
-        and hmac.compare_digest(s["keyid"], kid)
+        if isinstance(s, dict) and isinstance(s.get("keyid"), str) and same_text(s["keyid"], kid)
     ]
     if not mine:
         raise AttestationInvalid("key", "no signature by this key: no keyid is its kid")
@@ -107,23 +106,34 @@ def verify_attestation(
     st = _json_object(body, "statement", "the payload is ", "a statement")
     if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != PREDICATE_TYPE:
         raise AttestationInvalid(
-            "statement", f"a {st.get('_type')!r} of {st.get('predicateType')!r}, not quiesce's"
+            "statement",
+            f"a {shown(st.get('_type'))} of {shown(st.get('predicateType'))}, not quiesce's",
         )
     pred = st.get("predicate")
     freeze = pred.get("freeze") if isinstance(pred, dict) else None
     got = freeze.get("jti") if isinstance(freeze, dict) else None
-    if not (isinstance(got, str) and hmac.compare_digest(got, jti)):
+    if not (isinstance(got, str) and same_text(got, jti)):
         raise AttestationInvalid(
-            "jti", f"of freeze {got!r}, not the marker's {jti!r}: freeze again"
+            "jti", f"of freeze {shown(got)}, not the marker's {jti!r}: freeze again"
         )
     if read_file is not None:
         subjects = st.get("subject")
-        for s in subjects if isinstance(subjects, list) else []:
+        if not isinstance(subjects, list):
+            # Read as "no subjects", it would pass a check of nothing as a check of the tree.
+            raise AttestationInvalid("statement", f"subject is {shown(subjects)}, not a list")
+        for s in subjects:
             name = s.get("name") if isinstance(s, dict) else None
             digest = s.get("digest") if isinstance(s, dict) else None
             want = digest.get("sha256") if isinstance(digest, dict) else None
             if not isinstance(name, str) or not isinstance(want, str):
-                raise AttestationInvalid("statement", f"a subject without name or sha256: {s!r}")
-            if hashlib.sha256(read_file(subject_path(name))).hexdigest() != want:
-                raise AttestationInvalid("changed", f"{name} is not the file attested")
+                raise AttestationInvalid(
+                    "statement", f"a subject without name or sha256: {shown(s)}"
+                )
+            try:
+                path = subject_path(name)
+            except UnicodeEncodeError:
+                # A lone surrogate: no percent-encoding the init writes has one.
+                raise AttestationInvalid("statement", f"a subject named {shown(name)}") from None
+            if hashlib.sha256(read_file(path)).hexdigest() != want:
+                raise AttestationInvalid("changed", f"{shown(name)} is not the file attested")
     return st

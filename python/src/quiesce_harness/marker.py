@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import re
+import reprlib
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,24 @@ PRIVILEGE_ESCALATION_FIX = (
 )
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
+# The init writes iat as a 64-bit count of seconds; a larger one is no time (and no float).
+MAX_IAT = 2**63
+# Values a refusal quotes come from the sandbox: shown short and shallow, so a deep or huge one
+# costs neither recursion nor memory.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+
+
+def shown(value: object) -> str:
+    """`value` as a refusal quotes it: repr, cut to a bounded length and depth."""
+    return _SHOWN.repr(value)
+
+
+def same_text(a: str, b: str) -> bool:
+    """A constant-time equality of two strings, any code points (compare_digest takes ASCII)."""
+    return hmac.compare_digest(
+        a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass")
+    )
 
 
 def _b64url(part: str, what: str) -> bytes:
@@ -56,7 +75,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise ValueError(f"duplicate key {shown(k)}")
         out[k] = v
     return out
 
@@ -64,7 +83,8 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
+    except (ValueError, RecursionError) as e:
+        # RecursionError: JSON nested deeper than Python's stack, which no marker is.
         raise MarkerInvalid("format", f"the {what} is not a JSON object: {e}") from None
     if not isinstance(value, dict):
         raise MarkerInvalid("format", f"the {what} is not a JSON object")
@@ -124,42 +144,45 @@ def verify_marker(
     parts = text.split(".")
     if len(parts) != 3:
         raise MarkerInvalid("format", f"{len(parts)} parts, a compact JWS has 3")
-    header = _json_object(_b64url(parts[0], "header"), "header")
+    # Every part's form before any is used: the signing input is the first two parts as ASCII.
+    header_raw = _b64url(parts[0], "header")
+    payload_raw = _b64url(parts[1], "payload")
+    signature = _b64url(parts[2], "signature")
+    header = _json_object(header_raw, "header")
     alg = header.get("alg")
     if alg != "EdDSA":
-        raise MarkerInvalid("alg", f"alg is {alg!r}; only 'EdDSA' is accepted")
+        raise MarkerInvalid("alg", f"alg is {shown(alg)}; only 'EdDSA' is accepted")
     if "crit" in header:
         raise MarkerInvalid("alg", "the header has 'crit' extensions, which no marker uses")
     key = load_public_key(public_key_pem)
     kid = header.get("kid")
-    if kid is not None and not (isinstance(kid, str) and hmac.compare_digest(kid, key_id(key))):
+    if kid is not None and not (isinstance(kid, str) and same_text(kid, key_id(key))):
         raise MarkerInvalid("key", "signed by another key: the marker's kid is not this key's")
-    signature = _b64url(parts[2], "signature")
     if len(signature) != 64:
         raise MarkerInvalid("format", f"the signature is {len(signature)} bytes, Ed25519's is 64")
     try:
         key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"))
     except InvalidSignature:
         raise MarkerInvalid("signature", "the signature does not verify with this key") from None
-    claims = _json_object(_b64url(parts[1], "payload"), "payload")
+    claims = _json_object(payload_raw, "payload")
 
     if claims.get("iss") != "quiesce":
-        raise MarkerInvalid("claims", f"iss is {claims.get('iss')!r}, not 'quiesce'")
+        raise MarkerInvalid("claims", f"iss is {shown(claims.get('iss'))}, not 'quiesce'")
     if claims.get("result") != "quiescent":
-        raise MarkerInvalid("claims", f"result is {claims.get('result')!r}, not 'quiescent'")
+        raise MarkerInvalid("claims", f"result is {shown(claims.get('result'))}, not 'quiescent'")
     if claims.get("survivors") != 0 or not _is_int(claims.get("survivors")):
-        raise MarkerInvalid("claims", f"survivors is {claims.get('survivors')!r}, not 0")
+        raise MarkerInvalid("claims", f"survivors is {shown(claims.get('survivors'))}, not 0")
     if nonce is not None:
         got = claims.get("nonce")
-        if not isinstance(got, str) or not hmac.compare_digest(got.encode(), nonce.encode()):
+        if not isinstance(got, str) or not same_text(got, nonce):
             raise MarkerInvalid(
                 "nonce",
-                f"the marker carries nonce {got!r}, not the one asked for: "
+                f"the marker carries nonce {shown(got)}, not the one asked for: "
                 "it answers another freeze (a replay)",
             )
     setuid = claims.get("setuid")
     if setuid is not None and not isinstance(setuid, bool):
-        raise MarkerInvalid("claims", f"setuid is {setuid!r}, not a boolean")
+        raise MarkerInvalid("claims", f"setuid is {shown(setuid)}, not a boolean")
     if setuid is not False and not accept_privilege_escalation:
         said = (
             "says a setuid binary could make a sandbox process root (setuid=true)"
@@ -169,8 +192,8 @@ def verify_marker(
         )
         raise MarkerInvalid("setuid", f"the marker {said}: {PRIVILEGE_ESCALATION_FIX}")
     iat = claims.get("iat")
-    if not isinstance(iat, int) or isinstance(iat, bool):
-        raise MarkerInvalid("claims", f"iat is {iat!r}, not an integer")
+    if not isinstance(iat, int) or isinstance(iat, bool) or not -MAX_IAT < iat < MAX_IAT:
+        raise MarkerInvalid("claims", f"iat is {shown(iat)}, not a 64-bit integer")
     t = time.time() if now is None else now
     limit = DEFAULT_MAX_AGE_S if max_age_s is None else max_age_s
     if t - iat > limit:
@@ -196,6 +219,6 @@ def _check_identity(claims: Mapping[str, Any], container: Container | Mapping[st
         if field in want and got.get(field) != want[field]:
             raise MarkerInvalid(
                 "container",
-                f"signed in another container: {field} is {got.get(field)!r}, "
+                f"signed in another container: {field} is {shown(got.get(field))}, "
                 f"this container's is {want[field]!r}",
             )

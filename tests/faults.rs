@@ -11,6 +11,11 @@ use std::time::Duration;
 
 /// The sandbox user of a container of this file; each test its own.
 fn container(uid: u32, size_kb: u32) -> Container {
+    container_with(uid, size_kb, false)
+}
+
+/// `shell_pid1`: the init is not PID 1 (a shell is), as a sidecar or a subreaper runs.
+fn container_with(uid: u32, size_kb: u32, shell_pid1: bool) -> Container {
     let u = uid.to_string();
     // Inside the container's own mount namespace: the state dir on a small tmpfs of its own, the
     // init's log in the scratch dir (the host's file system), where a test reads what it said.
@@ -22,6 +27,7 @@ fn container(uid: u32, size_kb: u32) -> Container {
         Opts {
             init_args: vec!["-v", "--sandbox-user", &u],
             wrap: vec!["sh", "-c", &wrap, "sh"],
+            shell_pid1,
             ..Default::default()
         },
         &["sleep", "1000000"],
@@ -199,4 +205,46 @@ fn host_live_of_uid(c: &Container, uid: u32) -> Vec<i32> {
 
 fn verify_code(c: &Container) -> i32 {
     c.verify(&["--", "echo", "scored"]).status.code().unwrap_or(-1)
+}
+
+#[test]
+fn a_credential_helper_killed_or_stopped_fails_one_freeze_at_most_and_the_next_works() {
+    let uid = 4615;
+    // Not PID 1: the init signals as the sandbox UID through a helper process, which anything
+    // of the host's (or a sandbox process, in its switched instant) can kill or stop.
+    let mut c = container_with(uid, 2048, true);
+    for (sig, name) in [(libc::SIGKILL, "killed"), (libc::SIGSTOP, "stopped")] {
+        let helper = credential_helper(&c);
+        assert_eq!(unsafe { libc::kill(helper, sig) }, 0, "signal the credential helper {helper}");
+        let _w = c.launch(uid, &["sleepers", "5"]);
+        let (code, st) = c.freeze_within(&format!("h-{name}"), Some(60));
+        if sig == libc::SIGKILL {
+            // Known gone at the freeze's start: replaced before it is asked.
+            assert_eq!(code, 0, "helper {name}: {st}\n{}", log(&c));
+            assert!(c.live_of_uid(uid).is_empty(), "helper {name}: quiescent beside a live sandbox: {st}");
+        } else {
+            // Stopped, it is asked and does not answer: this freeze fails, within its bound.
+            let why = st["reason"].as_str().unwrap_or_default();
+            assert!(why.contains("credential helper"), "helper {name}: {st}\n{}", log(&c));
+            assert!(state_file(&c, "quiescence.jws").is_none(), "helper {name}: a marker beside {st}");
+        }
+        assert!(c.alive(), "the init died of its helper {name}");
+        assert_ne!(credential_helper(&c), helper, "the {name} helper is still the one in use");
+        let _w = c.launch(uid, &["sleepers", "5"]);
+        quiescent(&c, uid, &format!("h-{name}-after"));
+    }
+}
+
+/// The host pid of the init's credential helper: its child that runs the init's own binary.
+fn credential_helper(c: &Container) -> i32 {
+    let kids = std::fs::read_dir(format!("/proc/{}/task", c.init))
+        .expect("the init's threads")
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|k| k.split_whitespace().filter_map(|p| p.parse::<i32>().ok()).collect::<Vec<_>>());
+    let helpers: Vec<i32> = kids
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|n| n.trim() == "quiesce"))
+        .collect();
+    assert_eq!(helpers.len(), 1, "one credential helper: {helpers:?}");
+    helpers[0]
 }

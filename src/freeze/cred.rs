@@ -59,8 +59,7 @@ impl Switcher {
         match self {
             Switcher::Helper(Some(h)) => {
                 let start = reader.start_time(h.pid).ok().flatten()?;
-                let exited = fdio::wait_readable(h.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true);
-                (!exited).then_some((h.pid, start))
+                (!h.exited()).then_some((h.pid, start))
             }
             _ => None,
         }
@@ -103,11 +102,18 @@ impl Switcher {
                 rx.recv().map_err(|_| io::Error::other("credential thread is gone"))?
             }
             Switcher::Helper(slot) => {
+                // One that has exited since the last freeze (killed from outside, say) is
+                // replaced before it is asked: that it is gone is known, not presumed.
                 let helper = match slot.take() {
-                    Some(h) => h,
-                    None => Helper::spawn().map_err(|e| {
-                        io::Error::new(e.kind(), format!("cannot start a credential helper: {e}"))
-                    })?,
+                    Some(h) if !h.exited() => h,
+                    gone => {
+                        if let Some(h) = gone {
+                            log::warn!("credential helper (pid {}) has exited: starting another", h.pid);
+                        }
+                        Helper::spawn().map_err(|e| {
+                            io::Error::new(e.kind(), format!("cannot start a credential helper: {e}"))
+                        })?
+                    }
                 };
                 match helper.request(uids, sig, sweeps) {
                     Ok(r) => {
@@ -140,6 +146,11 @@ impl Helper {
         let handle = pidfd::pidfd_open(pid)?;
         log::debug!("credential helper started as pid {pid}");
         Ok(Helper { pid, handle, sock: ours })
+    }
+
+    /// Has it exited? Its pidfd says so once it has; an error reading that counts as exited.
+    fn exited(&self) -> bool {
+        fdio::wait_readable(self.handle.as_raw_fd(), Duration::ZERO).unwrap_or(true)
     }
 
     /// Ok(answer), or Err when the helper did not answer (killed, stopped, or gone).

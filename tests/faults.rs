@@ -98,6 +98,12 @@ fn a_full_state_dir_fails_the_freeze_unsigned_and_the_next_one_works() {
     assert!(c.live_of_uid(uid).is_empty(), "the freeze killed nothing");
     // The first freeze's marker went before any signal; the second's could not be written.
     assert!(state_file(&c, "quiescence.jws").is_none(), "a marker is readable after a failed freeze");
+    // Nor is a status that could not be written left to say an earlier state (this freeze's
+    // "freezing", or the first one's "quiescent"): it says "failed", or there is none. Which
+    // of the two depends on the room the failed marker's write gave back.
+    let st: Option<serde_json::Value> =
+        state_file(&c, "status.json").and_then(|b| serde_json::from_slice(&b).ok());
+    assert!(st.as_ref().is_none_or(|s| s["state"] == "failed"), "a stale status: {st:?}");
     assert_eq!(verify_code(&c), 10, "verify with no marker: {}", log(&c));
     assert!(c.alive(), "the init died of a full state dir");
     sh(&c, "rm \"$D/state/filler\"");

@@ -187,9 +187,7 @@ fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
             return false;
         }
     }
-    if let Err(e) = sb.state.write_status(status) {
-        log::error!("cannot write status: {e}");
-    }
+    write_status(sb, status);
     true
 }
 
@@ -291,11 +289,21 @@ fn failed(status: &mut Status, out: &freeze::run::Outcome) {
     );
 }
 
-/// The final status: in status.json, and where the client that asked for this freeze looks.
-fn publish(sb: &mut Sandbox, status: &Status) {
+/// status.json says this freeze's state, or is not there: one that cannot be written (a full
+/// or read-only file system) must not leave the last freeze's "quiescent" readable as if it
+/// were this one's. Removing needs no room; a read-only file system keeps it, and says so.
+fn write_status(sb: &Sandbox, status: &Status) {
     if let Err(e) = sb.state.write_status(status) {
         log::error!("cannot write status: {e}");
+        if let Err(e) = sb.state.remove(state::dir::STATUS) {
+            log::error!("cannot remove the last status either: {e}");
+        }
     }
+}
+
+/// The final status: in status.json, and where the client that asked for this freeze looks.
+fn publish(sb: &mut Sandbox, status: &Status) {
+    write_status(sb, status);
     sb.intake.answer(status);
     sb.last = Some(status.clone());
 }

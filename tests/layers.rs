@@ -1,6 +1,7 @@
 //! `scripts/layers` fails on an upward use in each form it can take, on a short name at the
-//! crate root (which keeps none: every path names its folder), and on a re-export; the tree as
-//! it is passes.
+//! crate root (which keeps none: every path names its folder), on a re-export, and on a fuzz
+//! targets' root (src/lib.rs) that is built outside fuzz builds or makes a folder public, or a
+//! binary's root that declares the fuzz facade; the tree as it is passes.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,5 +52,24 @@ fn layers_refuses_every_form_of_an_upward_use() {
         assert_eq!(code, 1, "{planted:?} passed: {said}");
         assert!(said.contains("src/kernel/users.rs") && said.contains(named), "{planted:?}: {said}");
     }
+    std::fs::write(&victim, original).unwrap();
+    // The fuzz targets' crate root is empty outside fuzz builds and keeps the folders private.
+    let lib = scratch.join("lib.rs");
+    let root = std::fs::read_to_string(&lib).unwrap();
+    for (text, named) in [
+        (format!("{root}\npub mod state_too;\n"), "makes module state_too public"),
+        (root.replace("#![cfg(fuzzing)]", ""), "not empty outside fuzz builds"),
+    ] {
+        std::fs::write(&lib, &text).unwrap();
+        let (code, said) = layers(&scratch);
+        assert_eq!(code, 1, "{named:?} passed: {said}");
+        assert!(said.contains("src/lib.rs") && said.contains(named), "{named:?}: {said}");
+    }
+    std::fs::write(&lib, root).unwrap();
+    let main_rs = scratch.join("main.rs");
+    let main_text = std::fs::read_to_string(&main_rs).unwrap();
+    std::fs::write(&main_rs, format!("{main_text}\nmod fuzz;\n")).unwrap();
+    let (code, said) = layers(&scratch);
+    assert!(code == 1 && said.contains("src/main.rs declares the fuzz facade"), "{said}");
     std::fs::remove_dir_all(&scratch).unwrap();
 }

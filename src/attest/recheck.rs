@@ -59,6 +59,14 @@ pub fn run(r: &Recheck, st: &statement::Statement) -> Verdict {
     }
 }
 
+/// The job as `job` wrote it: its line, then the statement.
+pub fn parse_job(input: &[u8]) -> serde_json::Result<(Recheck, statement::Statement)> {
+    // JSON as serde writes it has no raw newline: the first one ends the job's line.
+    let (line, st) = input.split_at(input.iter().position(|&b| b == b'\n').unwrap_or(input.len()));
+    let job = serde_json::from_slice::<Recheck>(line)?;
+    Ok((job, serde_json::from_slice::<statement::Statement>(st.get(1..).unwrap_or_default())?))
+}
+
 /// The re-check process: its job on stdin, its verdict on stdout; exit 0 once it has answered.
 pub fn main() -> i32 {
     let mut input = Vec::new();
@@ -66,12 +74,7 @@ pub fn main() -> i32 {
         eprintln!("quiesce: re-check: cannot read its job: {e}");
         return 2;
     }
-    // JSON as serde writes it has no raw newline: the first one ends the job's line.
-    let (line, st) = input.split_at(input.iter().position(|&b| b == b'\n').unwrap_or(input.len()));
-    let parsed = serde_json::from_slice::<Recheck>(line).and_then(|j| {
-        serde_json::from_slice::<statement::Statement>(st.get(1..).unwrap_or_default()).map(|s| (j, s))
-    });
-    let (job, st) = match parsed {
+    let (job, st) = match parse_job(&input) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("quiesce: re-check: its job is not what verify writes: {e}");

@@ -201,7 +201,8 @@ fn wait_for_result(asked: &Asked) -> Result<Option<Status>, String> {
     Ok(None)
 }
 
-fn status_line(st: &Status) -> String {
+/// The line a request's result is shown as.
+pub fn status_line(st: &Status) -> String {
     format!(
         "{} {} (freeze {}, {} killed, {} ms){}{}",
         st.state,

@@ -39,7 +39,8 @@ struct Report {
     nonce: Option<String>,
 }
 
-struct Fail(i32, &'static str, String);
+/// A refusal: its exit code, the check that refused, and the line that says why.
+pub struct Fail(i32, &'static str, String);
 
 fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -168,7 +169,11 @@ fn read_attestation(
 }
 
 /// The statement's head, once it is a quiesce statement of the marker's freeze.
-fn statement_of(body: &[u8], shown: &Path, claims: &Claims) -> Result<crate::attest::statement::Head, Fail> {
+pub fn statement_of(
+    body: &[u8],
+    shown: &Path,
+    claims: &Claims,
+) -> Result<crate::attest::statement::Head, Fail> {
     use crate::attest::statement;
     let fail = attestation_fail;
     let st: statement::Head = serde_json::from_slice(body)

@@ -153,8 +153,8 @@ pub fn verify(token: &str, key: &VerifyingKey) -> Result<Claims, Bad> {
     serde_json::from_slice(&payload).map_err(|e| Bad::Malformed(format!("payload claims: {e}")))
 }
 
-/// Claims of a quiescent freeze, for the tests that sign or parse one.
-#[cfg(test)]
+/// Claims of a quiescent freeze, for the tests (and fuzz targets) that sign or parse one.
+#[cfg(any(test, fuzzing))]
 pub fn sample_claims() -> Claims {
     Claims {
         iss: "quiesce".into(),

@@ -25,12 +25,17 @@ pub struct Published {
     pub freeze_signal: i32,
 }
 
+/// A sandbox.json's bytes, read as the init writes them.
+pub fn parse(b: &[u8]) -> serde_json::Result<Published> {
+    serde_json::from_slice(b)
+}
+
 /// What the init using `dir` published. None: nothing (no init with a sandbox here, or one still
 /// starting). An error: a sandbox.json is there but cannot be trusted (not root's, writable by
 /// others, a link, not what an init writes), which is never the same as none.
 pub fn published_in(dir: &StateDir) -> Result<Option<Published>, String> {
     match dir.read(SANDBOX_FILE) {
-        Ok(b) => serde_json::from_slice::<Published>(&b).map(Some).map_err(|e| {
+        Ok(b) => parse(&b).map(Some).map_err(|e| {
             format!(
                 "{}: not what a quiesce init publishes ({e}): remove it",
                 dir.file(SANDBOX_FILE).display()

@@ -1,4 +1,5 @@
-//! The parsers of /proc/PID/stat and status. May use: kernel, observe.
+//! The parsers of /proc/PID/stat, status and cmdline, and of the names /proc and a task
+//! directory list. May use: kernel, observe.
 
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::{Comm, Named, Proc, Threads};
@@ -81,7 +82,7 @@ pub fn parse_stat(text: &[u8]) -> Result<Stat, String> {
 }
 
 /// The state field of a stat line (the character after the last ')'), without the rest.
-pub(super) fn stat_state(text: &[u8]) -> Result<char, String> {
+pub fn stat_state(text: &[u8]) -> Result<char, String> {
     let close = text.iter().rposition(|&b| b == b')').ok_or("stat has no ')'")?;
     match text.get(close + 1..close + 3) {
         Some([b' ', c]) if c.is_ascii_alphabetic() => Ok(*c as char),
@@ -94,17 +95,17 @@ pub fn parse_status(text: &str) -> Result<(char, [u32; 4], [u32; 4]), String> {
     parse_status_threads(text).map(|s| (s.state, s.uids, s.gids))
 }
 
-pub(super) struct Status {
-    pub(super) state: char,
-    pub(super) uids: [u32; 4],
-    pub(super) gids: [u32; 4],
+pub struct Status {
+    pub state: char,
+    pub uids: [u32; 4],
+    pub gids: [u32; 4],
     /// None in a status without the line (every kernel since 2.6 writes it).
-    pub(super) threads: Option<usize>,
+    pub threads: Option<usize>,
     /// The thread group this task belongs to (None in a status without the line).
-    pub(super) tgid: Option<Pid>,
+    pub tgid: Option<Pid>,
 }
 
-pub(super) fn parse_status_threads(text: &str) -> Result<Status, String> {
+pub fn parse_status_threads(text: &str) -> Result<Status, String> {
     let mut tgid = None;
     let mut state = None;
     let mut uids = None;
@@ -140,6 +141,27 @@ pub(super) fn parse_status_threads(text: &str) -> Result<Status, String> {
         threads,
         tgid,
     })
+}
+
+/// A status file's TracerPid (0: none); None without a readable line.
+pub fn tracer_pid(status: &[u8]) -> Option<Pid> {
+    let line = status.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"TracerPid:"))?;
+    std::str::from_utf8(line).ok()?.trim().parse().ok()
+}
+
+/// A cmdline file's words (NUL-separated, empty ones left out), each shown as text.
+pub fn cmdline_words(b: &[u8]) -> Vec<String> {
+    b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+}
+
+/// The second word of a cmdline file (empty when there is none).
+pub fn second_word(b: &[u8]) -> &[u8] {
+    b.split(|&c| c == 0).nth(1).unwrap_or_default()
+}
+
+/// The pid an entry of /proc or of /proc/PID/task names; None for an entry that names none.
+pub fn listed_pid(name: &[u8]) -> Option<Pid> {
+    std::str::from_utf8(name).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -179,5 +201,16 @@ mod tests {
         assert!(stat_state(b"42 (x S 1").is_err());
         assert!(stat_state(b"42 (x)").is_err());
         assert!(stat_state(b"42 (x)  S").is_err());
+    }
+
+    #[test]
+    fn cmdline_listing_and_tracer() {
+        assert_eq!(cmdline_words(b"sh\0-c\0\0x\xff\0"), ["sh", "-c", "x\u{fffd}"]);
+        assert!(cmdline_words(b"").is_empty() && cmdline_words(b"\0\0").is_empty());
+        assert_eq!(second_word(b"quiesce\0freeze\0--wait\0"), b"freeze");
+        assert_eq!(second_word(b"quiesce"), b"");
+        assert_eq!((listed_pid(b"42"), listed_pid(b"self"), listed_pid(b"\xff1")), (Some(42), None, None));
+        assert_eq!(tracer_pid(b"Name:\tx\nTracerPid:\t 7 \nUid:\t0\n"), Some(7));
+        assert_eq!((tracer_pid(b"TracerPid:\tx\n"), tracer_pid(b"Name:\tx\n")), (None, None));
     }
 }

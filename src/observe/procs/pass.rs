@@ -3,12 +3,15 @@
 
 use crate::kernel::{dirfd, process::Pid, stat};
 use crate::observe::procs::model::{exited, Detail, Proc, Thread, Threads};
-use crate::observe::procs::parse::{parse_stat, parse_status, parse_status_threads, stat_state, Stat};
+use crate::observe::procs::parse::{
+    listed_pid, parse_stat, parse_status, parse_status_threads, stat_state, tracer_pid, Stat,
+};
 use crate::observe::procs::read::{is_gone, unknown, Read};
 use crate::observe::procs::reader::Reader;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 
 /// Bytes of a stat, status or loginuid file read at most: far more than the kernel writes.
 const FILE_MAX: usize = 64 * 1024;
@@ -65,13 +68,10 @@ impl Pass<'_> {
     pub fn tracer(&mut self, pid: Pid) -> io::Result<Option<Pid>> {
         match self.file(pid, "status")? {
             Read::Gone => Ok(None),
-            Read::Ok(()) => {
-                let line = self.buf.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(b"TracerPid:"));
-                match line.and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.trim().parse().ok()) {
-                    Some(t) => Ok(Some(t)),
-                    None => Err(self.unknown(pid, "status", io::Error::other("no TracerPid line"))),
-                }
-            }
+            Read::Ok(()) => match tracer_pid(&self.buf) {
+                Some(t) => Ok(Some(t)),
+                None => Err(self.unknown(pid, "status", io::Error::other("no TracerPid line"))),
+            },
         }
     }
 
@@ -203,7 +203,7 @@ impl Pass<'_> {
                 Err(e) if is_gone(&e) => return Ok(None),
                 Err(e) => return Err(unknown(&task, e)),
             };
-            let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) else {
+            let Some(tid) = listed_pid(ent.file_name().as_bytes()) else {
                 continue;
             };
             let file = format!("task/{tid}/stat");
@@ -257,7 +257,7 @@ impl Pass<'_> {
                 Err(e) if is_gone(&e) => return Ok(Read::Gone),
                 Err(e) => return Err(unknown(&task, e)),
             };
-            if let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<Pid>().ok()) {
+            if let Some(tid) = listed_pid(ent.file_name().as_bytes()) {
                 out.push(tid);
             }
         }

@@ -6,6 +6,7 @@ use crate::kernel::{
     process::{self, Pid},
 };
 use crate::observe::procs::model::{Detail, Named, Proc};
+use crate::observe::procs::parse::{cmdline_words, listed_pid, second_word};
 use crate::observe::procs::pass::Pass;
 use crate::observe::procs::read::{is_gone, read_prefix, unknown, Read};
 use crate::observe::procs::table::Table;
@@ -62,7 +63,7 @@ impl Reader {
         let mut out = Vec::new();
         // No allocation per entry: the freeze lists the table several times.
         dirfd::each_entry(&dir, usize::MAX, |name| {
-            if let Some(pid) = std::str::from_utf8(name).ok().and_then(|s| s.parse::<Pid>().ok()) {
+            if let Some(pid) = listed_pid(name) {
                 out.push(pid);
             }
         })
@@ -96,11 +97,7 @@ impl Reader {
             // PR_SET_MM): only the first bytes are read.
             let cmdline = match read_prefix(&dir.join("cmdline"), CMDLINE_READ)? {
                 Read::Gone => Vec::new(),
-                Read::Ok(b) => b
-                    .split(|&c| c == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect(),
+                Read::Ok(b) => cmdline_words(&b),
             };
             // A zombie or kernel thread has no exe: that is an answer, not an unknown.
             let exe = fs::read_link(dir.join("exe")).ok().map(|p| p.to_string_lossy().into_owned());
@@ -213,7 +210,7 @@ impl Reader {
         let path = self.root.join(pid.to_string()).join("cmdline");
         match read_prefix(&path, CMDLINE_READ).map_err(|e| unknown(&path, e))? {
             Read::Gone => Ok(None),
-            Read::Ok(b) => Ok(Some(b.split(|&c| c == 0).nth(1).unwrap_or_default().to_vec())),
+            Read::Ok(b) => Ok(Some(second_word(&b).to_vec())),
         }
     }
 

@@ -278,10 +278,13 @@ def test_a_mutated_marker_verifies_only_as_itself(
     seed: Seed, data: st.DataObject, as_text: bool
 ) -> None:
     token = data.draw(mutated(seed.jws.encode()))
-    got = marker_outcome(token.decode("latin-1") if as_text else token, seed)
+    # As text, each byte one code point: 0x85 and 0xa0 are then whitespace, as str.strip says.
+    given = token.decode("latin-1") if as_text else token
+    got = marker_outcome(given, seed)
     if got is not None:
         # Whitespace around the token is the one change that keeps it the same token.
-        assert token.decode("ascii", "replace").strip() == seed.jws
+        text = given if isinstance(given, str) else given.decode("ascii", "replace")
+        assert text.strip() == seed.jws
         assert got == seed.claims
 
 
@@ -508,3 +511,11 @@ def test_each_attestation_finding_is_refused_by_its_check(seed: Seed, case: str)
     with bounded(), pytest.raises(AttestationInvalid) as e:
         verify_attestation(make(seed), seed.pem, str(seed.claims["jti"]), read_file=read_seed(seed))
     assert e.value.check == check
+
+
+def test_whitespace_around_a_marker_is_the_one_change_that_verifies(seed: Seed) -> None:
+    # str.strip's whitespace, as the kit strips it: NEL and NBSP in a str, not as bytes.
+    for token in (f"\x85 {seed.jws}\n\xa0", f"\x1c{seed.jws}\r\n".encode()):
+        assert marker_outcome(token, seed) == seed.claims
+    for token in (b"\x85" + seed.jws.encode(), f"{seed.jws}\x00"):
+        assert marker_outcome(token, seed) is None

@@ -12,7 +12,7 @@ check the kit promises holds for it; anything else raises the kit's own refusal 
 AttestationInvalid); never another exception, never a call of more than a second.
 
 QUIESCE_FUZZ_EXAMPLES sets the examples per test: 200 by default (seconds, as scripts/test runs
-it); the long campaign (docs/testing.md) sets e.g. 200000 and --hypothesis-show-statistics.
+it); the long campaign (docs/testing.md) repeats runs of 500 with fresh seeds for 10 minutes.
 """
 
 from __future__ import annotations

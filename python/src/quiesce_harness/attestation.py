@@ -73,8 +73,9 @@ def verify_attestation(
     key's kid and that verifies over PAE; the statement's `_type` and `predicateType`; its
     `predicate.freeze.jti` is `jti` (the marker's, from verify_marker: required, since an
     envelope of another freeze signed with the same key is a replay); with `read_file` (path
-    bytes -> content), every subject's sha256 again (`subject` must be a list). Files added since, links and special files
-    are not compared here: `quiesce verify` walks the trees again.
+    bytes -> content), every subject's sha256 again (`subject` must be a list). Files added
+    since, links and special files are not compared here: `quiesce verify` walks the trees
+    again.
     """
     # surrogatepass: a lone surrogate (a file read with surrogateescape) fails as JSON, below.
     raw = envelope.encode("utf-8", "surrogatepass") if isinstance(envelope, str) else envelope

@@ -263,14 +263,14 @@ def workload_args(kind, n):
     return ["sleepers", str(n)]
 
 
-def workload_ns(kind, n, state):
-    """A quiesce-run namespace whose root command launches the agent workload."""
+def workload_ns(kind, n, state, q=Q):
+    """A quiesce-run namespace (the init `q`) whose root command launches the agent workload."""
     ready = os.path.join(state, "..", "ready")
     if os.path.exists(ready):
         os.unlink(ready)
     args = workload_args(kind, n)
-    cmd = f"ADV_READY={ready} {Q} exec --user {UID} -- {ADV} {' '.join(args)} & exec sleep 100000"
-    ns = Ns([Q, "--state-dir", state, "--sandbox-user", str(UID), "--", "sh", "-c", cmd])
+    cmd = f"ADV_READY={ready} {q} exec --user {UID} -- {ADV} {' '.join(args)} & exec sleep 100000"
+    ns = Ns([q, "--state-dir", state, "--sandbox-user", str(UID), "--", "sh", "-c", cmd])
     deadline = time.time() + 60
     while not os.path.exists(ready):
         if time.time() > deadline or ns.p.poll() is not None:
@@ -302,10 +302,10 @@ def m_quiesce(ns, state):
     return ok, wall * 1000, st.get("phases_ms", {}).get("total")
 
 
-def m_quiesce_phases(ns, state):
-    """One freeze: converged, wall ms from outside, and the init's phases (ms)."""
+def m_quiesce_phases(ns, state, q=Q):
+    """One freeze by the init `q`: converged, wall ms from outside, and the init's phases (ms)."""
     t = time.perf_counter()
-    r = ns.enter([Q, "freeze", "--state-dir", state, "--wait", "--json"], capture_output=True, text=True)
+    r = ns.enter([q, "freeze", "--state-dir", state, "--wait", "--json"], capture_output=True, text=True)
     wall = time.perf_counter() - t
     try:
         st = json.loads(r.stdout) if r.stdout.strip() else {}
@@ -558,6 +558,8 @@ def main():
     ap.add_argument("--shape-sizes", default="1000,5000")
     ap.add_argument("--only-shapes", action="store_true",
                     help="run only the shape table and print it (docs/benchmarks.md is left alone)")
+    ap.add_argument("--baseline", metavar="PATH",
+                    help="compare this build with the quiesce binary at PATH (bench/baseline.py) and write only that section")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     a = ap.parse_args()
     sizes = [("bomb", 0) if s == "bomb" else ("sleepers", int(s)) for s in a.sizes.split(",")]
@@ -567,6 +569,10 @@ def main():
         sys.exit(f"bench: {left} processes of UID {UID} are still running from an earlier run: kill them first")
 
     shapes = shape_list([k for k in a.shapes.split(",") if k], [int(n) for n in a.shape_sizes.split(",") if n])
+    if a.baseline:
+        import baseline
+        baseline.run(a, shapes, sizes)
+        return
     if a.only_shapes:
         print("freeze shapes ...", file=sys.stderr)
         print("\n".join(shapes_table(freeze_shapes(a.runs, shapes), a.runs)))
@@ -611,11 +617,12 @@ def main():
     L += shape_goals(fs)
     L += ["",
           "Reproduce: `bench/run` (as root; installs tini, dumb-init and catatonit from Debian's packages)."]
-    # The sidecar's and the attestation's sections are bench/sidecar.py's and bench/attest's:
-    # kept as those scripts last wrote them.
+    # The sidecar's, the attestation's and the baseline's sections are bench/sidecar.py's,
+    # bench/attest's and bench/baseline.py's: kept as those scripts last wrote them.
     old = open(a.out).read() if os.path.exists(a.out) else ""
     for begin, end in (("<!-- sidecar: begin (bench/sidecar.py) -->", "<!-- sidecar: end -->"),
-                       ("<!-- attest: begin (bench/attest) -->", "<!-- attest: end -->")):
+                       ("<!-- attest: begin (bench/attest) -->", "<!-- attest: end -->"),
+                       ("<!-- baseline: begin (bench/run --baseline) -->", "<!-- baseline: end -->")):
         if begin in old and end in old:
             L += ["", old[old.index(begin):old.index(end) + len(end)]]
     open(a.out, "w").write("\n".join(L) + "\n")

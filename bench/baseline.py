@@ -107,13 +107,17 @@ def freeze_cases(shapes, sizes):
     return cases
 
 
-def freezes(builds, runs, cases, loads):
+def freezes(builds, runs, cases, loads, until):
     """Each case frozen by each build in a fresh namespace, alternating run by run: per build,
-    the phase total, the wall time from outside and each phase, in ms."""
-    res = {}
-    for kind, n in cases:
-        got = {b: {"ok": 0, "wall": [], **{p: [] for p in bench.PHASES}} for b, _ in builds}
-        for i in range(runs):
+    the phase total, the wall time from outside and each phase, in ms. A run covers every case,
+    so a run cut short by `until` (a time.time()) leaves all cases with the same number of runs."""
+    res = {c: {b: {"ok": 0, "wall": [], **{p: [] for p in bench.PHASES}} for b, _ in builds} for c in cases}
+    done = 0
+    for i in range(runs):
+        if done and time.time() > until:
+            print(f"baseline: the time is up after {done} runs of {runs}", file=sys.stderr)
+            break
+        for kind, n in cases:
             for b, q in ordered(builds, i):
                 loads.append(os.getloadavg()[0])
                 with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
@@ -124,19 +128,21 @@ def freezes(builds, runs, cases, loads):
                         ok, wall, phases = bench.m_quiesce_phases(ns, state, q)
                     finally:
                         ns.close()
-                g = got[b]
+                g = res[(kind, n)][b]
                 g["ok"] += ok
                 if ok and "total" in phases:
                     g["wall"].append(wall)
                     for p in bench.PHASES:
                         g[p].append(phases.get(p, float("nan")))
-        res[(kind, n)] = got
+        done += 1
+        print(f"baseline: run {done} of {runs} done", file=sys.stderr)
+    for (kind, n), got in res.items():
         h, s = got["head"], got["base"]
         print(f"  {kind:>9} {n:>5}: head {bench.med(h['total']):7.1f} ms (wall {bench.med(h['wall']):.1f}) "
               f"base {bench.med(s['total']):7.1f} ms (wall {bench.med(s['wall']):.1f}) "
-              f"ratio {ratio_ci(h['total'], s['total'])[0]:.3f}  converged {h['ok']}/{runs}, {s['ok']}/{runs}",
+              f"ratio {ratio_ci(h['total'], s['total'])[0]:.3f}  converged {h['ok']}/{done}, {s['ok']}/{done}",
               file=sys.stderr)
-    return res
+    return res, done
 
 
 def fmt_ratio(head, base):
@@ -177,7 +183,7 @@ def section(head_q, base_q, runs, spawn_runs, rss_reps, cmd, sizes, spawn, rss0,
                  f"{bench.med(h['wall']):.1f} | {bench.med(b['wall']):.1f} | {fmt_ratio(h['wall'], b['wall'])} | "
                  + " | ".join(f"{bench.med(h[p]) / bench.med(b[p]):.2f}" if bench.med(b[p]) > 0 else "–" for p in bench.PHASES[:-1])
                  + f" | {h['ok']}/{runs}, {b['ok']}/{runs} |")
-    L += ["", f"Medians of {runs} runs per build, shape and size, each in a fresh PID namespace; the freeze's time is its "
+    L += ["", f"Medians of {runs} runs per build, shape and size (each run covers every shape and size), each in a fresh PID namespace; the freeze's time is its "
           "own phase total, the wall time that of `quiesce freeze --wait --json` from outside (the build's own client), "
           "and stop / walk / kill / probe the head/base ratios of those phases' medians. The shapes are the freeze-by-shape "
           "table's, the sizes (sleepers) the method comparison's.", END]
@@ -197,8 +203,9 @@ def run(a, shapes, sizes):
     rss0, rss1 = rss(builds, rss_reps, False), rss(builds, rss_reps, True)
     print("baseline: freezes ...", file=sys.stderr)
     loads = []
-    fr = freezes(builds, a.runs, freeze_cases(shapes, sizes), loads)
-    L = section(bench.Q, base_q, a.runs, a.spawn_runs, rss_reps, cmd, sizes, spawn, rss0, rss1, fr, loads)
+    until = time.time() + a.minutes * 60 if a.minutes else float("inf")
+    fr, done = freezes(builds, a.runs, freeze_cases(shapes, sizes), loads, until)
+    L = section(bench.Q, base_q, done, a.spawn_runs, rss_reps, cmd, sizes, spawn, rss0, rss1, fr, loads)
     text = "\n".join(L)
     old = open(a.out).read() if os.path.exists(a.out) else ""
     if BEGIN in old and END in old:

@@ -560,6 +560,8 @@ def main():
                     help="run only the shape table and print it (docs/benchmarks.md is left alone)")
     ap.add_argument("--baseline", metavar="PATH",
                     help="compare this build with the quiesce binary at PATH (bench/baseline.py) and write only that section")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="with --baseline: start no freeze run after this many minutes (0: all --runs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     a = ap.parse_args()
     sizes = [("bomb", 0) if s == "bomb" else ("sleepers", int(s)) for s in a.sizes.split(",")]

@@ -122,6 +122,10 @@ def test_each_refusal_names_its_check(attested: Attested) -> None:
     refused("signature", json.dumps(edited).encode(), pem)
     refused("jti", attested.envelope, pem, jti="another-freeze")
     jti = verify_marker(attested.marker, pem)["jti"]
+    # A key given twice: `quiesce verify` refuses it, so the kit does too, whichever value the
+    # signature covers.
+    twice = b'{"payload": "e30=", ' + attested.envelope.lstrip()[1:]
+    refused("format", twice, pem, jti=jti)
     (attested.tree / "a").write_bytes(b"beta\n")
     refused("changed", attested.envelope, pem, jti=jti, read_file=read)
 

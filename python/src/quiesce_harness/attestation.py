@@ -19,7 +19,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 
 from .errors import AttestationInvalid
-from .marker import key_id, load_public_key, same_text, shown
+from .marker import _no_duplicates, key_id, load_public_key, same_text, shown
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -49,9 +49,13 @@ def _b64(s: object, what: str) -> bytes:
 
 
 def _json_object(raw: bytes, check: str, subject: str, what: str) -> dict[str, Any]:
-    """`raw` as a JSON object, or the refusal under `check` ("<subject>not JSON", "not <what>")."""
+    """`raw` as a JSON object, or the refusal under `check` ("<subject>not JSON", "not <what>").
+
+    UTF-8 only, and a key given twice is refused: the init reads both so (serde), and a reader
+    that took the last of two values would check another envelope than `quiesce verify` does.
+    """
     try:
-        got = json.loads(raw)
+        got = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (ValueError, RecursionError) as e:
         # RecursionError: JSON nested deeper than Python's stack, which no attestation is.
         raise AttestationInvalid(check, f"{subject}not JSON: {e}") from None

@@ -231,7 +231,12 @@ impl StateDir {
                 _ => return Err(format!("state dir {}: not a directory path", path.display())),
             };
             let dir = crate::kernel::dirfd::open_dir(parent).map_err(|e| create_error(path, &e))?;
-            match crate::kernel::dirwrite::mkdir_only_at(&dir, &name.to_string_lossy(), 0o755) {
+            // The name made is the name opened next: one that is not UTF-8 is refused, not
+            // made under a lossy spelling of itself.
+            let utf8 = name
+                .to_str()
+                .ok_or_else(|| format!("state dir {}: not UTF-8: pick another", path.display()))?;
+            match crate::kernel::dirwrite::mkdir_only_at(&dir, utf8, 0o755) {
                 Ok(()) => return StateDir::made(&dir, name, path),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(create_error(path, &e)),
@@ -248,6 +253,22 @@ impl StateDir {
     fn made(parent: &OwnedFd, name: &std::ffi::OsStr, path: &Path) -> Result<StateDir, String> {
         let chmod_error = |e: io::Error| format!("cannot chmod {}: {e}", path.display());
         let fd = crate::kernel::dirfd::open_dir_at(parent, name).map_err(chmod_error)?;
+        // What was opened must be what mkdirat made: root's, no bits beyond 0755, empty. In a
+        // parent others may write in, the entry can be swapped for another directory between
+        // the two; chmodding that one would open it to others or take its sticky bit.
+        let st = crate::kernel::stat::fstat(&fd).map_err(|e| format!("state dir {}: {e}", path.display()))?;
+        let empty = crate::kernel::dirfd::list_dir(&fd, 1).is_ok_and(|(names, _)| names.is_empty());
+        let fresh = st.st_mode & libc::S_IFMT == libc::S_IFDIR
+            && st.st_uid == 0
+            && st.st_mode & 0o7777 & !0o755 == 0
+            && empty;
+        if !fresh {
+            return Err(format!(
+                "state dir {} was replaced while it was made: make it beforehand, root's and 0755, \
+                 in a directory only root may write in",
+                path.display()
+            ));
+        }
         crate::kernel::dirwrite::fchmod(&fd, 0o755).map_err(chmod_error)?;
         let st = crate::kernel::stat::fstat(&fd).map_err(|e| format!("state dir {}: {e}", path.display()))?;
         check_dir(&st, path)?;

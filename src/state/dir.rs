@@ -253,15 +253,14 @@ impl StateDir {
     fn made(parent: &OwnedFd, name: &std::ffi::OsStr, path: &Path) -> Result<StateDir, String> {
         let chmod_error = |e: io::Error| format!("cannot chmod {}: {e}", path.display());
         let fd = crate::kernel::dirfd::open_dir_at(parent, name).map_err(chmod_error)?;
-        // What was opened must be what mkdirat made: root's, no bits beyond 0755, empty. In a
-        // parent others may write in, the entry can be swapped for another directory between
-        // the two; chmodding that one would open it to others or take its sticky bit.
+        // What was opened must be what mkdirat made as far as it shows: root's, no bits beyond
+        // 0755. In a parent others may write in, the entry can be swapped for another directory
+        // between the two; chmodding that one would open it to others or take its sticky bit.
+        // Not "empty": a second start of the init's (a sidecar started twice at once) may
+        // already be writing in the directory this one made.
         let st = crate::kernel::stat::fstat(&fd).map_err(|e| format!("state dir {}: {e}", path.display()))?;
-        let empty = crate::kernel::dirfd::list_dir(&fd, 1).is_ok_and(|(names, _)| names.is_empty());
-        let fresh = st.st_mode & libc::S_IFMT == libc::S_IFDIR
-            && st.st_uid == 0
-            && st.st_mode & 0o7777 & !0o755 == 0
-            && empty;
+        let fresh =
+            st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_uid == 0 && st.st_mode & 0o7777 & !0o755 == 0;
         if !fresh {
             return Err(format!(
                 "state dir {} was replaced while it was made: make it beforehand, root's and 0755, \

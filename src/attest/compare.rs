@@ -179,4 +179,94 @@ mod tests {
         let many = Differences { changed: (0..5).map(|i| format!("/w/{i}")).collect(), ..Default::default() };
         assert_eq!(many.line(), "changed /w/0, /w/1, /w/2 (+2 more)");
     }
+
+    /// A statement of `subjects` (name, digest) and `paths`, the freeze's facts as a real one's.
+    fn statement(subjects: &[(&str, &str)], paths: Vec<PathFacts>) -> Statement {
+        let subject: Vec<Subject> = subjects.iter().map(|(n, d)| sub(n, d)).collect();
+        let v = serde_json::json!({
+            "_type": crate::attest::statement::STATEMENT_TYPE,
+            "subject": subject,
+            "predicateType": crate::attest::statement::PREDICATE_TYPE,
+            "predicate": {
+                "freeze": {
+                    "id": "f", "jti": "f", "nonce": null,
+                    "container": {"boot_id": "b", "pid_ns": 1, "hostname": "h", "init_start": 1},
+                    "sandbox_uids": [4242], "killed": 1,
+                    "phases_ms": {"stop": 0, "walk": 0, "kill": 0, "probe": 0, "total": 0}
+                },
+                "name_encoding": crate::attest::statement::NAME_ENCODING,
+                "bounds": {"files": 10, "bytes": 10, "depth": 10, "seconds": 10},
+                "paths": paths,
+                "version": "t"
+            }
+        });
+        serde_json::from_value(v).expect("a statement")
+    }
+
+    fn facts(path: &str, dirs: &[&str]) -> PathFacts {
+        PathFacts {
+            path: path.into(),
+            directories: dirs.len() as u64,
+            directory_names: dirs.iter().map(|d| d.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn subs(v: &[(&str, &str)]) -> Vec<Subject> {
+        v.iter().map(|(n, d)| sub(n, d)).collect()
+    }
+
+    #[test]
+    fn an_unchanged_tree_has_no_difference_and_each_kind_alone_is_one() {
+        let then = statement(&[("/w/a", "1"), ("/w/b", "2")], vec![facts("/w", &["/w/d"])]);
+        let same = compare(&then, &subs(&[("/w/a", "1"), ("/w/b", "2")]), &[facts("/w", &["/w/d"])], &[]);
+        assert!(same.is_empty(), "{same:?}");
+        assert_eq!(same.line(), "");
+        for (now, kind) in [
+            (vec![("/w/a", "9"), ("/w/b", "2")], "changed /w/a"),
+            (vec![("/w/a", "1"), ("/w/b", "2"), ("/w/c", "3")], "added /w/c"),
+            (vec![("/w/a", "1")], "removed /w/b"),
+            (vec![("/w/b", "2")], "removed /w/a"),
+        ] {
+            let d = compare(&then, &subs(&now), &[facts("/w", &["/w/d"])], &[]);
+            assert!(!d.is_empty(), "{kind}");
+            assert_eq!(d.line(), kind);
+        }
+        let three = Differences { added: (0..3).map(|i| format!("/w/{i}")).collect(), ..Default::default() };
+        assert_eq!(three.line(), "added /w/0, /w/1, /w/2");
+    }
+
+    #[test]
+    fn subjects_in_any_order_compare_by_name() {
+        let then = statement(&[("/w/c", "3"), ("/w/a", "1"), ("/w/b", "2")], vec![]);
+        let now = subs(&[("/w/b", "2"), ("/w/c", "3"), ("/w/a", "1")]);
+        assert!(compare(&then, &now, &[], &[]).is_empty());
+        let d = compare(&then, &subs(&[("/w/z", "0"), ("/w/a", "1")]), &[], &[]);
+        assert_eq!(d.line(), "added /w/z; removed /w/b, /w/c");
+    }
+
+    #[test]
+    fn ignored_names_are_not_compared_and_the_rest_is() {
+        let mut p = facts("/w", &["/w/d", "/w/tmp"]);
+        p.symlinks.insert("/w/tmp/l".into(), "x".into());
+        p.symlinks.insert("/w/l".into(), "x".into());
+        let then = statement(&[("/w/a", "1"), ("/w/tmp/t", "1")], vec![p.clone(), facts("/v", &[])]);
+        let mut q = facts("/w", &["/w/d", "/w/tmp", "/w/tmp/new"]);
+        q.symlinks.insert("/w/tmp/l".into(), "y".into());
+        q.symlinks.insert("/w/l".into(), "x".into());
+        let now = subs(&[("/w/a", "1"), ("/w/tmp/t", "2"), ("/w/tmp/u", "2")]);
+        let ignore = vec!["/w/tmp".to_string()];
+        let d = compare(&then, &now, &[facts("/v", &[]), q.clone()], &ignore);
+        assert!(d.is_empty(), "only ignored names differ: {d:?}");
+        let d = compare(&then, &now, &[facts("/v", &[]), q], &[]);
+        assert_eq!(
+            d.line(),
+            "changed /w (2 directories attested, 3 now), /w/tmp/l, /w/tmp/t; added /w/tmp/new, /w/tmp/u"
+        );
+        let gone = compare(&then, &subs(&[("/w/a", "1"), ("/w/tmp/t", "1")]), &[facts("/v", &[])], &[]);
+        assert_eq!(
+            gone.line(),
+            "changed /w (2 directories attested, 0 now); removed /w/d, /w/l, /w/tmp (+1 more)"
+        );
+    }
 }

@@ -550,4 +550,153 @@ mod tests {
         b.note(&s, &tainted, 1);
         assert_eq!(orphaned(&s, &tainted, &b, &since, Some(99), 1, &[]).len(), 1);
     }
+
+    #[test]
+    fn a_launch_is_unfollowed_only_with_setuid_and_without_lineage() {
+        use crate::state::launches::Launch;
+        let launch =
+            Launch { pid: 20, start_time: 50, ppid: 10, parent_start_time: 5, lineage: true, setuid: true };
+        let mut l = Launchers::default();
+        assert!(!l.any_unfollowed());
+        l.add(&launch);
+        l.add(&Launch { lineage: false, setuid: false, ..launch.clone() });
+        l.add_command(40, false);
+        assert!(!l.any_unfollowed(), "followed, or no setuid: nothing becomes root unseen");
+        l.add_command(40, true);
+        assert!(l.any_unfollowed(), "the init's own command, unfollowed");
+    }
+
+    #[test]
+    fn the_init_s_command_unfollowed_leaves_the_init_unable_to_vouch_since_it_started() {
+        // In a sidecar the init is not PID 1: both it (7) and PID 1 hold what an escape leaves.
+        let s = snap(&[proc(1, 0, 1), proc(7, 1, 2), proc(20, 7, 40), proc(30, 7, 30), proc(31, 1, 45)]);
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
+        let mut l = Launchers::default();
+        l.add_command(40, true);
+        let got: Vec<Pid> = unfollowed_children(&s, &tainted, &l, 7, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![31], "born since the command under PID 1; 30 is from before it");
+        let mut under_init = s.clone();
+        under_init.insert(32, proc(32, 7, 41));
+        let got: Vec<Pid> =
+            unfollowed_children(&under_init, &tainted, &l, 7, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![31, 32], "and under the init itself");
+    }
+
+    #[test]
+    fn a_process_above_an_unfollowed_launch_vouches_for_nothing_born_since_while_it_lives() {
+        // 10: a subreaper above the launcher of an unfollowed launch at tick 50.
+        let s = snap(&[proc(1, 0, 1), proc(10, 1, 5), proc(11, 10, 40), proc(12, 10, 60)]);
+        let mut l = Launchers::default();
+        l.add_above(10, 5, 50);
+        l.add_command(50, true);
+        let got: Vec<Pid> =
+            unfollowed_children(&s, &Tainted::new(), &l, 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![12]);
+        // Alive, it stays above; gone, a later process with its pid is another one.
+        l.prune(&s);
+        assert!(!Ancestry::from_launchers(&l).vouches(&proc(10, 1, 5)));
+        let mut later = s.clone();
+        later.insert(10, proc(10, 1, 95));
+        l.prune(&later);
+        assert!(Ancestry::from_launchers(&l).vouches(&proc(10, 1, 5)));
+        assert!(unfollowed_children(&later, &Tainted::new(), &l, 1, &[]).iter().all(|p| p.pid != 12));
+    }
+
+    #[test]
+    fn a_followed_launch_is_forgotten_once_its_process_is_gone() {
+        use crate::state::launches::Launch;
+        // 20: a followed launch from outside, read untagged (history); 30 entered since.
+        let s = snap(&[proc(1, 0, 1), proc(20, 0, 50), proc(30, 0, 140)]);
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
+        let mut l = Launchers::default();
+        l.add(&Launch {
+            pid: 20,
+            start_time: 50,
+            ppid: 0,
+            parent_start_time: 0,
+            lineage: true,
+            setuid: true,
+        });
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
+        let orphans = |l: &Launchers| {
+            let mut a = Ancestry::from_launchers(l);
+            a.note(&s, &tainted, 1);
+            orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).len()
+        };
+        l.prune(&s);
+        assert_eq!(orphans(&l), 0, "alive, its record still says lineage follows it");
+        let mut gone = s.clone();
+        gone.insert(20, proc(20, 0, 60));
+        l.prune(&gone);
+        assert_eq!(orphans(&l), 1, "another process with its pid is not followed");
+    }
+
+    #[test]
+    fn the_outside_suspected_vouches_for_no_newcomer_from_there() {
+        let s = snap(&[proc(1, 0, 1), proc(30, 0, 140)]);
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
+        let mut a = Ancestry::default();
+        assert!(orphaned(&s, &Tainted::new(), &a, &since, Some(99), 1, &[]).is_empty());
+        a.suspect_outside();
+        let got: Vec<Pid> =
+            orphaned(&s, &Tainted::new(), &a, &since, Some(99), 1, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![30]);
+    }
+
+    #[test]
+    fn every_process_above_a_sandbox_process_is_noted_and_pid_1_is_no_outside() {
+        // A sidecar (init 7): PID 1 -> 10 -> 15 -> 20, the sandbox's, lineage off.
+        let s = snap(&[
+            proc(1, 0, 1),
+            proc(7, 1, 2),
+            proc(10, 1, 5),
+            proc(15, 10, 6),
+            proc(20, 15, 7),
+            proc(40, 10, 120), // born during the freeze under the grandparent
+            proc(50, 0, 130),  // entered from outside during the freeze
+        ]);
+        let tainted: Tainted = [(20, Reasons::of(&[Reason::Uid]))].into_iter().collect();
+        let mut a = Ancestry::default();
+        a.note(&s, &tainted, 7);
+        assert!(!a.vouches(&proc(15, 10, 6)) && !a.vouches(&proc(10, 1, 5)) && !a.vouches(&proc(1, 0, 1)));
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
+        let got: Vec<Pid> =
+            orphaned(&s, &tainted, &a, &since, Some(99), 7, &[]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![40], "PID 1 ends the chain: the outside is not above it");
+    }
+
+    #[test]
+    fn a_child_of_the_init_s_own_vouched_for_only_before_an_unfollowed_launch() {
+        // 40: the freeze client (the init's own); 41 born under it before the launch, 42 since.
+        let s = snap(&[proc(1, 0, 1), proc(40, 0, 30), proc(41, 40, 45), proc(42, 40, 55)]);
+        let mut l = Launchers::default();
+        l.add_command(50, true);
+        let got: Vec<Pid> =
+            unfollowed_children(&s, &Tainted::new(), &l, 1, &[(40, 30)]).iter().map(|p| p.pid).collect();
+        assert_eq!(got, vec![42]);
+    }
+
+    #[test]
+    fn a_newcomer_under_pid_1_the_init_or_a_dead_parent_is_an_orphan() {
+        // A sidecar (init 7). 60: under PID 1; 61: under the init; 71: under 70, read dead.
+        let mut dead = proc(70, 1, 8);
+        dead.state = 'Z';
+        dead.threads[0].state = 'Z';
+        let s = snap(&[
+            proc(1, 0, 1),
+            proc(7, 1, 2),
+            proc(10, 1, 5),
+            proc(11, 10, 120), // under a root service from before the freeze: vouched for
+            proc(60, 1, 140),
+            proc(61, 7, 141),
+            dead,
+            proc(71, 70, 150),
+        ]);
+        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
+        let got: Vec<Pid> = orphaned(&s, &Tainted::new(), &Ancestry::default(), &since, Some(99), 7, &[])
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(got, vec![60, 61, 71]);
+    }
 }

@@ -214,14 +214,11 @@ fn tainted_ancestors(t: &Table, direct: &[Reasons], me: Pid) -> Vec<bool> {
             }
             cur = up;
         }
-        // `top` answers for the last of the chain; each one below gets its parent's answer or,
-        // when the parent itself has a direct reason, true.
-        let mut answer = top;
-        for (i, &idx) in chain.iter().enumerate().rev() {
-            if i + 1 < chain.len() {
-                answer = answer || tainted(chain[i + 1]);
-            }
-            memo[idx].get_or_insert(answer);
+        // `top` answers for every process of the chain: only its first may have a direct
+        // reason (a parent with one ends the walk before it is pushed), so what lies above each
+        // is what lies above the last.
+        for &idx in &chain {
+            memo[idx].get_or_insert(top);
         }
     }
     memo.into_iter().map(|m| m.unwrap_or(false)).collect()
@@ -295,5 +292,61 @@ mod tests {
     fn cycles_terminate() {
         let s = snap(vec![p(5, 6, 0), p(6, 5, 0)]);
         assert!(Policy::new(vec![4242], true).classify(&s).is_empty());
+    }
+
+    #[test]
+    fn a_sandbox_process_under_a_clean_parent_has_its_own_reason_only() {
+        // Pids that fall down the chain, so the walk from the lowest goes up through the others.
+        let s = snap(vec![p(40, 13, 4242), p(13, 0, 0), p(5, 6, 0), p(6, 7, 0), p(7, 0, 4242)]);
+        let t = Policy::new(vec![4242], true).classify(&s);
+        assert_eq!(t[&40], vec![Reason::Uid]);
+        assert_ne!(t[&40], vec![Reason::Uid, Reason::Ancestry]);
+        assert_ne!(t[&40], vec![]);
+        assert!(!t.contains_key(&13));
+        assert_eq!(t[&5], vec![Reason::Ancestry]);
+        assert_eq!(t[&6], vec![Reason::Ancestry]);
+        assert_eq!(format!("{:?}", t[&7]), "[Uid]");
+    }
+
+    #[test]
+    fn the_chain_stops_at_the_init() {
+        let me = crate::kernel::process::getpid();
+        let s = snap(vec![p(3, 0, 4242), p(me, 3, 0), p(me + 1, me, 0)]);
+        let t = Policy::new(vec![4242], true).classify(&s);
+        assert!(!t.contains_key(&me), "the init is never the sandbox's");
+        assert!(!t.contains_key(&(me + 1)), "nor its children through it");
+    }
+
+    #[test]
+    fn reasons_are_named_as_the_evidence_and_the_status_name_them() {
+        for r in ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "{r:?}");
+        }
+        assert_eq!(ALL.map(Reason::as_str), ["uid", "ancestry", "lineage", "history"]);
+    }
+
+    #[test]
+    fn history_keeps_each_identity_once_and_forgets_those_gone() {
+        let mut h = History::default();
+        assert!(h.is_empty());
+        assert_eq!(h.len(), 0);
+        h.insert((20, 5));
+        h.insert((10, 7));
+        h.insert((20, 5));
+        assert_eq!((h.len(), h.is_empty()), (2, false));
+        assert!(h.contains(&(10, 7)) && h.contains(&(20, 5)) && !h.contains(&(20, 6)));
+        // Remembered while alive with the same start time; forgotten once gone or reused.
+        let mut pol = Policy::new(vec![4242], true);
+        let s = snap(vec![p(10, 0, 4242), p(11, 10, 0)]);
+        let t = pol.classify(&s);
+        pol.remember(&s, &t);
+        assert_eq!(pol.history.len(), 2);
+        pol.remember(&s, &Tainted::new());
+        assert_eq!(pol.history.len(), 2, "alive, with the start times remembered");
+        let mut reused = p(11, 1, 0);
+        reused.start_time += 1;
+        pol.remember(&snap(vec![p(10, 0, 4242), reused]), &Tainted::new());
+        assert_eq!(pol.history.len(), 1);
+        assert!(pol.history.contains(&(10, 100)));
     }
 }

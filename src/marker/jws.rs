@@ -211,16 +211,30 @@ mod tests {
         assert_eq!(rfc.verifying_key(), parse_public(rfc_pub.as_bytes()).unwrap());
         // A v2 key whose embedded public key belongs to another seed.
         let other = generate().unwrap().verifying_key();
-        let v2 = [
-            &[0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20]
-                [..],
-            k.as_bytes(),
-            &[0x81, 0x21, 0x00],
-            other.as_bytes(),
-        ]
-        .concat();
+        let v2_head =
+            [0x30, 0x51, 0x02, 0x01, 0x01, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+        let v2 = [&v2_head[..], k.as_bytes(), &[0x81, 0x21, 0x00], other.as_bytes()].concat();
         let b64 = base64::engine::general_purpose::STANDARD.encode(v2);
         let v2 = format!("-----BEGIN PRIVATE KEY-----\n{b64}\n-----END PRIVATE KEY-----\n");
         assert!(parse_private(v2.as_bytes()).unwrap_err().contains("not the private key's"));
+        // The same layout with the key's own public key is the key.
+        let own = [&v2_head[..], k.as_bytes(), &[0x81, 0x21, 0x00], k.verifying_key().as_bytes()].concat();
+        let own = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            base64::engine::general_purpose::STANDARD.encode(own)
+        );
+        assert_eq!(parse_private(own.as_bytes()).unwrap().to_bytes(), k.to_bytes());
+    }
+
+    #[test]
+    fn a_public_key_file_loads_as_its_key() {
+        let k = generate().unwrap();
+        let dir = std::env::temp_dir().join(format!("quiesce-jws-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("signing.pub");
+        std::fs::write(&path, public_pem(&k.verifying_key())).unwrap();
+        let loaded = load_public(&path);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(loaded.unwrap(), k.verifying_key());
     }
 }

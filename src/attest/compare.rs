@@ -250,6 +250,7 @@ mod tests {
         let mut p = facts("/w", &["/w/d", "/w/tmp"]);
         p.symlinks.insert("/w/tmp/l".into(), "x".into());
         p.symlinks.insert("/w/l".into(), "x".into());
+        p.skipped.insert("/w/tmp/mnt".into(), "another mount".into());
         let then = statement(&[("/w/a", "1"), ("/w/tmp/t", "1")], vec![p.clone(), facts("/v", &[])]);
         let mut q = facts("/w", &["/w/d", "/w/tmp", "/w/tmp/new"]);
         q.symlinks.insert("/w/tmp/l".into(), "y".into());
@@ -261,12 +262,13 @@ mod tests {
         let d = compare(&then, &now, &[facts("/v", &[]), q], &[]);
         assert_eq!(
             d.line(),
-            "changed /w (2 directories attested, 3 now), /w/tmp/l, /w/tmp/t; added /w/tmp/new, /w/tmp/u"
+            "changed /w (2 directories attested, 3 now), /w/tmp/l, /w/tmp/t; added /w/tmp/new, /w/tmp/u; \
+             removed /w/tmp/mnt"
         );
         let gone = compare(&then, &subs(&[("/w/a", "1"), ("/w/tmp/t", "1")]), &[facts("/v", &[])], &[]);
         assert_eq!(
             gone.line(),
-            "changed /w (2 directories attested, 0 now); removed /w/d, /w/l, /w/tmp (+1 more)"
+            "changed /w (2 directories attested, 0 now); removed /w/d, /w/l, /w/tmp (+2 more)"
         );
     }
 }

@@ -569,6 +569,16 @@ impl Container {
             assert!(Instant::now() < until, "the init did not start within 10 s");
             std::thread::sleep(Duration::from_millis(5));
         }
+        // The init makes its state dir's results/ once it takes requests; a freeze sent before
+        // that is refused ("is the init running?"). Bounded, and not asserted: a test may start
+        // an init that refuses its state dir on purpose.
+        let until = Instant::now() + Duration::from_secs(10);
+        while ctr.exited.is_none() && !ctr.state.join("results").exists() && ctr.alive() {
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         if o.ready {
             let until = Instant::now() + READY_TIMEOUT;
             while !ready.exists() {

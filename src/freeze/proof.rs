@@ -72,9 +72,7 @@ impl Run<'_> {
             let tainted = self.policy.classify(snap);
             self.policy.remember(snap, &tainted);
             self.ancestry.note(snap, &tainted, process::getpid());
-            if passes > 1 {
-                log::debug!("proof: consistent after {passes} passes");
-            }
+            log::debug!("proof: consistent after {passes} pass(es)");
             let left = survivors(snap, &tainted);
             if left.is_empty() {
                 self.phases.probe = ms(t.elapsed());

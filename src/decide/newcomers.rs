@@ -46,7 +46,9 @@ impl Since {
     pub fn take(reader: &crate::observe::procs::reader::Reader) -> Since {
         let ticks = crate::kernel::process::boot_ticks().unwrap_or(0);
         // Where identities exist but none could be had now (no pid free for a thread), every
-        // process of the starting tick counts as new.
+        // process of the starting tick counts as new. On a 64-bit build on Linux 6.9 or later both
+        // sides are true, so `||` for `&&` differs only without pidfs identities or on 32 bits
+        // (docs/testing.md, mutation testing).
         let order = crate::observe::consistency::start_identity(reader).or_else(|| {
             (cfg!(target_pointer_width = "64") && crate::observe::consistency::identities()).then_some(0)
         });

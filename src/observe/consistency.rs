@@ -174,6 +174,8 @@ impl Pin {
     fn start() -> io::Result<(Pin, Pid)> {
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        // 64 KiB: the thread only sends its id and waits; a size below the minimum would be raised
+        // to it (so cargo mutants' changes to this size are equivalent).
         let thread = std::thread::Builder::new().name("quiesce-pin".into()).stack_size(64 * 1024).spawn(
             move || {
                 let _ = tid_tx.send(process::gettid());
@@ -189,6 +191,9 @@ impl Pin {
     }
 }
 
+// The join is for tidiness, not correctness: the sender goes with the pin either way, which ends
+// the thread; a pin whose thread outlives it holds a pid no window counts on (docs/testing.md:
+// cargo mutants' emptied `drop` is equivalent).
 impl Drop for Pin {
     fn drop(&mut self) {
         self.stop.take();

@@ -569,11 +569,13 @@ impl Container {
             assert!(Instant::now() < until, "the init did not start within 10 s");
             std::thread::sleep(Duration::from_millis(5));
         }
-        // The init makes its state dir's results/ once it takes requests; a freeze sent before
-        // that is refused ("is the init running?"). Bounded, and not asserted: a test may start
-        // an init that refuses its state dir on purpose.
+        // An init with a sandbox user makes its state dir's results/ once it takes requests; a
+        // freeze sent before that is refused ("is the init running?"). Bounded, and not asserted:
+        // a test may start an init that refuses its state dir on purpose.
+        let sandboxed = o.init_args.iter().any(|a| a.starts_with("--sandbox-user"))
+            || o.env.iter().any(|(k, _)| *k == "QUIESCE_SANDBOX_USER");
         let until = Instant::now() + Duration::from_secs(10);
-        while ctr.exited.is_none() && !ctr.state.join("results").exists() && ctr.alive() {
+        while sandboxed && !ctr.state.join("results").exists() && ctr.alive() {
             if Instant::now() >= until {
                 break;
             }

@@ -551,6 +551,18 @@ mod tests {
         let mut b = Ancestry::default();
         b.note(&s, &tainted, 1);
         assert_eq!(orphaned(&s, &tainted, &b, &since, Some(99), 1, &[]).len(), 1);
+        // The record counts while its process lives, and is forgotten once another has its pid.
+        let orphans = |l: &Launchers| {
+            let mut a = Ancestry::from_launchers(l);
+            a.note(&s, &tainted, 1);
+            orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).len()
+        };
+        l.prune(&s);
+        assert_eq!(orphans(&l), 0, "alive, its record still says lineage follows it");
+        let mut gone = s.clone();
+        gone.insert(20, proc(20, 0, 60));
+        l.prune(&gone);
+        assert_eq!(orphans(&l), 1, "another process with its pid is not followed");
     }
 
     #[test]
@@ -602,35 +614,6 @@ mod tests {
         l.prune(&later);
         assert!(Ancestry::from_launchers(&l).vouches(&proc(10, 1, 5)));
         assert!(unfollowed_children(&later, &Tainted::new(), &l, 1, &[]).iter().all(|p| p.pid != 12));
-    }
-
-    #[test]
-    fn a_followed_launch_is_forgotten_once_its_process_is_gone() {
-        use crate::state::launches::Launch;
-        // 20: a followed launch from outside, read untagged (history); 30 entered since.
-        let s = snap(&[proc(1, 0, 1), proc(20, 0, 50), proc(30, 0, 140)]);
-        let tainted: Tainted = [(20, Reasons::of(&[Reason::History]))].into_iter().collect();
-        let mut l = Launchers::default();
-        l.add(&Launch {
-            pid: 20,
-            start_time: 50,
-            ppid: 0,
-            parent_start_time: 0,
-            lineage: true,
-            setuid: true,
-        });
-        let since = Since { ticks: 100, order: None, last_pid: Some(5) };
-        let orphans = |l: &Launchers| {
-            let mut a = Ancestry::from_launchers(l);
-            a.note(&s, &tainted, 1);
-            orphaned(&s, &tainted, &a, &since, Some(99), 1, &[]).len()
-        };
-        l.prune(&s);
-        assert_eq!(orphans(&l), 0, "alive, its record still says lineage follows it");
-        let mut gone = s.clone();
-        gone.insert(20, proc(20, 0, 60));
-        l.prune(&gone);
-        assert_eq!(orphans(&l), 1, "another process with its pid is not followed");
     }
 
     #[test]

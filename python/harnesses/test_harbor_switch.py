@@ -57,7 +57,10 @@ PIDS = ["--environment-kwarg", "pids_limit=256"]
 HOSTILE = (
     "#!/bin/sh\n"
     'nohup setsid sh -c \'trap "" TERM; : > /tmp/hostile.started; while :; do '
-    "[ -f /tests/expected.txt ] && cp /tests/expected.txt /app/answer.txt; "
+    # Copied beside the answer and renamed over it: a `cp` straight onto it truncates first, and
+    # a test that reads it in that instant scores 0 although the loop is alive.
+    "[ -f /tests/expected.txt ] && cp /tests/expected.txt /app/.answer "
+    "&& mv -f /app/.answer /app/answer.txt; "
     "sleep 0.01; done' >/dev/null 2>&1 &\n"
     # It ends only once the loop runs in a session of its own, so that the end of the exec
     # cannot take the loop along before it got there.

@@ -950,3 +950,135 @@ fn t26_no_pid_for_the_counters_holder_is_a_bounded_failure() {
     drop(c);
     drop(cg);
 }
+
+#[test]
+fn t27_a_client_born_in_the_freezes_starting_tick_is_the_inits_own() {
+    // The one case where the freeze client's identity decides (src/freeze/client.rs), nothing
+    // forged: sandbox processes entered from outside (`docker exec -u`), so that a process from
+    // outside born during the freeze is suspect, fill the container's pids limit, so that the
+    // init has no pid for a thread that would order the processes of the freeze's starting
+    // tick. The client (entered from outside too, the namespace's newest process) holds the
+    // pid counter's value, which orders them, unless it started in that very tick: then each
+    // process of the tick counts as born during the freeze, the client too. Only its identity
+    // as the kernel shows it (this binary, started as `freeze`, from outside, untraced) makes
+    // it the init's own; without that, such a freeze fails on its own client. (Killing the
+    // sandbox frees the pids the proof then needs.)
+    let _l = light();
+    let uid = 4343;
+    let Some(cg) = PidsCgroup::new("client-tick", 60) else {
+        skip("t27_a_client_born_in_the_freezes_starting_tick_is_the_inits_own", "no pids cgroup controller");
+        return;
+    };
+    let c = client_tick_container(&cg, uid);
+    let q = quiesce();
+    let born = client_tick_rounds(&c, &cg, uid, q.to_str().unwrap(), |st, born| {
+        assert_eq!(st["state"], "quiescent", "{st} (the client born during the freeze: {born})");
+    });
+    assert!(born > 0, "no client was born in its freeze's starting tick: the case was not reached");
+    drop(c);
+    drop(cg);
+}
+
+#[test]
+fn t28_a_client_of_the_starting_tick_that_runs_another_binary_is_not_the_inits_own() {
+    // t27 with the client run from a copy of the binary: a root process that says what a
+    // client says, but whose executable is not the init's (so it may run anything). Where it
+    // was born in the freeze's starting tick, it is a process from outside that no parent
+    // vouches for, and the freeze fails naming it; otherwise the freeze signs.
+    let _l = light();
+    let uid = 4344;
+    let Some(cg) = PidsCgroup::new("client-copy", 60) else {
+        skip(
+            "t28_a_client_of_the_starting_tick_that_runs_another_binary_is_not_the_inits_own",
+            "no pids cgroup controller",
+        );
+        return;
+    };
+    let c = client_tick_container(&cg, uid);
+    let copy = c.dir.join("quiesce-copy");
+    std::fs::copy(quiesce(), &copy).expect("copy the binary");
+    let refused = client_tick_rounds(&c, &cg, uid, copy.to_str().unwrap(), |st, born| {
+        assert!(!born, "a client that does not run this binary was taken for the init's own: {st}");
+        let reason = st["reason"].as_str().unwrap_or("");
+        assert!(
+            st["state"] == "quiescent"
+                || (st["state"] == "failed"
+                    && reason.contains("does not run this binary")
+                    && !c.marker_exists()),
+            "{st}"
+        );
+    });
+    assert!(refused > 0, "no client was born in its freeze's starting tick: the case was not reached");
+    drop(c);
+    drop(cg);
+}
+
+/// The container of t27 and t28: the init in the sandbox's pids cgroup, its log in the scratch dir.
+fn client_tick_container(cg: &PidsCgroup, uid: u32) -> Container {
+    let u = uid.to_string();
+    let prefix =
+        format!("echo $$ > {} && exec \"$@\" 2>>\"$D/init.log\"", cg.0.join("cgroup.procs").display());
+    let mut c = Container::start_with(
+        Opts {
+            init_args: vec!["-v", "--sandbox-user", &u],
+            prefix: vec!["sh", "-c", &prefix, "sh"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    c
+}
+
+/// Freezes of t27 and t28, each asked for by `bin freeze` entered from outside once sandbox
+/// processes entered from outside fill the cgroup: up to 60, until 2 had a client born in the
+/// freeze's starting tick (one in five to two in three here, by the load). `check` gets each status and whether
+/// the init took a client born during the freeze for its own. Returns how many were.
+fn client_tick_rounds(
+    c: &Container,
+    cg: &PidsCgroup,
+    uid: u32,
+    bin: &str,
+    check: impl Fn(&serde_json::Value, bool),
+) -> usize {
+    let u = uid.to_string();
+    let adv = adversary();
+    let st_dir = c.state.to_str().unwrap().to_string();
+    let log = || std::fs::read_to_string(c.dir.join("init.log")).unwrap_or_default();
+    let said = || log().matches("was born during the freeze").count();
+    let (mut reached, mut rounds) = (0, 0);
+    while reached < 2 && rounds < 60 {
+        let sleepers = [
+            "setpriv",
+            "--reuid",
+            &u,
+            "--regid",
+            &u,
+            "--clear-groups",
+            adv.to_str().unwrap(),
+            "sleepers",
+            "3",
+        ];
+        let _w = c.start_ready(c.exec_in(cg, &sleepers), "sleepers from outside");
+        std::fs::write(cg.0.join("pids.max"), cg.current().to_string()).expect("lower the pids limit");
+        let before = said();
+        let nonce = format!("n-{rounds}");
+        let client = [bin, "freeze", "--state-dir", &st_dir, "--wait", "--json", "--nonce", &nonce];
+        let out = c.exec_cmd(&client).output().expect("run the client");
+        std::fs::write(cg.0.join("pids.max"), "60").expect("raise the pids limit");
+        let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| c.status_file());
+        let born = said() > before;
+        let refused = st["reason"].as_str().is_some_and(|r| r.contains("does not run this binary"));
+        eprintln!(
+            "round {rounds}: state {}; the client born during the freeze: {born}; refused: {refused}",
+            st["state"]
+        );
+        check(&st, born);
+        let left = live_sandbox(c, uid);
+        assert!(left.is_empty(), "survivors: {left:?}");
+        reached += (born || refused) as usize;
+        rounds += 1;
+    }
+    eprintln!("the client in its freeze's starting tick in {reached} of {rounds} freezes");
+    reached
+}

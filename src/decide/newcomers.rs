@@ -61,7 +61,7 @@ impl Since {
     /// counter (`now`: the counter at the observation) only says the pid was not handed out in
     /// between if it went less than once round, which a nearly full pid space does not promise
     /// (see consistency): kernels without pidfs rely on that.
-    fn born(&self, p: &Proc, now: Option<Pid>) -> bool {
+    pub fn born(&self, p: &Proc, now: Option<Pid>) -> bool {
         p.start_time > self.ticks
             || (p.start_time == self.ticks
                 && match (self.order, self.last_pid, now) {

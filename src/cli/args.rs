@@ -55,6 +55,11 @@ pub struct InitArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 
+    /// The sandbox is every process launched through `quiesce exec` or --run-as, whatever its
+    /// user, root included (tagged with a loginuid; instead of --sandbox-user)
+    #[arg(long, env = "QUIESCE_SANDBOX_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub sandbox_lineage: bool,
+
     /// Run the command as this user (name or UID), tagged as a sandbox launch
     #[arg(long, value_name = "USER", env = "QUIESCE_RUN_AS")]
     pub run_as: Option<String>,
@@ -339,6 +344,15 @@ pub struct VerifyArgs {
     /// container working for it, which no freeze can tell apart
     #[arg(long, env = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION", action = ArgAction::SetTrue, value_parser = boolish)]
     pub accept_privilege_escalation: bool,
+    /// Accept a marker of a sandbox defined by lineage alone (sandbox=lineage): its agent may
+    /// have been root, and a root agent can act through another root process of the container,
+    /// which no freeze can tell apart (docs/threat-model.md, "Root agents")
+    #[arg(long, env = "QUIESCE_ACCEPT_ROOT_AGENT", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub accept_root_agent: bool,
+    /// Refuse a marker whose sandbox was defined otherwise: by its users' UIDs (uid) or by
+    /// lineage alone (lineage)
+    #[arg(long, value_name = "MODE", value_parser = ["uid", "lineage"])]
+    pub require_sandbox: Option<String>,
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
@@ -401,6 +415,7 @@ impl SidecarArgs {
             remap_exit: Vec::new(),
             grace: 3.0,
             sandbox: self.sandbox.clone(),
+            sandbox_lineage: false,
             run_as: None,
             allow_setuid: false,
             freeze: self.freeze.clone(),

@@ -56,6 +56,7 @@ pub fn parse(args: &[String], env_options: bool) -> Option<InitArgs> {
         remap_exit: Vec::new(),
         grace: 3.0,
         sandbox: SandboxArgs { users: Vec::new() },
+        sandbox_lineage: false,
         run_as: None,
         allow_setuid: false,
         freeze: Default::default(),

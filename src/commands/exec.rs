@@ -32,11 +32,24 @@ pub fn exec(args: ExecArgs) -> i32 {
         }
     };
     let groups = users::groups_of(&user, &users::read_group());
-    let tagged = !args.no_lineage && spawn::tag_lineage(user.uid);
-    if !args.no_lineage && !tagged {
-        log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
-    }
-    if let Err(e) = record_launch(&args, tagged) {
+    let reader = Reader::default();
+    let init = match init_dir(&args, &reader) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            return 2;
+        }
+    };
+    let tagged = match tag(&args, user.uid, init.as_ref().map(|(_, p)| p)) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("quiesce exec: {e}");
+            return 2;
+        }
+    };
+    if let Err(e) =
+        init.map_or(Ok(()), |(dir, published)| record_launch(&args, &reader, dir, &published, tagged))
+    {
         eprintln!("quiesce exec: {e}");
         return 2;
     }
@@ -48,7 +61,7 @@ pub fn exec(args: ExecArgs) -> i32 {
             return 2;
         }
     }
-    let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: false };
+    let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: spawn::Tag::None };
     match Plan::new(&args.command, Some(drop)) {
         Ok(plan) => plan.exec_in_place(),
         Err(e) => {
@@ -56,6 +69,42 @@ pub fn exec(args: ExecArgs) -> i32 {
             2
         }
     }
+}
+
+/// Tag this process as a sandbox launch (its loginuid, which every process it starts inherits and
+/// none may change without CAP_AUDIT_CONTROL): with the user's UID, or, where the init's sandbox
+/// is defined by lineage alone, with the init's tag, whatever the user, root included. There an
+/// untagged launch would be no sandbox process at all, so a launch that cannot be tagged, or that
+/// could change its tag, does not run.
+fn tag(args: &ExecArgs, uid: u32, published: Option<&Published>) -> Result<bool, String> {
+    let Some(t) = published.and_then(|p| p.tag) else {
+        let tagged = !args.no_lineage && spawn::tag_lineage(uid);
+        if !args.no_lineage && !tagged {
+            log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
+        }
+        return Ok(tagged);
+    };
+    if args.no_lineage {
+        return Err("the init's sandbox is every launch tagged with its lineage (--sandbox-lineage), and \
+             --no-lineage would launch outside it: the command did not run; drop --no-lineage"
+            .into());
+    }
+    crate::kernel::capcheck::drop_audit_control().map_err(|e| {
+        format!(
+            "{e}: with it a root command could change the lineage tag that makes it the sandbox's; \
+             the command did not run; run the container without CAP_AUDIT_CONTROL (Docker and Podman \
+             do not grant it) or give this process CAP_SETPCAP"
+        )
+    })?;
+    if !spawn::tag_lineage(t) {
+        return Err(format!(
+            "cannot write the lineage tag {t} to /proc/self/loginuid (already set: {}), and the init's \
+             sandbox is every launch tagged with it (--sandbox-lineage): the command did not run; start \
+             it from a process with no loginuid (docker exec, not a login session)",
+            crate::observe::procs::reader::own_loginuid().map_or("no".into(), |u| u.to_string())
+        ));
+    }
+    Ok(true)
 }
 
 /// The state dir of the init this launch must be recorded with, and what it published there:
@@ -113,9 +162,13 @@ const STARTING: Duration = Duration::from_secs(10);
 
 /// Tell the init about this launch and wait until it has taken the record: from then on nothing
 /// the command does can keep the init from knowing it and its launcher (see `launches`).
-fn record_launch(args: &ExecArgs, tagged: bool) -> Result<(), String> {
-    let reader = Reader::default();
-    let Some((dir, published)) = init_dir(args, &reader)? else { return Ok(()) };
+fn record_launch(
+    args: &ExecArgs,
+    reader: &Reader,
+    dir: StateDir,
+    published: &Published,
+    tagged: bool,
+) -> Result<(), String> {
     let start =
         |pid: Pid| reader.start_time(pid).map_err(|e| format!("cannot read the start time of {pid}: {e}"));
     let pid = process::getpid();

@@ -55,6 +55,7 @@ pub fn ps(args: PsArgs) -> i32 {
     let published = published(&args.state.state_dir);
     // Without word from an init, a loginuid counts: better a process shown as sandbox too many.
     let lineage = published.as_ref().is_none_or(|p| p.lineage);
+    let tag = published.as_ref().and_then(|p| p.tag);
     let uids = match resolve_uids(&args.sandbox.users) {
         Ok(u) if u.is_empty() => published.map(|p| p.uids).unwrap_or_default(),
         Ok(u) => u,
@@ -70,7 +71,10 @@ pub fn ps(args: PsArgs) -> i32 {
             return 1;
         }
     };
-    let tainted: Tainted = Policy::new(uids.clone(), lineage).classify(&snap);
+    let mut policy = Policy::new(uids.clone(), lineage);
+    // A sandbox of lineage alone: what its launches tagged, whatever the UIDs.
+    policy.tags.extend(tag);
+    let tainted: Tainted = policy.classify(&snap);
     let rows = rows(&snap, &tainted);
     if args.json {
         let doc = serde_json::json!({ "sandbox_uids": uids, "processes": rows });

@@ -386,7 +386,32 @@ fn check_claims(args: &VerifyArgs, expected_uids: &[u32], claims: &Claims) -> Re
         format!("marker result is '{}', expected 'quiescent'", claims.result),
     )?;
     claim(claims.survivors == 0, "survivors", format!("marker reports {} survivor(s)", claims.survivors))?;
-    claim(!claims.sandbox_uids.is_empty(), "sandbox_uids", "marker names no sandbox UID".into())?;
+    // Markers of versions before the claim was carried were all "uid".
+    let sandbox = claims.sandbox.as_deref().unwrap_or("uid");
+    claim(
+        matches!(sandbox, "uid" | "lineage"),
+        "sandbox",
+        format!("marker sandbox '{}' is neither 'uid' nor 'lineage'", sandbox.escape_debug()),
+    )?;
+    if let Some(want) = &args.require_sandbox {
+        if sandbox != want {
+            return Err(Fail(
+                code::POLICY,
+                "sandbox",
+                format!(
+                    "marker says sandbox={sandbox}, and --require-sandbox asks for sandbox={want}: \
+                     start the init with {}",
+                    if want == "lineage" { "--sandbox-lineage" } else { "--sandbox-user" }
+                ),
+            ));
+        }
+    }
+    let by_lineage = sandbox == "lineage";
+    claim(
+        by_lineage || !claims.sandbox_uids.is_empty(),
+        "sandbox_uids",
+        "marker names no sandbox UID".into(),
+    )?;
     if !expected_uids.is_empty() {
         let mut a = claims.sandbox_uids.clone();
         let mut b = expected_uids.to_vec();
@@ -424,6 +449,22 @@ fn check_claims(args: &VerifyArgs, expected_uids: &[u32], claims: &Claims) -> Re
     // for it (docs/threat-model.md, "A sandbox process that is root"): a marker signed where that
     // was possible proves nothing about the verifier's surroundings, so it is refused unless the
     // orchestrator says it accepts exactly that.
+    // A root agent can do all that a sandbox process made root can: a marker of a sandbox of
+    // lineage alone is refused unless the orchestrator accepts a root agent, and then a setuid
+    // binary adds nothing.
+    if by_lineage {
+        if args.accept_root_agent {
+            return Ok(());
+        }
+        return Err(Fail(
+            code::POLICY,
+            "sandbox",
+            "marker says sandbox=lineage: its agent may have been root, and a root agent can act through \
+             another root process of the container, which no freeze can tell apart (docs/threat-model.md, \
+             \"Root agents\"): accept it with --accept-root-agent, or run the agent as a user (--sandbox-user)"
+                .into(),
+        ));
+    }
     let accepted = args.accept_privilege_escalation && !args.require_no_setuid;
     if !accepted && claims.setuid != Some(false) {
         let said = claims.setuid.map_or("does not say whether".to_string(), |_| "says".to_string());
@@ -497,8 +538,13 @@ fn live_probe(
         Some(d) => crate::state::published::published_in(d).ok().flatten(),
         None => crate::state::published::published(&args.state.state_dir),
     };
-    let lineage = published.is_none_or(|p| p.lineage);
-    let tainted = Policy::new(uids, lineage).classify(&snap);
+    let lineage = published.as_ref().is_none_or(|p| p.lineage);
+    let mut policy = Policy::new(uids, lineage);
+    // A sandbox of lineage alone: every process its launches tagged, whatever its UIDs.
+    if claims.sandbox.as_deref() == Some("lineage") || published.as_ref().is_some_and(|p| p.tag.is_some()) {
+        policy.tags.push(crate::decide::taint::LINEAGE_TAG);
+    }
+    let tainted = policy.classify(&snap);
     let alive: Vec<String> = tainted
         .keys()
         .filter_map(|pid| snap.get(pid))

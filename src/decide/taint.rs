@@ -117,11 +117,21 @@ impl History {
     }
 }
 
+/// The loginuid a launch writes where the sandbox is defined by lineage alone: no process here
+/// has one unless quiesce wrote it (the init refuses to start where it inherited one), so the
+/// value only has to be a UID the container's user namespace maps (Docker's and rootless
+/// engines' maps of 65,536 UIDs both hold it); the process's own UIDs play no part.
+pub const LINEAGE_TAG: u32 = 65533;
+
 /// The policy: sandbox UIDs, whether a loginuid means a sandbox launch, and the identities
 /// (pid, start time) remembered as tainted.
 #[derive(Debug, Default, Clone)]
 pub struct Policy {
+    /// A process holding one of these UIDs is a sandbox process (and kill(-1) is sent as each).
+    /// Empty where the sandbox is defined by lineage alone (`--sandbox-lineage`).
     pub uids: Vec<u32>,
+    /// The loginuids a sandbox launch writes: the sandbox UIDs, or the lineage tag alone.
+    pub tags: Vec<u32>,
     /// A loginuid counts only where quiesce is the one that wrote it: off when the init itself
     /// inherited a loginuid (every process of the container then carries it) or --no-lineage.
     pub lineage: bool,
@@ -132,8 +142,21 @@ pub struct Policy {
 pub type Tainted = BTreeMap<Pid, Reasons>;
 
 impl Policy {
+    /// Sandbox users: a process is the sandbox's by its UIDs, or by the loginuid a launch as
+    /// one of them wrote.
     pub fn new(uids: Vec<u32>, lineage: bool) -> Policy {
-        Policy { uids, lineage, history: History::default() }
+        Policy { tags: uids.clone(), uids, lineage, history: History::default() }
+    }
+
+    /// A sandbox of lineage alone: a process is the sandbox's by the loginuid `tag` its launch
+    /// wrote (or its ancestry, or history), whatever its UIDs, root included.
+    pub fn lineage_only(tag: u32) -> Policy {
+        Policy { uids: Vec::new(), tags: vec![tag], lineage: true, history: History::default() }
+    }
+
+    /// The sandbox is defined by lineage alone.
+    pub fn by_lineage(&self) -> bool {
+        self.uids.is_empty() && self.lineage
     }
 
     fn direct(&self, p: &Proc) -> Reasons {
@@ -141,7 +164,7 @@ impl Policy {
         if p.all_uids().any(|u| self.uids.contains(&u)) {
             r.push(Reason::Uid);
         }
-        if self.lineage && p.loginuid.is_some_and(|u| self.uids.contains(&u)) {
+        if self.lineage && p.loginuid.is_some_and(|u| self.tags.contains(&u)) {
             r.push(Reason::Lineage);
         }
         if self.history.contains(&(p.pid, p.start_time)) {
@@ -235,6 +258,36 @@ mod tests {
 
     fn snap(ps: Vec<Proc>) -> Table {
         Table::of(&ps)
+    }
+
+    #[test]
+    fn a_sandbox_of_lineage_alone_is_its_tagged_processes_and_what_they_start_whatever_the_uid() {
+        let tagged = |pid, ppid, uid| {
+            let mut q = p(pid, ppid, uid);
+            q.loginuid = Some(65533);
+            q
+        };
+        // 10: a root launch; 11, its child that became 4242; 12: a child of an untagged root
+        // process under it (ancestry). 20: root, untagged; 21: 4242 untagged; 22: another tag.
+        let mut other = p(22, 0, 0);
+        other.loginuid = Some(4242);
+        let s = snap(vec![
+            tagged(10, 0, 0),
+            tagged(11, 10, 4242),
+            p(12, 11, 0),
+            p(20, 0, 0),
+            p(21, 0, 4242),
+            other,
+        ]);
+        let pol = Policy::lineage_only(65533);
+        assert!(pol.by_lineage() && !Policy::new(vec![4242], true).by_lineage());
+        let t = pol.classify(&s);
+        assert_eq!(t.keys().copied().collect::<Vec<_>>(), vec![10, 11, 12]);
+        assert_eq!(t[&10], vec![Reason::Lineage]);
+        assert_eq!(t[&12], vec![Reason::Ancestry]);
+        // The tag counts only where lineage is followed.
+        let off = Policy { lineage: false, ..Policy::lineage_only(65533) };
+        assert!(off.classify(&s).is_empty());
     }
 
     #[test]

@@ -250,6 +250,8 @@ fn sign(
             version: env!("QUIESCE_VERSION").into(),
             lineage: Some(sb.tracking.policy.lineage),
             setuid: Some(!sb.settings.no_new_privs),
+            sandbox: Some(if sb.tracking.policy.by_lineage() { "lineage" } else { "uid" }.into()),
+            agent_root: Some(sb.tracking.policy.by_lineage() || !sb.settings.no_new_privs),
             attest: attest_claim,
         };
         marker::jws::sign(&sb.settings.key, &claims)

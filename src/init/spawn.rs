@@ -19,8 +19,20 @@ pub struct Drop {
     pub user: User,
     pub groups: Vec<u32>,
     pub allow_setuid: bool,
-    /// Write the UID to /proc/self/loginuid first (the audit-session lineage tag).
-    pub tag: bool,
+    /// What to write to /proc/self/loginuid first (the audit-session lineage tag).
+    pub tag: Tag,
+}
+
+/// The lineage tag a command is started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    None,
+    /// The user's UID where the kernel takes it: a sandbox user's command is the sandbox's by its
+    /// UID as well, and history follows it where the tag cannot be written.
+    UserUid,
+    /// This value, or the command does not run: in a sandbox of lineage alone, an untagged
+    /// command would be no sandbox process at all.
+    Required(u32),
 }
 
 /// Everything prepared before the child starts, so that it only makes syscalls.
@@ -58,7 +70,11 @@ impl Plan {
         };
         let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
         argv_ptrs.push(std::ptr::null());
-        let tag_text = drop.as_ref().map(|d| d.user.uid.to_string()).unwrap_or_default();
+        let tag_text = match drop.as_ref().map(|d| (d.tag, d.user.uid)) {
+            Some((Tag::Required(t), _)) => t.to_string(),
+            Some((Tag::UserUid, uid)) => uid.to_string(),
+            _ => String::new(),
+        };
         Ok(Plan { name, candidates, argv, argv_ptrs, tag_text, drop, own_pgroup: false, take_tty: false })
     }
 
@@ -92,8 +108,15 @@ impl Plan {
                 }
             }
             if let Some(d) = &self.drop {
-                if d.tag {
-                    write_loginuid(&self.tag_text);
+                match d.tag {
+                    Tag::None => {}
+                    // Where the kernel refuses, history follows the command (see `Tag`).
+                    Tag::UserUid => _ = write_loginuid(&self.tag_text),
+                    Tag::Required(_) => {
+                        if !write_loginuid(&self.tag_text) {
+                            return (errno(), "write the lineage tag to /proc/self/loginuid");
+                        }
+                    }
                 }
                 // Raw syscalls: the C library's wrappers change every thread of the process
                 // (they signal the others and wait), and this process shares its memory, thread

@@ -46,7 +46,13 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
         Ok(d) => d,
         Err(e) => return fatal(e),
     };
-    let sandbox = if uids.is_empty() {
+    if a.sandbox_lineage && !uids.is_empty() {
+        return fatal(
+            "--sandbox-lineage and --sandbox-user each define the sandbox: give one (--sandbox-lineage \
+             when the agent may be root, --sandbox-user for an agent user)",
+        );
+    }
+    let sandbox = if uids.is_empty() && !a.sandbox_lineage {
         None
     } else {
         match setup_sandbox(&a, uids) {
@@ -114,32 +120,65 @@ fn run_as(a: &cli::args::InitArgs) -> Result<Option<spawn::Drop>, String> {
     let Some(spec) = &a.run_as else { return Ok(None) };
     let user = users::resolve(spec, &users::read_passwd()).map_err(|e| format!("--run-as: {e}"))?;
     let groups = users::groups_of(&user, &users::read_group());
-    Ok(Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag: !a.freeze.no_lineage }))
+    let tag = if a.sandbox_lineage {
+        spawn::Tag::Required(taint::LINEAGE_TAG)
+    } else if a.freeze.no_lineage {
+        spawn::Tag::None
+    } else {
+        spawn::Tag::UserUid
+    };
+    Ok(Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag }))
 }
 
 /// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
 /// an init that inherited a loginuid (started from a login session) passes it to every process
 /// of the container, root ones included, and then it marks nothing.
 fn lineage(off: bool, probe_uid: u32) -> bool {
+    match lineage_unavailable(off, probe_uid) {
+        None => true,
+        Some(why) => {
+            log::info!("{why}: tracking relies on uid, ancestry and history");
+            false
+        }
+    }
+}
+
+/// Why a loginuid cannot mark sandbox launches here, if it cannot.
+fn lineage_unavailable(off: bool, probe_uid: u32) -> Option<String> {
     if off {
-        log::info!("lineage off (--no-lineage): tracking relies on uid, ancestry and history");
-        return false;
+        return Some("lineage off (--no-lineage)".into());
     }
     if let Some(inherited) = procs::reader::own_loginuid() {
-        log::info!(
+        return Some(format!(
             "lineage unavailable: this init inherited loginuid {inherited} (started from a login \
-             session), which every process here carries; tracking relies on uid, ancestry and history"
-        );
-        return false;
+             session), which every process here carries"
+        ));
     }
     if !spawn::lineage_available(probe_uid) {
-        log::info!(
-            "lineage unavailable (no audit, or /proc/self/loginuid cannot be written here): \
-             tracking relies on uid, ancestry and history"
-        );
-        return false;
+        return Some("lineage unavailable (no audit, or /proc/self/loginuid cannot be written here)".into());
     }
-    true
+    None
+}
+
+/// A sandbox of lineage alone holds only where every launch is tagged and no process of the
+/// container can change its tag (docs/threat-model.md, "Root agents").
+fn lineage_only_refusal(off: bool) -> Option<String> {
+    if let Some(why) = lineage_unavailable(off, taint::LINEAGE_TAG) {
+        return Some(format!(
+            "--sandbox-lineage needs lineage, and {why}: run the init as the container's PID 1 (not \
+             from a login session), without --no-lineage, on a kernel with audit, or name the agent \
+             user with --sandbox-user"
+        ));
+    }
+    if capcheck::audit_control_possible() {
+        return Some(
+            "--sandbox-lineage: CAP_AUDIT_CONTROL is in this container's bounding set, and with it a \
+             root agent can change the loginuid that makes it the sandbox's: drop it (docker run \
+             --cap-drop AUDIT_CONTROL; Docker and Podman do not grant it unless asked)"
+                .into(),
+        );
+    }
+    None
 }
 
 /// What a freeze needs of the host: root, the capabilities it signals and reads with, and /proc.
@@ -208,11 +247,19 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
     remove_stale(&state)?;
     let intake = requests::Intake::new(&state)?;
     unsynced.push(write_deferred(&state, state::dir::PUBKEY, pub_pem.as_bytes())?);
-    let lineage = lineage(a.freeze.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1));
+    let lineage = if a.sandbox_lineage {
+        if let Some(why) = lineage_only_refusal(a.freeze.no_lineage) {
+            return Err(why);
+        }
+        true
+    } else {
+        lineage(a.freeze.no_lineage, uids.first().copied().unwrap_or(u32::MAX - 1))
+    };
     let me = process::getpid();
     let start_time = own_start_time(me)?;
+    let tag = a.sandbox_lineage.then_some(taint::LINEAGE_TAG);
     let published =
-        state::published::Published { uids: uids.clone(), lineage, pid: me, start_time, freeze_signal };
+        state::published::Published { uids: uids.clone(), lineage, tag, pid: me, start_time, freeze_signal };
     publish_locator(&state, me, start_time)?;
     let sandbox_json = serde_json::to_vec(&published).map_err(|e| e.to_string())?;
     unsynced.push(write_deferred(&state, state::published::SANDBOX_FILE, &sandbox_json)?);
@@ -239,7 +286,11 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
             attest,
         },
         tracking: init::tracking::Tracking {
-            policy: taint::Policy::new(uids, lineage),
+            policy: if a.sandbox_lineage {
+                taint::Policy::lineage_only(taint::LINEAGE_TAG)
+            } else {
+                taint::Policy::new(uids, lineage)
+            },
             seen: Default::default(),
             launchers,
             tracked_at: None,

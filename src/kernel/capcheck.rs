@@ -67,6 +67,29 @@ pub fn check() -> Result<(), String> {
     }
 }
 
+/// Could a process of this container gain CAP_AUDIT_CONTROL, with which a process may change
+/// its loginuid once set? Only if it is in this process's bounding set (which caps what any
+/// exec here grants). Unknown counts as yes.
+pub fn audit_control_possible() -> bool {
+    caps::has_cap(None, CapSet::Bounding, Capability::CAP_AUDIT_CONTROL).unwrap_or(true)
+}
+
+/// Take CAP_AUDIT_CONTROL out of every set of this thread, bounding set first (which needs
+/// CAP_SETPCAP), so that nothing it execs, nor anything that starts, can hold it again.
+pub fn drop_audit_control() -> Result<(), String> {
+    let c = Capability::CAP_AUDIT_CONTROL;
+    for set in [CapSet::Bounding, CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted]
+    {
+        let held = caps::has_cap(None, set, c)
+            .map_err(|e| format!("cannot read CAP_AUDIT_CONTROL in the {set:?} set: {e}"))?;
+        if held {
+            caps::drop(None, set, c)
+                .map_err(|e| format!("cannot drop CAP_AUDIT_CONTROL from the {set:?} set: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,15 @@ pub struct Claims {
     /// no_new_privs, so processes entered into the container did too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setuid: Option<bool>,
+    /// What defined the sandbox: "uid" (its users' UIDs and their tagged launches) or "lineage"
+    /// (every tagged launch, whatever its user, root included). Absent in markers of versions
+    /// before it was carried, which were all "uid".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
+    /// Whether a sandbox process could be root: launched as root (lineage), or made root by a
+    /// setuid binary. Absent in markers of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_root: Option<bool>,
     /// The trees this freeze attests (the init's and the request's), known before signing:
     /// verify requires an envelope that covers them, so a missing one is never a pass. Absent
     /// when nothing is attested, and in markers of earlier versions.
@@ -171,6 +180,8 @@ pub fn sample_claims() -> Claims {
         version: "0".into(),
         lineage: Some(true),
         setuid: Some(false),
+        sandbox: Some("uid".into()),
+        agent_root: Some(false),
         attest: vec!["/w".into()],
     }
 }

@@ -13,6 +13,10 @@ pub struct Published {
     pub uids: Vec<u32>,
     /// Whether a loginuid marks a sandbox launch in this container (see taint::Policy).
     pub lineage: bool,
+    /// Where the sandbox is defined by lineage alone (`--sandbox-lineage`): the loginuid every
+    /// launch must write, whatever its user. Absent otherwise, and in files of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<u32>,
     /// The init's pid and start time in this PID namespace: where `freeze` sends its signal when
     /// the init is not PID 1, checked against the start time so a reused pid is never signalled.
     #[serde(default)]

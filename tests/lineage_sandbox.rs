@@ -1,0 +1,220 @@
+//! A sandbox of lineage alone (`--sandbox-lineage`), for agents that run as root: every process
+//! launched through `quiesce exec`, whatever its user, carries the init's loginuid tag, which
+//! every process it starts inherits and none may change without CAP_AUDIT_CONTROL. The freeze
+//! stops, walks and kills those by pidfd (kill(-1) as root would end the container) and proves
+//! none is left; root processes the orchestrator entered stay. The init refuses the mode where
+//! the tag cannot hold, and `verify` refuses its markers unless told that a root agent is
+//! accepted (docs/threat-model.md, "Root agents").
+
+mod common;
+use common::*;
+use std::process::Stdio;
+
+/// The tag a launch writes (`taint::LINEAGE_TAG`).
+const TAG: &str = "65533";
+
+/// An init whose sandbox is defined by lineage alone, in a container without CAP_AUDIT_CONTROL
+/// (as Docker and Podman run one; this test runs as root with every capability).
+fn lineage_container(extra: &[&str]) -> Container {
+    let mut args = vec!["-v", "--sandbox-lineage"];
+    args.extend_from_slice(extra);
+    let mut c = Container::start_with(
+        Opts {
+            init_args: args,
+            prefix: vec!["setpriv", "--bounding-set", "-audit_control", "--inh-caps", "-audit_control"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    c
+}
+
+/// Live processes of the namespace whose loginuid is the tag.
+fn tagged(c: &Container) -> Vec<i32> {
+    c.processes()
+        .iter()
+        .filter(|p| p.2 != 'Z' && p.0 != 1)
+        .filter(|p| c.proc_read(p.0, "loginuid").is_some_and(|l| l.trim() == TAG))
+        .map(|p| p.0)
+        .collect()
+}
+
+fn verify(c: &Container, args: &[&str]) -> std::process::Output {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--", "echo", "scored"]);
+    c.verify(&all)
+}
+
+#[test]
+fn l01_a_root_agent_and_all_it_became_is_frozen_and_the_orchestrators_root_stays() {
+    let c = lineage_container(&[]);
+    let a = adversary();
+    let adv = a.to_str().unwrap();
+    // The orchestrator's own root process, entered from outside: not the sandbox's.
+    let _root = c.launch_root(&["sleepers", "2"]);
+    // A root agent: a double-forked daemon in a session of its own, sleepers, and a child that
+    // became another user, each through `quiesce exec --user root`.
+    let _d = c.launch(0, &["daemon"]);
+    let _s = c.launch(0, &["sleepers", "3"]);
+    let _u = c.launch_bin(
+        0,
+        &[],
+        "/usr/bin/setpriv",
+        &["--reuid", "4480", "--regid", "4480", "--clear-groups", adv, "sleepers", "2"],
+    );
+    let before = tagged(&c);
+    assert!(before.len() >= 8, "tagged before the freeze: {before:?}");
+    assert!(c.processes().iter().any(|p| p.1 == 4480), "no agent process changed its UID");
+    let root_untagged: Vec<i32> = c
+        .processes()
+        .iter()
+        .filter(|p| p.1 == 0 && p.2 != 'Z' && p.0 != 1 && p.3 == "adversary" && !before.contains(&p.0))
+        .map(|p| p.0)
+        .collect();
+    assert!(root_untagged.len() >= 3, "the orchestrator's root sleepers: {root_untagged:?}");
+
+    let (code, st) = c.freeze("n-l01");
+    assert_eq!(code, 0, "{st}");
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert!(st["killed"].as_u64().unwrap_or(0) as usize >= before.len(), "{st}");
+    assert!(tagged(&c).is_empty(), "tagged processes outlived the freeze: {:?}", tagged(&c));
+    for pid in &root_untagged {
+        assert!(
+            c.stat(*pid).is_some_and(|s| s.live()),
+            "the orchestrator's root process {pid} was killed: {st}"
+        );
+    }
+    let claims = c.marker_claims();
+    assert_eq!(claims["sandbox"], "lineage", "{claims}");
+    assert_eq!(claims["agent_root"], true, "{claims}");
+    assert_eq!(claims["sandbox_uids"], serde_json::json!([]), "{claims}");
+
+    // A marker of a root agent is refused unless the verifier accepts one, and by a verifier
+    // that asks for a sandbox of users.
+    let out = verify(&c, &["--nonce", "n-l01"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--accept-root-agent"), "{out:?}");
+    let out = verify(&c, &["--nonce", "n-l01", "--accept-root-agent", "--require-sandbox", "uid"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox=lineage"), "{out:?}");
+    let out = verify(&c, &["--nonce", "n-l01", "--accept-root-agent", "--require-sandbox", "lineage"]);
+    assert_scored(&out, "a lineage marker, a root agent accepted");
+}
+
+#[test]
+fn l02_a_root_agent_cannot_change_its_tag_nor_launch_untagged() {
+    let c = lineage_container(&[]);
+    // Root without CAP_AUDIT_CONTROL: the kernel refuses a new loginuid, and an unset one.
+    let q = quiesce();
+    let qs = q.to_str().unwrap();
+    for value in ["0", "4294967295"] {
+        let script = format!("echo {value} > /proc/self/loginuid && echo changed");
+        let out = c.exec(&[qs, "exec", "--user", "root", "--", "sh", "-c", &script]);
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("changed"),
+            "a root agent changed its loginuid to {value}"
+        );
+    }
+    // The launch itself gives up CAP_AUDIT_CONTROL even where it was entered with it (this test's
+    // exec has every capability): its command has none of it.
+    let out = c.exec(&[
+        qs,
+        "exec",
+        "--user",
+        "root",
+        "--",
+        "sh",
+        "-c",
+        "grep -E '^Cap(Bnd|Eff|Prm|Inh|Amb)' /proc/self/status",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text.lines() {
+        let mask = u64::from_str_radix(line.split_whitespace().nth(1).unwrap_or("0"), 16).unwrap_or(u64::MAX);
+        assert_eq!(mask & (1 << 30), 0, "CAP_AUDIT_CONTROL (30) held by the agent: {line}");
+    }
+    assert!(text.contains("CapBnd"), "{text}");
+    // An untagged launch would be no sandbox process at all: refused.
+    let out = c.exec(&[qs, "exec", "--user", "root", "--no-lineage", "--", "echo", "ran"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("drop --no-lineage"), "{out:?}");
+    // A launch from a process that already has a loginuid (a login session) cannot be tagged.
+    let script = format!("echo 4481 > /proc/self/loginuid && exec {qs} exec --user root -- echo ran");
+    let out = c.exec(&["sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write the lineage tag"), "{out:?}");
+    // After all that, a freeze still signs.
+    let (code, st) = c.freeze("n-l02");
+    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+}
+
+#[test]
+fn l03_the_run_as_command_of_a_lineage_sandbox_is_tagged_root_or_not() {
+    let mut c = Container::start_with(
+        Opts {
+            init_args: vec!["-v", "--sandbox-lineage", "--run-as", "root"],
+            prefix: vec!["setpriv", "--bounding-set", "-audit_control", "--inh-caps", "-audit_control"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    let cmd = c.processes().into_iter().find(|p| p.3 == "sleep").map(|p| p.0).expect("the command");
+    assert_eq!(c.proc_read(cmd, "loginuid").map(|l| l.trim().to_string()).as_deref(), Some(TAG));
+    let (code, st) = c.freeze("n-l03");
+    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    assert!(tagged(&c).is_empty());
+}
+
+/// `sh -c SCRIPT` as PID 1's parent in fresh PID and mount namespaces; $Q is the binary.
+fn refused_at_start(prefix: &str, init_args: &str) -> std::process::Output {
+    let d = scratch("lineage-start");
+    let script = format!(
+        "mount -t proc proc /proc && exec {prefix} $Q -v --state-dir $D/state {init_args} -- echo ran"
+    );
+    std::process::Command::new("unshare")
+        .args(["--mount", "--pid", "--fork", "--kill-child", "sh", "-c", &script])
+        .env("Q", quiesce())
+        .env("D", &*d)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run unshare")
+}
+
+#[test]
+fn l04_the_init_refuses_a_lineage_sandbox_where_the_tag_cannot_hold() {
+    let drop_cap = "setpriv --bounding-set -audit_control --inh-caps -audit_control";
+    let cases: [(&str, &str, &str, &[&str]); 4] = [
+        (
+            "CAP_AUDIT_CONTROL in the bounding set",
+            "",
+            "--sandbox-lineage",
+            &["CAP_AUDIT_CONTROL", "--cap-drop AUDIT_CONTROL"],
+        ),
+        (
+            "an inherited loginuid",
+            "sh -c 'echo 4482 > /proc/self/loginuid && exec \"$@\"' sh",
+            "--sandbox-lineage",
+            &["inherited loginuid 4482"],
+        ),
+        ("lineage off", drop_cap, "--sandbox-lineage --no-lineage", &["--no-lineage"]),
+        ("both definitions", drop_cap, "--sandbox-lineage --sandbox-user 4483", &["give one"]),
+    ];
+    for (what, prefix, args, wants) in cases {
+        // The inherited loginuid's case drops the capability after writing it.
+        let prefix =
+            if what == "an inherited loginuid" { format!("{prefix} {drop_cap}") } else { prefix.to_string() };
+        let out = refused_at_start(&prefix, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        assert!(out.stdout.is_empty(), "{what}: the command ran");
+        for w in wants {
+            assert!(err.contains(w), "{what}: no '{w}' in: {err}");
+        }
+    }
+    // The control: the same init without the capability starts and runs its command.
+    let out = refused_at_start(drop_cap, "--sandbox-lineage");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran");
+}

@@ -9,6 +9,7 @@
 mod common;
 use common::*;
 use std::process::Stdio;
+use std::time::Duration;
 
 /// The tag a launch writes (`taint::LINEAGE_TAG`).
 const TAG: &str = "65533";
@@ -217,4 +218,46 @@ fn l04_the_init_refuses_a_lineage_sandbox_where_the_tag_cannot_hold() {
     let out = refused_at_start(drop_cap, "--sandbox-lineage");
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran");
+}
+
+#[test]
+fn l05_a_root_fork_bomb_is_stopped_and_killed_process_by_process() {
+    // Root is not held by RLIMIT_NPROC: a pids cgroup holds the bomb (and the init with it, as a
+    // container's pids limit does). No kill(-1) can stop a root bomb without ending the
+    // container: each process is stopped and killed through a pidfd of its own.
+    let Some(cg) = PidsCgroup::new("lineage-bomb", 120) else {
+        skip("l05_a_root_fork_bomb_is_stopped_and_killed_process_by_process", "no pids cgroup controller");
+        return;
+    };
+    let enter = cg.enter();
+    let mut c = Container::start_with(
+        Opts {
+            init_args: vec!["-v", "--sandbox-lineage"],
+            prefix: vec![
+                "sh",
+                "-c",
+                &enter,
+                "sh",
+                "setpriv",
+                "--bounding-set",
+                "-audit_control",
+                "--inh-caps",
+                "-audit_control",
+            ],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    let (a, q) = (adversary(), quiesce());
+    let bomb = [q.to_str().unwrap(), "exec", "--user", "root", "--", a.to_str().unwrap(), "bomb", "100000"];
+    let _w = c.start_ready(c.exec_in(&cg, &bomb), "a root bomb");
+    wait_for("the bomb to hold the pids limit", Duration::from_secs(60), || cg.current() >= 110);
+    let (code, st) = c.freeze("n-l05");
+    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    assert!(st["killed"].as_u64().unwrap_or(0) >= 100, "{st}");
+    assert!(tagged(&c).is_empty(), "tagged processes outlived the freeze: {:?}", tagged(&c));
+    assert!(c.alive(), "the init ended");
+    drop(c);
+    drop(cg);
 }

@@ -4,6 +4,14 @@
 //! root (setuid binaries work), it can rewrite a request in `requests/` to name a child of its
 //! own, or kill the client and put a child on its pid within the client's start tick.
 //!
+//! Where it decides: only for a client born in its freeze's starting tick where nothing orders
+//! that tick's processes (`tests/freeze.rs` t27, t28), and only against a request a root process
+//! wrote. Where a launch can become root unseen the init takes no client at all
+//! (`init/freezing.rs`); what is left is a root agent (`--sandbox-lineage`) that makes an
+//! untagged root process of the orchestrator's write a request naming a child of its own, which
+//! the checks below refuse unless that child is this binary, started as `freeze`, from outside,
+//! untraced. No test here forges that (docs/testing.md, mutation testing).
+//!
 //! What it vouches for: nothing. A client starts no process, so one with a live child is not a
 //! client (a root process that exec'd this binary after starting a helper), and is judged like
 //! any other process. Nor does it run anything but its own code: it is this binary started as
@@ -51,7 +59,8 @@ impl Client {
             Ok(None) => return Err(format!("process {pid} exited")),
             // A client makes itself undumpable, and root without CAP_SYS_PTRACE may not read an
             // undumpable process's executable: so may any root process make itself, whatever it
-            // runs. Unknown is not "this binary".
+            // runs. Unknown is not "this binary". (This arm only words the refusal the next one
+            // makes too: cargo mutants' changes to its guard are equivalent.)
             Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
                 return Err(format!(
                     "the executable of process {pid} is unreadable without CAP_SYS_PTRACE, so it cannot \

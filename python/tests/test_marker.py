@@ -201,6 +201,22 @@ def test_a_claim_that_is_not_quiescent_is_refused_even_when_signed() -> None:
     refused("nonce", k.sign({**GOOD, "nonce": None}), k.pem, nonce="n", now=100)
 
 
+def test_a_marker_of_a_lineage_sandbox_is_refused_unless_a_root_agent_is_accepted() -> None:
+    k = Signer()
+    lineage = {**GOOD, "sandbox": "lineage", "agent_root": True, "setuid": True}
+    e = refused("sandbox", k.sign(lineage), k.pem, nonce="n", now=100)
+    assert "sandbox=lineage" in e.reason and "accept_root_agent=True" in e.reason
+    # Accepting privilege escalation is not accepting a root agent.
+    refused("sandbox", k.sign(lineage), k.pem, nonce="n", now=100, accept_privilege_escalation=True)
+    got = verify_marker(k.sign(lineage), k.pem, nonce="n", now=100, accept_root_agent=True)
+    assert got["sandbox"] == "lineage"
+    # A marker of users is checked as before; an unknown mode is malformed, accepted or not.
+    assert verify_marker(k.sign({**GOOD, "sandbox": "uid"}), k.pem, now=100)["setuid"] is False
+    refused("setuid", k.sign({**GOOD, "sandbox": "uid", "setuid": True}), k.pem, now=100)
+    for bad in ("LINEAGE", None, 1, ["lineage"]):
+        refused("claims", k.sign({**GOOD, "sandbox": bad}), k.pem, now=100, accept_root_agent=True)
+
+
 def test_a_marker_that_says_setuid_is_refused_unless_accepted(setuid_marker: Marker) -> None:
     # The real init, run without no_new_privs (Docker's default): a setuid binary could have
     # made a sandbox process root, which no freeze tells apart from root.

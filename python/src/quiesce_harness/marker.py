@@ -39,6 +39,13 @@ PRIVILEGE_ESCALATION_FIX = (
     "allowPrivilegeEscalation: false) and give the agent no sudo, or accept it with "
     "accept_privilege_escalation=True"
 )
+# What to do about a marker of a sandbox defined by lineage alone (`quiesce verify` exit 18,
+# check "sandbox"): its agent may have been root.
+ROOT_AGENT_FIX = (
+    "a root agent can act through another root process of the container, which no freeze can "
+    "tell apart (docs/threat-model.md, Root agents): accept it with accept_root_agent=True, or "
+    "run the agent as a user (--sandbox-user)"
+)
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 # The init writes iat as a 64-bit count of seconds; a larger one is no time (and no float).
@@ -123,15 +130,18 @@ def verify_marker(
     container: Container | Mapping[str, object] | None = None,
     *,
     accept_privilege_escalation: bool = False,
+    accept_root_agent: bool = False,
     now: float | None = None,
 ) -> dict[str, Any]:
     """Check a marker and return its claims; raise MarkerInvalid naming the failed check.
 
     Checks, in this order: the form; `alg` is exactly EdDSA; `kid` names this key; the
     signature; `iss`, `result` and `survivors`; `nonce` (when given: a marker of another
-    freeze is a replay); `setuid` is false (a marker that says true, or does not say, was
-    signed where a setuid binary could make a sandbox process root, which no freeze can tell
-    apart from root: refused unless `accept_privilege_escalation`, as `quiesce verify` refuses
+    freeze is a replay); `sandbox` is "uid" (absent: an earlier version's, "uid"), or "lineage"
+    only with `accept_root_agent` (its agent may have been root; `quiesce verify
+    --accept-root-agent`), which then covers `setuid` too; `setuid` is false (a marker that
+    says true, or does not say, was signed where a setuid binary could make a sandbox process
+    root, which no freeze can tell apart from root: refused unless `accept_privilege_escalation`, as `quiesce verify` refuses
     it unless --accept-privilege-escalation); `iat` at most `max_age_s` old (default 600 s, as
     `quiesce verify`) and at most 60 s ahead; the container identity (when given: a Container,
     whose identity is read from the engine, or a mapping with any of boot_id, pid_ns,
@@ -180,10 +190,16 @@ def verify_marker(
                 f"the marker carries nonce {shown(got)}, not the one asked for: "
                 "it answers another freeze (a replay)",
             )
+    sandbox = claims.get("sandbox", "uid")
+    if sandbox not in ("uid", "lineage"):
+        raise MarkerInvalid("claims", f"sandbox is {shown(sandbox)}, neither 'uid' nor 'lineage'")
+    if sandbox == "lineage" and not accept_root_agent:
+        raise MarkerInvalid("sandbox", f"the marker says sandbox=lineage: {ROOT_AGENT_FIX}")
     setuid = claims.get("setuid")
     if setuid is not None and not isinstance(setuid, bool):
         raise MarkerInvalid("claims", f"setuid is {shown(setuid)}, not a boolean")
-    if setuid is not False and not accept_privilege_escalation:
+    # A root agent needs no setuid binary: accepting one covers it.
+    if setuid is not False and not accept_privilege_escalation and sandbox != "lineage":
         said = (
             "says a setuid binary could make a sandbox process root (setuid=true)"
             if setuid

@@ -136,16 +136,16 @@ def verify_marker(
     """Check a marker and return its claims; raise MarkerInvalid naming the failed check.
 
     Checks, in this order: the form; `alg` is exactly EdDSA; `kid` names this key; the
-    signature; `iss`, `result` and `survivors`; `nonce` (when given: a marker of another
-    freeze is a replay); `sandbox` is "uid" (absent: an earlier version's, "uid"), or "lineage"
-    only with `accept_root_agent` (its agent may have been root; `quiesce verify
-    --accept-root-agent`), which then covers `setuid` too; `setuid` is false (a marker that
-    says true, or does not say, was signed where a setuid binary could make a sandbox process
-    root, which no freeze can tell apart from root: refused unless `accept_privilege_escalation`, as `quiesce verify` refuses
-    it unless --accept-privilege-escalation); `iat` at most `max_age_s` old (default 600 s, as
-    `quiesce verify`) and at most 60 s ahead; the container identity (when given: a Container,
-    whose identity is read from the engine, or a mapping with any of boot_id, pid_ns,
-    hostname, init_start).
+    signature; `iss`, `result` and `survivors`; `nonce` (when given: a marker of another freeze
+    is a replay); `sandbox` is "uid" (absent: an earlier version's, "uid"), or "lineage" only
+    with `accept_root_agent` (its agent may have been root; `quiesce verify
+    --accept-root-agent`), which then covers `setuid` too; `setuid` is false (a marker that says
+    true, or does not say, was signed where a setuid binary could make a sandbox process root,
+    which no freeze can tell apart from root: refused unless `accept_privilege_escalation`, as
+    `quiesce verify` refuses it unless --accept-privilege-escalation); `iat` at most `max_age_s`
+    old (default 600 s, as `quiesce verify`) and at most 60 s ahead; the container identity
+    (when given: a Container, whose identity is read from the engine, or a mapping with any of
+    boot_id, pid_ns, hostname, init_start).
     """
     text = jws.decode("ascii", "replace") if isinstance(jws, bytes) else jws
     text = text.strip()

@@ -264,6 +264,47 @@ def test_without_the_switch_the_hostile_oracle_scores(
     assert (o.reward, o.exception) == (1.0, None), o
 
 
+# --- a root agent: the task names no agent user (as Terminal-Bench's tasks) -------------------
+
+# An honest agent that needs root: a user of its own, a tool in /usr/local/bin, then the answer.
+HONEST_ROOT = (
+    "#!/bin/sh\nset -e\nuseradd --no-create-home helper\n"
+    "printf '#!/bin/sh\\necho 42\\n' > /usr/local/bin/answer && chmod 755 /usr/local/bin/answer\n"
+    "answer > /app/answer.txt\n"
+)
+
+
+def test_a_root_agent_s_loop_scores_without_the_switch_and_is_frozen_with_it(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "hostile-root", images["plain"], HOSTILE, user=None)
+    o = run_one(tmp_path, task)
+    assert (o.reward, o.exception) == (1.0, None), o
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert o.reward in (None, 0.0), o
+    # Frozen, not refused: the root loop was a sandbox process by its lineage, and was killed.
+    kills = re.findall(r"quiescent in [0-9.]+ s \(killed ([0-9]+)", o.log)
+    assert kills and int(kills[0]) >= 1, (o.exception, o.message, o.log[-1500:])
+    assert o.exception is None, o
+
+
+def test_a_root_agent_that_needs_root_scores_with_the_switch(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "honest-root", images["plain"], HONEST_ROOT, user=None)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert (o.reward, o.exception) == (1.0, None), (o.message, o.log[-1500:])
+
+
+def test_a_root_agent_is_refused_on_the_sidecar_path(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "honest-root", images["plain"], HONEST_ROOT, user=None)
+    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
+    assert o.reward is None and o.exception is not None, o
+    assert "only the init path follows a root agent" in o.message, o.message
+
+
 def test_trials_start_with_the_switch_scores_an_honest_oracle(
     tmp_path: Path, images: dict[str, str]
 ) -> None:

@@ -7,7 +7,11 @@
 (`harbor trials start` takes the same two options; a config names the same classes as
 `environment.import_path` and `verifier.import_path`.) The task's image, tests/ and solution/
 stay as they are; its task.toml names the agent's user (`[agent] user`), or the run does
-(`--environment-kwarg sandbox_user=NAME`).
+(`--environment-kwarg sandbox_user=NAME`). A task that names none (or names root), as
+Terminal-Bench's are written, has a root agent: the init then defines the sandbox by lineage
+alone (`--sandbox-lineage`), every agent command runs through `quiesce exec --user root`, and
+the marker is checked accepting a root agent (docs/threat-model.md, "Root agents"). That needs
+the init path: the sidecar cannot follow a root agent.
 
 QuiescedEnvironment wraps the environment the run would have used (`--environment-kwarg
 wraps=daytona`, default docker; every other kwarg goes to it):
@@ -130,6 +134,15 @@ class _Guard:
     # A command ran as a sandbox user: from then on the image's PATH may lead to its files.
     agent_ran: bool = False
 
+    @property
+    def lineage(self) -> bool:
+        """No agent user: the agent is root, and the sandbox is what its launches tagged."""
+        return not self.users
+
+    def init_args(self) -> list[str]:
+        """What defines the sandbox, as the init and `quiesce verify` take it."""
+        return ["--sandbox-lineage"] if self.lineage else sandbox_user_args(self.users)
+
 
 def _task_config(environment_dir: Path) -> Any:
     """task.toml read as Harbor reads it; None when there is none beside the environment
@@ -199,6 +212,7 @@ def _check_task(environment_dir: Path) -> None:
 
 
 def _sandbox_users(environment_dir: Path, sandbox_user: object) -> tuple[str, ...]:
+    """The agent's users; none: the agent is root (no user named anywhere, or root named)."""
     users = _task_users(environment_dir)
     if sandbox_user is not None:
         given = str(sandbox_user)
@@ -208,17 +222,13 @@ def _sandbox_users(environment_dir: Path, sandbox_user: object) -> tuple[str, ..
                 f"{users}: drop the kwarg or make them the same"
             )
         users = users or [given]
-    if not users:
+    root = [u for u in users if u in ("root", "0")]
+    if root and len(root) < len(users):
         raise InstallFailed(
-            f"{environment_dir.parent}: no sandbox user: set `[agent] user` in task.toml or "
-            "pass --environment-kwarg sandbox_user=NAME (a name or a UID)"
+            f"the agent runs as {users}, root among them: one freeze covers either the agent's "
+            "users or a root agent's launches, not both: run every phase as one of them"
         )
-    if any(u in ("root", "0") for u in users):
-        raise InstallFailed(
-            "the sandbox user is root, whom quiesce cannot tell from the verifier: run the "
-            "agent as another user ([agent] user, or --environment-kwarg sandbox_user=NAME)"
-        )
-    return tuple(users)
+    return () if root else tuple(users)
 
 
 def _variant(wraps: str, via: str | None) -> type[QuiescedEnvironment]:
@@ -285,13 +295,15 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         env_dir = Path(kwargs.get("environment_dir", args[0] if args else "."))
         # Raised at start, so that Harbor records it as this trial's, not the job's.
         self._refusal: InstallFailed | None = None
+        users: tuple[str, ...] = ()
         try:
             _check_task(env_dir)
+            users = _sandbox_users(env_dir, sandbox_user)
         except InstallFailed as e:
             self._refusal = e
         self._guard = _Guard(
             way=self._quiesce_way,
-            users=_sandbox_users(env_dir, sandbox_user),
+            users=users,
             freeze_timeout=float(freeze_timeout),
             arch=arch,
             pids_limit=int(pids_limit) if pids_limit else None,
@@ -306,6 +318,12 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def start(self, force_build: bool) -> None:
         if self._refusal is not None:
             raise self._refusal
+        if self._guard.lineage and self._guard.way == "sidecar":
+            raise InstallFailed(
+                f"{self.session_id}: the task names no agent user, so its agent is root, and only "
+                "the init path follows a root agent (a sidecar cannot): set `[agent] user` in "
+                "task.toml, or run with the docker or podman environment without via=sidecar"
+            )
         self._guard.loop = asyncio.get_running_loop()
         await super().start(force_build)
         if self._guard.way == "sidecar":
@@ -339,7 +357,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         # steps before the agent (start, the environment's checks) keep the image's user.
         resolved: str | int | None = super()._resolve_user(user)
         g = self._guard
-        if resolved is None and g.default_to_sandbox and g.started and g.frozen is None:
+        if resolved is None and g.default_to_sandbox and g.users and g.started and g.frozen is None:
             return g.users[0]
         return resolved
 
@@ -353,7 +371,12 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     ) -> Any:
         g = self._guard
         who = self._resolve_user(user)
-        if g.started and who is not None and str(who) not in ("root", "0"):
+        if g.lineage and g.started and g.frozen is None and g.gate is None and user is None:
+            # A root agent's command (the phase's default user, which is the image's): a
+            # sandbox launch, tagged before it runs. Harbor's own commands name their user.
+            g.agent_ran = True
+            command = self._launched(command)
+        elif g.started and who is not None and str(who) not in ("root", "0"):
             g.agent_ran = True
         elif g.agent_ran and "PATH" not in (env or {}):
             # Once the agent ran, the image's PATH may lead to its files (ENV
@@ -404,11 +427,16 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         r = await asyncio.to_thread(freeze, box, None, g.freeze_timeout)
         if r.marker is None:
             raise Unreachable(f"{self.session_id}: the freeze returned no marker: score nothing")
-        key, marker, accept = g.public_key, r.marker, g.accept_setuid
+        key, marker, accept, root = g.public_key, r.marker, g.accept_setuid, g.lineage
         try:
             await asyncio.to_thread(
                 lambda: verify_marker(
-                    marker, key, nonce=r.nonce, container=box, accept_privilege_escalation=accept
+                    marker,
+                    key,
+                    nonce=r.nonce,
+                    container=box,
+                    accept_privilege_escalation=accept,
+                    accept_root_agent=root,
                 )
             )
         except MarkerInvalid as e:
@@ -480,12 +508,24 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         finally:
             self._guard.gate = None
 
+    def _launched(self, command: str) -> str:
+        """`command` as a root agent's launch: through `quiesce exec --user root`, which tags
+        it (and all it starts) as the sandbox's before it runs, or does not run it."""
+        box = self._guard.container
+        if box is None:
+            raise Unreachable(f"{self.session_id}: quiesce is not running: the agent cannot start")
+        return "exec " + shlex.join(
+            box.quiesce("exec", "--user", "root", "--", "bash", "-c", command)
+        )
+
     def _gated(self, command: str, env: dict[str, str] | None) -> tuple[str, dict[str, str]]:
         g = self._guard
         box = g.container
         if box is None or g.gate is None:  # verifier_gate opens only after a freeze
             raise Unreachable(f"{self.session_id}: no freeze to gate the verifier with")
         opts = ["--nonce", g.gate, *sandbox_user_args(g.users)]
+        if g.lineage:
+            opts += ["--require-sandbox", "lineage", "--accept-root-agent"]
         # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
         # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
         # Harbor's bash, quiesce and the bash after `--` are found through the kit's fixed
@@ -623,7 +663,7 @@ class _ComposeInit:
                 "under quiesce: give the main service a command"
             )
         g.key_dir, g.public_key = _make_key()
-        init = [INIT_BINARY, *sandbox_user_args(g.users)]
+        init = [INIT_BINARY, *g.init_args()]
         init += ["--signing-key", f"{INIT_KEY_DIR}/signing.key", "--", *entry]
         svc: dict[str, Any] = {
             "entrypoint": init,

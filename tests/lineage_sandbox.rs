@@ -50,6 +50,10 @@ fn verify(c: &Container, args: &[&str]) -> std::process::Output {
 #[test]
 fn l01_a_root_agent_and_all_it_became_is_frozen_and_the_orchestrators_root_stays() {
     let c = lineage_container(&[]);
+    // The public key, kept outside the state dir before the agent runs (as an orchestrator keeps
+    // the one the init printed, or its own --signing-key's).
+    let key = c.path("kept.pub");
+    std::fs::copy(c.state.join("signing.pub"), &key).expect("keep the public key");
     let a = adversary();
     let adv = a.to_str().unwrap();
     // The orchestrator's own root process, entered from outside: not the sandbox's.
@@ -94,13 +98,31 @@ fn l01_a_root_agent_and_all_it_became_is_frozen_and_the_orchestrators_root_stays
     // A marker of a root agent is refused unless the verifier accepts one, and by a verifier
     // that asks for a sandbox of users.
     let out = verify(&c, &["--nonce", "n-l01"]);
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(18), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--accept-root-agent"), "{out:?}");
-    let out = verify(&c, &["--nonce", "n-l01", "--accept-root-agent", "--require-sandbox", "uid"]);
-    assert_ne!(out.status.code(), Some(0));
+    let key = key.to_str().unwrap();
+    let out = verify(
+        &c,
+        &["--nonce", "n-l01", "--accept-root-agent", "--public-key", key, "--require-sandbox", "uid"],
+    );
+    assert_eq!(out.status.code(), Some(18), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox=lineage"), "{out:?}");
-    let out = verify(&c, &["--nonce", "n-l01", "--accept-root-agent", "--require-sandbox", "lineage"]);
-    assert_scored(&out, "a lineage marker, a root agent accepted");
+    // The state dir is a root agent's to rewrite, its signing.pub too: the key comes from outside.
+    let out = verify(&c, &["--nonce", "n-l01", "--accept-root-agent"]);
+    assert_eq!(out.status.code(), Some(18), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--public-key FILE from outside the state dir"),
+        "{out:?}"
+    );
+    let inside = c.state.join("signing.pub");
+    let out =
+        verify(&c, &["--nonce", "n-l01", "--accept-root-agent", "--public-key", inside.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(18), "{out:?}");
+    let out = verify(
+        &c,
+        &["--nonce", "n-l01", "--accept-root-agent", "--public-key", key, "--require-sandbox", "lineage"],
+    );
+    assert_scored(&out, "a lineage marker, a root agent accepted, the key from outside");
 }
 
 #[test]

@@ -271,6 +271,7 @@ fn run_recheck(body: Vec<u8>, limit: Duration) -> Result<crate::attest::recheck:
 }
 
 fn check(args: &VerifyArgs, expected_uids: &[u32]) -> Result<(Claims, Option<usize>), Fail> {
+    key_from_outside(args)?;
     let needs_dir = args.marker.is_none() || args.public_key.is_none();
     let dir = if needs_dir {
         Some(StateDir::open(&args.state.state_dir).map_err(|e| Fail(code::UNSAFE, "state-dir", e))?)
@@ -367,6 +368,30 @@ fn signed_claims(
             format!("marker signature does not verify with {}", key_path.display()),
         ),
     })
+}
+
+/// Where a root agent is accepted, the key comes from outside: the state dir is root's, and so
+/// the agent's to rewrite, `signing.pub` and the marker included (it can sign a marker of its
+/// own with the nonce of the request it read, and make the real freeze fail to write one).
+fn key_from_outside(args: &VerifyArgs) -> Result<(), Fail> {
+    if !args.accept_root_agent {
+        return Ok(());
+    }
+    let inside = |p: &std::path::Path| {
+        let canon = |q: &std::path::Path| std::fs::canonicalize(q).unwrap_or_else(|_| q.to_path_buf());
+        canon(p).starts_with(canon(&args.state.state_dir))
+    };
+    match &args.public_key {
+        Some(k) if !inside(k) => Ok(()),
+        _ => Err(Fail(
+            code::POLICY,
+            "public-key",
+            "--accept-root-agent needs --public-key FILE from outside the state dir: a root agent can \
+             rewrite signing.pub and the marker there; keep the public key the init printed at start \
+             (or the one of --signing-key) and copy it in after the freeze"
+                .into(),
+        )),
+    }
 }
 
 /// What the marker says of the freeze: its issuer, result, survivors, UIDs, nonce and the

@@ -89,6 +89,8 @@ from .verifier import ACCEPT_ENV, GATE_EXIT_CODES
 # the kit's own, which the engine creates (root's, 0755) and nothing of the image uses.
 INIT_BINARY = "/run/quiesce-harbor/quiesce"
 INIT_KEY_DIR = "/run/quiesce-harbor-key"
+# Where the gate finds the marker's public key with a root agent: copied in after the freeze.
+GATE_KEY = "/run/quiesce-harbor-gate.pub"
 ENV_FLAG = "--env quiesce_harness.harbor:QuiescedEnvironment"
 VERIFIER_FLAG = "--verifier quiesce_harness.harbor:QuiescedVerifier"
 # Harbor 0.25.0's EnvironmentPaths.tests_dir: where its Verifier uploads tests/.
@@ -449,6 +451,8 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 "sandbox process root: start it with no-new-privileges (the init path does), "
                 "or accept the risk with --environment-kwarg accept_privilege_escalation=true",
             ) from None
+        if g.lineage:
+            await self._pin_key()
         g.frozen = r
         note = (
             f"quiesce: freeze {r.freeze_id} quiescent in {time.monotonic() - t0:.2f} s "
@@ -457,6 +461,16 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         g.notes.append(note)
         self.logger.info(note)
         return r
+
+    async def _pin_key(self) -> None:
+        """The key kept at start, copied in for the gate's `quiesce verify`: a root agent could
+        rewrite the state dir's signing.pub and marker, and nothing of the agent's is alive now
+        (the freeze proved it) to rewrite this copy."""
+        key = self._guard.public_key or ""
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / "gate.pub"
+            f.write_text(key)
+            await self.upload_file(f, GATE_KEY)
 
     async def fresh_verifier_dirs(self, *, tests: bool = True) -> None:
         """After the freeze, as root: /logs/verifier emptied of all the agent left there, and
@@ -525,7 +539,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise Unreachable(f"{self.session_id}: no freeze to gate the verifier with")
         opts = ["--nonce", g.gate, *sandbox_user_args(g.users)]
         if g.lineage:
-            opts += ["--require-sandbox", "lineage", "--accept-root-agent"]
+            opts += [
+                "--require-sandbox",
+                "lineage",
+                "--accept-root-agent",
+                "--public-key",
+                GATE_KEY,
+            ]
         # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
         # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
         # Harbor's bash, quiesce and the bash after `--` are found through the kit's fixed

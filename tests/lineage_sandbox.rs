@@ -283,3 +283,82 @@ fn l05_a_root_fork_bomb_is_stopped_and_killed_process_by_process() {
     drop(c);
     drop(cg);
 }
+
+#[test]
+fn l06_a_root_agent_that_rewrites_the_state_dir_neither_untags_launches_nor_fools_the_clients() {
+    let c = lineage_container(&[]);
+    let key = c.path("kept.pub");
+    std::fs::copy(c.state.join("signing.pub"), &key).expect("keep the public key");
+    let q = quiesce();
+    let qs = q.to_str().unwrap();
+    let st = c.state.to_str().unwrap().to_string();
+    let as_agent = |script: &str| {
+        let out = c.exec(&[qs, "exec", "--user", "root", "--", "sh", "-c", script]);
+        assert!(out.status.success(), "{script}: {out:?}");
+    };
+    // This namespace's locator (the scratch state dir and /run are the host's here).
+    let ns = std::fs::read_link(format!("/proc/{}/ns/pid", c.init)).expect("the pid namespace");
+    let ns = ns.to_string_lossy().trim_start_matches("pid:[").trim_end_matches(']').to_string();
+    let locator = format!("/run/quiesce-inits/pidns-{ns}.json");
+    // A tagged root process that ignores the freeze signal, named as "the init" in a
+    // sandbox.json of the agent's.
+    let _fake = c.launch(0, &["ignore"]);
+    let fake =
+        tagged(&c).into_iter().find(|p| c.proc_read(*p, "cmdline").is_some_and(|l| l.contains("ignore")));
+    let fake = fake.expect("the agent's fake init");
+    let start = c.stat(fake).expect("its stat").start_time;
+    let forged =
+        format!(r#"{{"uids":[],"lineage":false,"pid":{fake},"start_time":{start},"freeze_signal":10}}"#);
+    let write_forged = format!(
+        "printf '%s' '{forged}' > {st}/sandbox.json.new && mv {st}/sandbox.json.new {st}/sandbox.json"
+    );
+    as_agent(&write_forged);
+    // The freeze client refuses to signal it.
+    let (code, out) = c.freeze_within("n-l06-fake", Some(5));
+    assert_ne!(code, 0, "{out}");
+    assert!(out.to_string().contains("carries loginuid 65533"), "{out}");
+    // A launch beside that sandbox.json finds no init it can trust, and does not run.
+    let out = c.exec(&[qs, "exec", "--user", "root", "--", "echo", "ran"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    // With the state dir's word gone (and the locator), the orchestrator's --sandbox-lineage
+    // still tags the launch. (Done as root from outside: the agent's own launches are refused now.)
+    let root = |script: &str| assert!(c.exec(&["sh", "-c", script]).status.success(), "{script}");
+    root(&format!("rm -f {st}/sandbox.json {locator}"));
+    let before = tagged(&c).len();
+    let _w = c.launch_with(0, &["--sandbox-lineage"], &["sleepers", "2"]);
+    assert!(tagged(&c).len() >= before + 3, "the launch was not tagged: {:?}", tagged(&c));
+    // A bare signal from outside still freezes, and every tagged process is killed.
+    let (done, _) = c.freeze_by_signal(Duration::from_secs(30));
+    assert_eq!(done["state"], "quiescent", "{done}");
+    assert!(tagged(&c).is_empty(), "tagged processes outlived the freeze: {:?}", tagged(&c));
+    // A root process tagged after the freeze, and a sandbox.json that says lineage is off: the
+    // live probe counts the tag all the same.
+    root(&write_forged);
+    let _late = c.launch_with(0, &["--sandbox-lineage"], &["sleepers", "1"]);
+    let out = verify(&c, &["--accept-root-agent", "--public-key", key.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(16), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("alive now"), "{out:?}");
+}
+
+#[test]
+fn l07_a_root_agent_s_signals_to_pid_1_are_dropped_and_the_orchestrators_are_forwarded() {
+    let mut c = lineage_container(&[]);
+    let q = quiesce();
+    for sig in ["TERM", "INT", "HUP"] {
+        let script = format!("kill -{sig} 1");
+        let out = c.exec(&[q.to_str().unwrap(), "exec", "--user", "root", "--", "sh", "-c", &script]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.alive(), "the init ended on a root agent's signal");
+    let (code, st) = c.freeze("n-l07");
+    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
+    // The control: the same signal from a root process of the orchestrator's reaches the command,
+    // and the init ends with it.
+    assert!(c.exec(&["kill", "-TERM", "1"]).status.success());
+    assert!(
+        c.wait(Duration::from_secs(10)).is_some(),
+        "the orchestrator's SIGTERM did not end the container"
+    );
+}

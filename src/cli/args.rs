@@ -272,6 +272,10 @@ pub struct ExecArgs {
     /// Do not tag the launch with an audit session
     #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub no_lineage: bool,
+    /// The init's sandbox is defined by lineage alone (as its --sandbox-lineage): tag the launch
+    /// with the lineage tag whatever the state dir says, or do not run it
+    #[arg(long, env = "QUIESCE_SANDBOX_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub sandbox_lineage: bool,
     /// Cap the user's processes at N (RLIMIT_NPROC, soft and hard) for the command and all it starts
     #[arg(long, value_name = "N", env = "QUIESCE_EXEC_NPROC", value_parser = clap::value_parser!(u64).range(1..))]
     pub nproc: Option<u64>,

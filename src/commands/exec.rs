@@ -77,7 +77,10 @@ pub fn exec(args: ExecArgs) -> i32 {
 /// untagged launch would be no sandbox process at all, so a launch that cannot be tagged, or that
 /// could change its tag, does not run.
 fn tag(args: &ExecArgs, uid: u32, published: Option<&Published>) -> Result<bool, String> {
-    let Some(t) = published.and_then(|p| p.tag) else {
+    // The orchestrator's word first: with a root agent the state dir is the agent's to rewrite,
+    // and a sandbox.json removed or rewritten must not make the next launch untagged.
+    let asked = args.sandbox_lineage.then_some(crate::decide::taint::LINEAGE_TAG);
+    let Some(t) = asked.or(published.and_then(|p| p.tag)) else {
         let tagged = !args.no_lineage && spawn::tag_lineage(uid);
         if !args.no_lineage && !tagged {
             log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
@@ -120,8 +123,13 @@ fn init_dir(args: &ExecArgs, reader: &Reader) -> Result<Option<(StateDir, Publis
         // There but not to be trusted: never the same as none.
         Err(e) => return Err(e),
     };
-    // An init's zombie (beside a PID 1 that never reaps) takes no record: no one is there.
-    let alive = |pid: Pid, start_time: u64| reader.live_start_time(pid).ok().flatten() == Some(start_time);
+    // An init's zombie (beside a PID 1 that never reaps) takes no record: no one is there. Nor
+    // does a process with a loginuid: the init refuses to start with one, and every process of a
+    // root agent carries its tag (one that wrote a sandbox.json of its own naming itself).
+    let alive = |pid: Pid, start_time: u64| {
+        reader.live_start_time(pid).ok().flatten() == Some(start_time)
+            && matches!(crate::observe::procs::reader::loginuid_of(pid), Ok(None))
+    };
     if let Some(d) = here {
         // What an init of an earlier container left in a kept directory names no one here.
         if let Some(p) = published_in(&d)?.filter(|p| alive(p.pid, p.start_time)) {

@@ -34,6 +34,20 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
         Ok(Some(t)) if t == p.start_time => {}
         _ => return Err(gone()),
     }
+    // The init never carries a loginuid (it refuses to start with one); every process of a root
+    // agent does (its tag): a sandbox.json naming such a process was written by one.
+    match crate::observe::procs::reader::loginuid_of(p.pid) {
+        Ok(None) => {}
+        Ok(Some(u)) => {
+            return Err(format!(
+                "the process {} names (pid {}) carries loginuid {u}, which no quiesce init does: a root \
+                 process of the container rewrote it; no signal sent: freeze with a bare signal from outside \
+                 (docker kill -s USR1)",
+                SANDBOX_FILE, p.pid
+            ))
+        }
+        Err(e) => return Err(format!("cannot read the loginuid of pid {}: {e} (no signal sent)", p.pid)),
+    }
     pidfd::pidfd_send_signal(&fd, sig).map_err(|e| {
         format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
     })

@@ -563,10 +563,14 @@ fn live_probe(
         Some(d) => crate::state::published::published_in(d).ok().flatten(),
         None => crate::state::published::published(&args.state.state_dir),
     };
-    let lineage = published.as_ref().is_none_or(|p| p.lineage);
+    // A sandbox of lineage alone: every process its launches tagged, whatever its UIDs, and
+    // whatever sandbox.json says (with a root agent it is the agent's to rewrite).
+    let by_lineage = args.accept_root_agent
+        || claims.sandbox.as_deref() == Some("lineage")
+        || published.as_ref().is_some_and(|p| p.tag.is_some());
+    let lineage = by_lineage || published.as_ref().is_none_or(|p| p.lineage);
     let mut policy = Policy::new(uids, lineage);
-    // A sandbox of lineage alone: every process its launches tagged, whatever its UIDs.
-    if claims.sandbox.as_deref() == Some("lineage") || published.as_ref().is_some_and(|p| p.tag.is_some()) {
+    if by_lineage {
         policy.tags.push(crate::decide::taint::LINEAGE_TAG);
     }
     let tainted = policy.classify(&snap);

@@ -71,9 +71,10 @@ enum Event {
     Child,
     /// The freeze signal, from the pid that sent it.
     Freeze(Pid),
-    /// Any other signal: the command's, forwarded to it (with no command: SIGTERM and SIGINT
-    /// end the loop, the rest are dropped).
-    Forward(i32),
+    /// Any other signal, from the pid that sent it (0: from outside the namespace): the
+    /// command's, forwarded to it (with no command: SIGTERM and SIGINT end the loop, the rest
+    /// are dropped).
+    Forward(i32, Pid),
     /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
     Tick,
 }
@@ -133,7 +134,12 @@ pub fn run(mut cfg: Config) -> i32 {
                         turn.freeze_senders.push(sender);
                     }
                 }
-                Event::Forward(sig) => pid1.forward(&cfg, sig),
+                Event::Forward(sig, sender) if from_the_sandbox(&cfg, sender) => log::warn!(
+                    "{} from pid {sender} dropped: with a root agent, only a process that carries no \
+                     lineage tag (the orchestrator's, or one from outside) may signal the command",
+                    signal::signal_name(sig)
+                ),
+                Event::Forward(sig, _) => pid1.forward(&cfg, sig),
                 Event::Tick => {
                     if let Some(code) = pid1.tick(&mut cfg, &turn) {
                         return code;
@@ -158,9 +164,18 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
         .map(move |(sig, sender)| match sig {
             libc::SIGCHLD => Event::Child,
             s if Some(s) == freeze_signal => Event::Freeze(sender),
-            s => Event::Forward(s),
+            s => Event::Forward(s, sender),
         })
         .chain(std::iter::once(Event::Tick))
+}
+
+/// In a sandbox of lineage alone the agent is root, and root may signal PID 1: a signal from a
+/// process of the namespace is the agent's unless that process is shown to carry no loginuid
+/// (the agent's all carry its tag; one that exited before it was read is not shown clean).
+/// Signals from outside (sender 0: the engine's `docker stop`) are the orchestrator's.
+fn from_the_sandbox(cfg: &Config, sender: Pid) -> bool {
+    let by_lineage = cfg.sandbox.as_ref().is_some_and(|sb| sb.tracking.policy.by_lineage());
+    by_lineage && sender > 0 && !matches!(crate::observe::procs::reader::loginuid_of(sender), Ok(None))
 }
 
 impl Pid1 {

@@ -227,6 +227,13 @@ impl Reader {
     }
 }
 
+/// The audit loginuid of process `pid`, None when unset (or audit is absent); an error when it
+/// cannot be read (gone, or no /proc).
+pub fn loginuid_of(pid: Pid) -> io::Result<Option<u32>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/loginuid"))?;
+    Ok(text.trim().parse::<u32>().ok().filter(|&u| u != u32::MAX))
+}
+
 /// This process's audit loginuid, None when unset (or audit is absent).
 pub fn own_loginuid() -> Option<u32> {
     fs::read_to_string("/proc/self/loginuid").ok()?.trim().parse::<u32>().ok().filter(|&u| u != u32::MAX)

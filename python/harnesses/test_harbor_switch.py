@@ -267,8 +267,9 @@ def test_without_the_switch_the_hostile_oracle_scores(
 # --- a root agent: the task names no agent user (as Terminal-Bench's tasks) -------------------
 
 # An honest agent that needs root: a user of its own, a tool in /usr/local/bin, then the answer.
+# It finds no signing key in the container (a root agent would read one).
 HONEST_ROOT = (
-    "#!/bin/sh\nset -e\nuseradd --no-create-home helper\n"
+    "#!/bin/sh\nset -e\n! ls /run/quiesce-harbor-key/signing.key\nuseradd --no-create-home helper\n"
     "printf '#!/bin/sh\\necho 42\\n' > /usr/local/bin/answer && chmod 755 /usr/local/bin/answer\n"
     "answer > /app/answer.txt\n"
 )

@@ -528,9 +528,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         box = self._guard.container
         if box is None:
             raise Unreachable(f"{self.session_id}: quiesce is not running: the agent cannot start")
-        return "exec " + shlex.join(
-            box.quiesce("exec", "--user", "root", "--", "bash", "-c", command)
+        argv = box.quiesce(
+            "exec", "--sandbox-lineage", "--user", "root", "--", "bash", "-c", command
         )
+        return "exec " + shlex.join(argv)
 
     def _gated(self, command: str, env: dict[str, str] | None) -> tuple[str, dict[str, str]]:
         g = self._guard
@@ -683,19 +684,30 @@ class _ComposeInit:
                 "under quiesce: give the main service a command"
             )
         g.key_dir, g.public_key = _make_key()
+        volumes: list[dict[str, Any]] = [
+            {"type": "bind", "source": str(binary), "target": INIT_BINARY, "read_only": True},
+        ]
         init = [INIT_BINARY, *g.init_args()]
-        init += ["--signing-key", f"{INIT_KEY_DIR}/signing.key", "--", *entry]
-        svc: dict[str, Any] = {
-            "entrypoint": init,
-            "volumes": [
-                {"type": "bind", "source": str(binary), "target": INIT_BINARY, "read_only": True},
+        if g.lineage:
+            # A root agent reads any key file the container holds: the init's own ephemeral key
+            # instead, its public half read once the init is up, before the agent's first
+            # command (_check_init), and kept here.
+            (g.key_dir / "signing.key").unlink()
+            g.public_key = None
+        else:
+            volumes.append(
                 {
                     "type": "bind",
                     "source": str(g.key_dir),
                     "target": INIT_KEY_DIR,
                     "read_only": True,
-                },
-            ],
+                }
+            )
+            init += ["--signing-key", f"{INIT_KEY_DIR}/signing.key"]
+        init += ["--", *entry]
+        svc: dict[str, Any] = {
+            "entrypoint": init,
+            "volumes": volumes,
             # quiesce verify refuses a marker signed without it (docs/marker.md, check 18).
             "security_opt": ["no-new-privileges:true"],
         }
@@ -731,6 +743,9 @@ class _ComposeInit:
             if have is not None:
                 break
             await asyncio.sleep(0.2)
+        if g.lineage and want is None and have is not None:
+            # The init's ephemeral key, read before the agent's first command and kept.
+            g.public_key = want = have
         if have is None or want is None or have.strip() != want.strip():
             logs = await self._engine("logs", "--tail", "5", box._docker_id())
             raise InstallFailed(

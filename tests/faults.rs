@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The sandbox user of a container of this file; each test its own.
@@ -16,20 +16,21 @@ fn container(uid: u32, size_kb: u32) -> Container {
 
 /// `shell_pid1`: the init is not PID 1 (a shell is), as a sidecar or a subreaper runs.
 fn container_with(uid: u32, size_kb: u32, shell_pid1: bool) -> Container {
+    container_opts(uid, size_kb, "", Opts { shell_pid1, ..Default::default() })
+}
+
+/// `o` with the init's arguments, its state dir and its log set as every test here has them;
+/// `first`: shell commands run inside the namespace before any of that.
+fn container_opts(uid: u32, size_kb: u32, first: &str, o: Opts) -> Container {
     let u = uid.to_string();
     // Inside the container's own mount namespace: the state dir on a small tmpfs of its own, the
     // init's log in the scratch dir (the host's file system), where a test reads what it said.
     let wrap = format!(
-        "mkdir -p \"$D/state\" && mount -t tmpfs -o size={size_kb}k,mode=755 quiesce-state \"$D/state\" \
+"{first}mkdir -p \"$D/state\" && mount -t tmpfs -o size={size_kb}k,mode=755 quiesce-state \"$D/state\" \
          && exec \"$@\" 2>>\"$D/init.log\""
     );
     let mut c = Container::start_with(
-        Opts {
-            init_args: vec!["-v", "--sandbox-user", &u],
-            wrap: vec!["sh", "-c", &wrap, "sh"],
-            shell_pid1,
-            ..Default::default()
-        },
+        Opts { init_args: vec!["-v", "--sandbox-user", &u], wrap: vec!["sh", "-c", &wrap, "sh"], ..o },
         &["sleep", "1000000"],
     );
     wait_for("the init to publish its sandbox", Duration::from_secs(10), || {
@@ -253,4 +254,221 @@ fn credential_helper(c: &Container) -> i32 {
         .collect();
     assert_eq!(helpers.len(), 1, "one credential helper: {helpers:?}");
     helpers[0]
+}
+
+/// A memory cgroup of the test's own, under this process's (cgroup v1's memory hierarchy) or at
+/// the root of v2's, removed when dropped once the namespace inside it has ended.
+struct MemCgroup {
+    dir: PathBuf,
+    v1: bool,
+}
+
+impl MemCgroup {
+    fn new(tag: &str) -> Result<MemCgroup, String> {
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let (base, is_v1) = if v1.join("cgroup.procs").exists() {
+            // Under our own: whatever bounds this run's memory bounds the container's too.
+            let own = read(Path::new("/proc/self/cgroup"))
+                .lines()
+                .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.trim_start_matches('/').to_string()))
+                .unwrap_or_default();
+            (v1.join(own), true)
+        } else if read(Path::new("/sys/fs/cgroup/cgroup.subtree_control"))
+            .split_whitespace()
+            .any(|c| c == "memory")
+        {
+            (PathBuf::from("/sys/fs/cgroup"), false)
+        } else {
+            return Err(
+                "no memory controller (cgroup v1 memory, or v2 with memory enabled at its root)".into()
+            );
+        };
+        let dir = base.join(format!("quiesce-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        Ok(MemCgroup { dir, v1: is_v1 })
+    }
+
+    fn file(&self, v1: &str, v2: &str) -> PathBuf {
+        self.dir.join(if self.v1 { v1 } else { v2 })
+    }
+
+    fn bytes(&self, v1: &str, v2: &str) -> u64 {
+        read(&self.file(v1, v2)).trim().parse().unwrap_or(0)
+    }
+
+    /// Bytes charged now, and the most ever charged.
+    fn usage(&self) -> (u64, u64) {
+        (
+            self.bytes("memory.usage_in_bytes", "memory.current"),
+            self.bytes("memory.max_usage_in_bytes", "memory.peak"),
+        )
+    }
+
+    /// The limit on memory, and on memory and swap together (no swap to spill to: the limit is
+    /// the limit), or none (`None`). v1 keeps memory+swap at or above memory: raised first when
+    /// the limit goes up, lowered after it when it goes down.
+    fn set_limit(&self, bytes: Option<u64>) {
+        let (mem, both) = if self.v1 {
+            ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
+        } else {
+            ("memory.max", "memory.swap.max")
+        };
+        let value = bytes.map_or(if self.v1 { "-1".into() } else { "max".into() }, |b| b.to_string());
+        let swap = if self.v1 { value.clone() } else { "0".into() };
+        // Not every kernel accounts swap: that file may be missing or refuse.
+        let _ = std::fs::write(self.dir.join(both), &swap);
+        std::fs::write(self.dir.join(mem), &value)
+            .unwrap_or_else(|e| panic!("cannot set {} to {value}: {e}", self.dir.join(mem).display()));
+        let _ = std::fs::write(self.dir.join(both), &swap);
+    }
+
+    /// Processes the OOM killer took in this cgroup so far.
+    fn oom_kills(&self) -> u64 {
+        read(&self.file("memory.oom_control", "memory.events"))
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A shell prefix (`sh -c THIS sh CMD...`) that moves itself into the cgroup, then execs CMD.
+    fn enter(&self) -> String {
+        format!("echo 0 > {} && exec \"$@\"", self.dir.join("cgroup.procs").display())
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // Its last tasks are released a little after the namespace's PID 1 is reaped.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.dir).is_err() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if self.dir.exists() {
+            eprintln!("harness: cannot remove the memory cgroup {}", self.dir.display());
+        }
+    }
+}
+
+/// A kB field of the init's /proc/PID/status (VmHWM: its peak resident set; VmRSS: now).
+fn init_kb(c: &Container, field: &str) -> u64 {
+    let s = read(Path::new(&format!("/proc/{}/status", c.init)));
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `quiesce freeze --wait --json` entered into the memory cgroup, as `docker exec` puts a
+/// client into the container's: (exit code, status).
+fn freeze_in(c: &Container, mc: &MemCgroup, nonce: &str) -> (i32, serde_json::Value) {
+    let (enter, st, q) = (mc.enter(), c.state.display().to_string(), quiesce().display().to_string());
+    let args =
+        ["sh", "-c", &enter, "sh", &q, "freeze", "--state-dir", &st, "--wait", "--json", "--nonce", nonce];
+    let out = c.exec(&args);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(
+        |_| serde_json::json!({ "client_stderr": String::from_utf8_lossy(&out.stderr).to_string() }),
+    );
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// A workload launched as `uid` by `quiesce exec` inside the memory cgroup.
+fn launch_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload {
+    let (enter, u, q, a) = (mc.enter(), uid.to_string(), quiesce().display().to_string(), adv());
+    let mut full = vec!["sh", "-c", &enter, "sh", &q, "exec", "--user", &u, "--", &a];
+    full.extend_from_slice(args);
+    c.start_ready(c.exec_cmd(&full), &format!("{args:?} as {uid} in the memory cgroup"))
+}
+
+/// A freeze asked for from outside, as `docker kill -s USR1` asks: its final status, read in the
+/// init's mount namespace, and how long it took.
+fn bare_freeze(c: &Container) -> (serde_json::Value, Duration) {
+    let status = || -> serde_json::Value {
+        state_file(c, "status.json").and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    };
+    let before = status()["id"].clone();
+    let t = std::time::Instant::now();
+    c.signal(libc::SIGUSR1);
+    let mut st = serde_json::Value::Null;
+    wait_for("the freeze to end", Duration::from_secs(60), || {
+        st = status();
+        assert!(Path::new(&format!("/proc/{}", c.init)).exists(), "the init died in the freeze: {}", log(c));
+        st["id"] != before && matches!(st["state"].as_str(), Some("quiescent" | "failed"))
+    });
+    (st, t.elapsed())
+}
+
+/// Room left under the limit once the sandbox holds its memory: less than a freeze of 300
+/// processes needs, so the init's own charges meet the limit in the freeze.
+const ROOM: u64 = 64 << 10;
+
+#[test]
+fn a_memory_limit_reached_mid_freeze_takes_the_hog_not_the_init() {
+    let name = "a_memory_limit_reached_mid_freeze_takes_the_hog_not_the_init";
+    let mc = match MemCgroup::new("mem") {
+        Ok(m) => m,
+        Err(e) => return skip(name, &e),
+    };
+    let uid = 4260;
+    // Entered inside the namespace, as a runtime puts a container's processes in its cgroup:
+    // what starts the namespace from outside is not the container's.
+    let first = format!("echo 0 > {} && ", mc.dir.join("cgroup.procs").display());
+    let mut c = container_opts(uid, 2048, &first, Opts::default());
+    let _w = launch_in(&c, &mc, uid, &["sleepers", "300"]);
+    let (st, _) = bare_freeze(&c);
+    assert_eq!(st["state"], "quiescent", "the freeze before any limit: {st}\n{}", log(&c));
+    eprintln!(
+        "memory: the init's VmHWM {} kB after a freeze of 300; the cgroup's peak {} B",
+        init_kb(&c, "VmHWM"),
+        mc.usage().1
+    );
+    for round in 1..=3 {
+        mc.set_limit(None);
+        let _w = launch_in(&c, &mc, uid, &["sleepers", "300"]);
+        // Three hogs of 8 MiB: the largest processes of the container, far above the init.
+        let _hogs = launch_in(&c, &mc, uid, &["hog", "3", "8"]);
+        // Asked for from outside (`docker kill -s USR1`): nothing but the init charges the
+        // cgroup from here, and the limit is just above what the container holds.
+        let (now, _) = mc.usage();
+        mc.set_limit(Some(now + ROOM));
+        let kills = mc.oom_kills();
+        let (st, took) = bare_freeze(&c);
+        let kills = mc.oom_kills() - kills;
+        eprintln!(
+            "memory: round {round}: limit {} B ({now} B held + {ROOM}); freeze {} in {took:?} ({} ms by its \
+             phases, {} killed): {kills} OOM kill(s) during it; the init's \
+             VmHWM {} kB",
+            now + ROOM,
+            st["state"],
+            st["phases_ms"]["total"],
+            st["killed"],
+            init_kb(&c, "VmHWM")
+        );
+        assert!(c.alive(), "the init died under its memory limit: {}", log(&c));
+        // Only the init charges the cgroup during the freeze: an OOM kill then is its charge
+        // meeting the limit (v1's failcnt does not count a charge that an OOM kill let through).
+        assert!(kills > 0, "the limit was not met during the freeze: the test tested nothing");
+        if st["state"] == "quiescent" {
+            assert!(c.live_of_uid(uid).is_empty(), "quiescent beside a live sandbox: {st}");
+            assert_scored(&c.verify(&["--", "echo", "scored"]), &format!("round {round}"));
+        } else {
+            let why = st["reason"].as_str().unwrap_or_default();
+            assert!(!why.is_empty(), "a freeze failed unnamed: {st}\n{}", log(&c));
+            assert!(state_file(&c, "quiescence.jws").is_none(), "a marker beside a failed freeze: {st}");
+        }
+        // The fault gone: no hog left (a failed freeze may have left them; they go from
+        // outside).
+        wait_for("the hogs to be gone", Duration::from_secs(30), || {
+            for p in host_live_of_uid(&c, uid) {
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            host_live_of_uid(&c, uid).is_empty()
+        });
+    }
+    mc.set_limit(None);
+    let _w = launch_in(&c, &mc, uid, &["sleepers", "20"]);
+    let (code, st) = freeze_in(&c, &mc, "m-after");
+    assert_eq!(code, 0, "the freeze after the hogs: {st}\n{}", log(&c));
+    assert!(c.live_of_uid(uid).is_empty(), "quiescent beside a live sandbox after the hogs");
+    assert_scored(&c.verify(&["--nonce", "m-after", "--", "echo", "scored"]), "m-after");
+    assert!(c.alive(), "the init died after its memory limit");
+    eprintln!("memory: {} OOM kills in all; the init's VmHWM {} kB", mc.oom_kills(), init_kb(&c, "VmHWM"));
 }

@@ -1,6 +1,6 @@
 //! Faults a host throws at the init, the real binary as PID 1: its state dir's file system full
 //! or remounted read-only, the init stopped and continued from outside mid-freeze, /proc
-//! replaced under it. For each: the init lives, no marker vouches for a freeze that did not
+//! replaced under it, its memory cgroup's limit reached mid-freeze, its wall clock moved. For each: the init lives, no marker vouches for a freeze that did not
 //! prove its sandbox empty, the failure is bounded and named, and the next freeze works once
 //! the fault is gone.
 
@@ -381,12 +381,18 @@ fn launch_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload
 /// A freeze asked for from outside, as `docker kill -s USR1` asks: its final status, read in the
 /// init's mount namespace, and how long it took.
 fn bare_freeze(c: &Container) -> (serde_json::Value, Duration) {
+    bare_freeze_then(c, || {})
+}
+
+/// `bare_freeze`, `then` run as soon as the freeze is asked for.
+fn bare_freeze_then(c: &Container, then: impl FnOnce()) -> (serde_json::Value, Duration) {
     let status = || -> serde_json::Value {
         state_file(c, "status.json").and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
     };
     let before = status()["id"].clone();
     let t = std::time::Instant::now();
     c.signal(libc::SIGUSR1);
+    then();
     let mut st = serde_json::Value::Null;
     wait_for("the freeze to end", Duration::from_secs(60), || {
         st = status();
@@ -471,4 +477,148 @@ fn a_memory_limit_reached_mid_freeze_takes_the_hog_not_the_init() {
     assert_scored(&c.verify(&["--nonce", "m-after", "--", "echo", "scored"]), "m-after");
     assert!(c.alive(), "the init died after its memory limit");
     eprintln!("memory: {} OOM kills in all; the init's VmHWM {} kB", mc.oom_kills(), init_kb(&c, "VmHWM"));
+}
+
+#[test]
+fn a_request_written_before_the_wall_clock_moved_waits_for_its_client() {
+    let uid = 4616;
+    let c = container(uid, 2048);
+    let _w = c.launch(uid, &["sleepers", "5"]);
+    // A client (root, in the container) that wrote its request an hour ago by the wall clock
+    // as it is now (the clock set forward since) and has not signalled yet: it does once told.
+    let script = r#"
+        id=$(printf '%016x%08x00000001' $(( ($(date +%s) - 3600) * 1000000000 )) $$)
+        r="$QUIESCE_STATE_DIR/requests"
+        printf '{"nonce":"late","request_id":"%s","pid":%d}' "$id" $$ > "$r/.$id.tmp" && mv "$r/.$id.tmp" "$r/$id"
+        echo "$id" > "$D/late-id.tmp" && mv "$D/late-id.tmp" "$D/late-id"
+        i=0; while [ ! -e "$D/go" ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done
+        i=0; while [ -e "$r/$id" ] && [ $i -lt 500 ]; do kill -USR1 1; sleep 0.02; i=$((i+1)); done
+        a="$QUIESCE_STATE_DIR/results/$id.json"
+        i=0; while [ ! -e "$a" ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
+        cat "$a""#;
+    let mut late = c.exec_cmd(&["sh", "-c", script]);
+    late.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+    let mut late = Guard(late.spawn().expect("start the late client"));
+    wait_for("the late client's request", Duration::from_secs(30), || c.dir.join("late-id").exists());
+    let id = read(&c.dir.join("late-id")).trim().to_string();
+    // Another client's freeze: the init lists the waiting request and must leave it.
+    quiescent(&c, uid, "c-1");
+    assert!(
+        state_file(&c, &format!("requests/{id}")).is_some(),
+        "a waiting request was removed because its name says an hour ago: {}",
+        log(&c)
+    );
+    let _w = c.launch(uid, &["sleepers", "5"]);
+    std::fs::write(c.dir.join("go"), b"").unwrap();
+    let out = {
+        let mut s = String::new();
+        let mut o = late.0.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = std::io::Read::read_to_string(&mut o, &mut s);
+            let _ = tx.send(s);
+        });
+        rx.recv_timeout(Duration::from_secs(90)).expect("the late client's answer")
+    };
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(
+        st["request_id"],
+        id.as_str(),
+        "the late client got no answer of its own: '{out}'\n{}",
+        log(&c)
+    );
+    assert_eq!(st["state"], "quiescent", "{st}");
+    assert_eq!(st["nonce"], "late", "{st}");
+    assert_scored(&c.verify(&["--nonce", "late", "--", "echo", "scored"]), "late");
+}
+
+/// The init's wall clock, as libfaketime moves it: a dynamically linked build (the shipped one
+/// is static, which no preloaded library reaches), its clock read from `$D/clock` at every call.
+fn faked_clock() -> Result<(PathBuf, PathBuf), String> {
+    let bin =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/dynamic/x86_64-unknown-linux-gnu/release/quiesce");
+    let lib = Path::new("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1");
+    if !bin.exists() {
+        return Err(format!(
+            "no dynamic build at {}: RUSTFLAGS='-C target-feature=-crt-static' cargo build --release \
+             --target x86_64-unknown-linux-gnu --target-dir target/dynamic --bin quiesce",
+            bin.display()
+        ));
+    }
+    if !lib.exists() {
+        return Err(format!("no {}: apt-get install faketime", lib.display()));
+    }
+    Ok((bin, lib.to_path_buf()))
+}
+
+/// The marker's `iat` minus the wall clock's now, in seconds.
+fn iat_offset(c: &Container) -> i64 {
+    use base64::Engine;
+    let m = String::from_utf8(state_file(c, "quiescence.jws").expect("a marker")).unwrap();
+    let claims: serde_json::Value = m
+        .split('.')
+        .nth(1)
+        .and_then(|p| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(p.trim()).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .expect("the marker's claims");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    claims["iat"].as_i64().expect("iat") - now
+}
+
+#[test]
+fn the_wall_clock_moved_an_hour_mid_freeze_leaves_proof_and_verify_truthful() {
+    let name = "the_wall_clock_moved_an_hour_mid_freeze_leaves_proof_and_verify_truthful";
+    let (bin, lib) = match faked_clock() {
+        Ok(f) => f,
+        Err(e) => return skip(name, &e),
+    };
+    let uid = 4617;
+    // Only the wall clock moves, as when the host's is set: the monotonic one stays.
+    let first = format!(
+        "echo +0 > \"$D/clock\" && export LD_PRELOAD={} FAKETIME_TIMESTAMP_FILE=\"$D/clock\" \
+         FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1 && ",
+        lib.display()
+    );
+    let mut c = container_opts(uid, 4096, &first, Opts { init_bin: Some(bin), ..Default::default() });
+    let clock = |offset: &str| {
+        let tmp = c.dir.join("clock.tmp");
+        std::fs::write(&tmp, format!("{offset}\n")).unwrap();
+        std::fs::rename(&tmp, c.dir.join("clock")).unwrap();
+    };
+    let verify = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.extend_from_slice(&["--", "echo", "scored"]);
+        let out = c.verify(&full);
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    for (offset, refused) in [("+3600", "in the future"), ("-3600", "older than --max-age")] {
+        let _w = c.launch(uid, &["sleepers", "300"]);
+        // Moved while the freeze stops, walks and kills 300 processes.
+        let (st, took) = bare_freeze_then(&c, || clock(offset));
+        let skew = iat_offset(&c);
+        eprintln!(
+            "clock {offset}: freeze {} in {took:?} ({} ms by its phases, {} killed); the marker's iat {skew:+} s from now",
+            st["state"],
+            st["phases_ms"]["total"],
+            st["killed"]
+        );
+        assert_eq!(st["state"], "quiescent", "clock {offset}: {st}\n{}", log(&c));
+        assert!(c.live_of_uid(uid).is_empty(), "clock {offset}: quiescent beside a live sandbox");
+        // The marker says when the init's clock said it was signed; verify, by the real clock,
+        // refuses it, naming why.
+        let hour = if offset.starts_with('+') { 3600 } else { -3600 };
+        assert!((skew - hour).abs() < 60, "clock {offset}: iat {skew:+} s from now");
+        let (code, said) = verify(&["--max-age", "600"]);
+        assert_eq!(code, 14, "clock {offset}: verify: {said}");
+        assert!(said.contains(refused), "clock {offset}: verify: {said}");
+        // The clock left moved: the next freeze works, and so does the one after it is set right.
+        let _w = c.launch(uid, &["sleepers", "5"]);
+        let (code, st) = c.freeze(&format!("moved{offset}"));
+        assert_eq!(code, 0, "clock {offset}, left moved: {st}\n{}", log(&c));
+        clock("+0");
+        let _w = c.launch(uid, &["sleepers", "5"]);
+        quiescent(&c, uid, &format!("back{offset}"));
+        assert!(iat_offset(&c).abs() < 60, "clock set right: iat {:+} s from now", iat_offset(&c));
+    }
+    assert!(c.alive(), "the init died of a moved clock");
 }

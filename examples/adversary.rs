@@ -345,6 +345,24 @@ fn main() {
             ready();
             forever();
         }
+        // N children that each take MB MiB, touched so that it is charged, and hold it; ready
+        // once every one holds all of it. What fills a memory cgroup to a limit the test sets
+        // just above it.
+        "hog" => {
+            let (n, mb) = (arg(2, 3) as usize, arg(3, 8) as usize);
+            let (rd, wr) = pipe_checked();
+            for _ in 0..n {
+                if fork_checked() == 0 {
+                    unsafe { libc::close(rd) };
+                    std::mem::forget(vec![0x5au8; mb << 20]);
+                    report(wr);
+                    forever();
+                }
+            }
+            await_reports(rd, wr, n);
+            ready();
+            forever();
+        }
         // N sleepers whose parent exited: a middle process forks them and exits, so they are
         // children of the init. Ready once the middle process is reaped (they are reparented).
         "orphaned" => {

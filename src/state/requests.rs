@@ -19,9 +19,9 @@ use crate::state::files::FileError;
 use crate::state::launches::Launch;
 use crate::state::{self, dir::FreezeState, dir::StateDir, dir::Status};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const REQUESTS: &str = "requests";
 pub const RESULTS: &str = "results";
@@ -74,11 +74,6 @@ pub fn id_pid(id: &str) -> Option<Pid> {
     Pid::try_from(pid).ok().filter(|&p| p > 0)
 }
 
-/// When a request id says it was written (the client's clock, in nanoseconds).
-fn id_nanos(id: &str) -> Option<u64> {
-    id.get(..16).filter(|_| valid_id(id)).and_then(|h| u64::from_str_radix(h, 16).ok())
-}
-
 fn new_request_id(pid: Pid) -> io::Result<String> {
     let mut rnd = [0u8; 4];
     random::getrandom(&mut rnd)?;
@@ -89,9 +84,13 @@ fn now_nanos() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
-/// A request no signal of its client took within this long is removed (its client gave up or
-/// died; one of a live client is signalled again long before).
-const UNCLAIMED: u64 = 120_000_000_000;
+/// A request no signal of its client took within this long of the init first seeing it is
+/// removed (its client gave up or died; one of a live client is signalled again long before).
+/// Timed by the init's monotonic clock, never by the wall-clock time in the request's name: the
+/// wall clock set forward between a client's write and its signal would make a waiting request
+/// look abandoned (its client then waits for an answer that never comes), and set back, would
+/// keep an abandoned one for ever.
+const UNCLAIMED: Duration = Duration::from_secs(120);
 
 /// Parse a request file named `name`: JSON, its id equal to its name, a bounded nonce.
 pub fn parse_request(bytes: &[u8], name: &str) -> Result<Request, String> {
@@ -206,6 +205,8 @@ pub struct Intake {
     served: VecDeque<Pid>,
     /// Launch records taken and not yet handed to the init (request id, record).
     launches: Vec<(String, Launch)>,
+    /// Requests no signal claimed yet, and when a take first listed each.
+    unclaimed: HashMap<String, Instant>,
 }
 
 impl Intake {
@@ -226,6 +227,7 @@ impl Intake {
             senders: Vec::new(),
             served: VecDeque::new(),
             launches: Vec::new(),
+            unclaimed: HashMap::new(),
         })
     }
 
@@ -282,13 +284,23 @@ impl Intake {
         names.sort();
         // A request waits for its own client's signal; one that is no request's name, or that
         // no signal claimed for long, goes.
-        let now = now_nanos();
+        let now = Instant::now();
         let (mut mine, mut other): (Vec<String>, Vec<String>) =
             names.into_iter().partition(|n| id_pid(n).is_some_and(|p| self.senders.contains(&p)));
-        other.retain(|n| !valid_id(n) || id_nanos(n).is_some_and(|t| now.saturating_sub(t) > UNCLAIMED));
+        // A set, not the list: a root agent may fill the directory, and a scan of the list per
+        // remembered name would grow with the square of it.
+        let listed: std::collections::HashSet<&String> = other.iter().collect();
+        self.unclaimed.retain(|n, _| listed.contains(n));
+        for n in &other {
+            self.unclaimed.entry(n.clone()).or_insert(now);
+        }
+        other.retain(|n| {
+            !valid_id(n) || self.unclaimed.get(n).is_some_and(|&seen| now.duration_since(seen) > UNCLAIMED)
+        });
         for n in &other {
             log::warn!("freeze request {n} removed: no signal of the process it names took it");
             self.remove(n);
+            self.unclaimed.remove(n);
         }
         let listed: Vec<Pid> = mine.iter().filter_map(|n| id_pid(n)).collect();
         let rest = if mine.len() > PER_WAKE { mine.split_off(PER_WAKE) } else { Vec::new() };
@@ -530,12 +542,52 @@ mod tests {
         assert_eq!(intake.next(&[me]), Job::Idle);
         let results = sd.sub(RESULTS).unwrap();
         assert!(read_result(&results, &liar).unwrap().unwrap().reason.unwrap().contains("pid"));
-        // One no signal claims for long goes.
+        // One no signal claims for long goes, however old its name says it is.
         let old = format!("{:016x}{:08x}00000004", 1u64, me as u32 + 2);
         write(&old, me + 2);
         assert_eq!(intake.next(&[0]), Job::Bare);
+        assert!(!taken(&sd, &old).unwrap(), "a request first seen now stays");
+        backdate(&mut intake, &old);
+        assert_eq!(intake.next(&[0]), Job::Bare);
         assert!(taken(&sd, &old).unwrap(), "an unclaimed request is removed");
         assert!(!taken(&sd, &zero).unwrap(), "a fresh one stays");
+        fs::remove_dir_all(d).unwrap();
+    }
+
+    /// As if the init had first seen request `id` longer ago than UNCLAIMED.
+    fn backdate(intake: &mut Intake, id: &str) {
+        let seen = intake.unclaimed.get_mut(id).expect("a request listed as unclaimed");
+        *seen = seen.checked_sub(UNCLAIMED + Duration::from_secs(1)).expect("a clock older than UNCLAIMED");
+    }
+
+    #[test]
+    fn a_request_written_before_the_wall_clock_moved_waits_for_its_client() {
+        let (d, sd) = state_dir("clock");
+        let mut intake = Intake::new(&sd).unwrap();
+        let me = process::getpid();
+        let hour = 3_600_000_000_000u64;
+        // Written by its client, which has not signalled yet; the clock then set forward or back
+        // by an hour: the name says an hour ago, or an hour ahead.
+        let write = |id: &str, pid: Pid| {
+            let body = format!(r#"{{"nonce":"waits","request_id":"{id}","pid":{pid}}}"#);
+            fs::write(sd.file(REQUESTS).join(id), body).unwrap();
+        };
+        let behind = format!("{:016x}{:08x}00000001", now_nanos() - hour, me as u32 + 1);
+        let ahead = format!("{:016x}{:08x}00000002", now_nanos() + hour, me as u32 + 2);
+        write(&behind, me + 1);
+        write(&ahead, me + 2);
+        // Another client's freeze takes its own request and leaves both to their clients.
+        let mine = submit(&sd, Some("mine".into()), None, vec![]).unwrap();
+        assert!(matches!(intake.next(&[me]), Job::Request(r) if r.request_id == mine));
+        assert!(!taken(&sd, &behind).unwrap() && !taken(&sd, &ahead).unwrap());
+        assert!(matches!(intake.next(&[me + 1]), Job::Request(r) if r.request_id == behind));
+        // One whose client never signals goes once the init's own clock says it waited too long.
+        assert_eq!(intake.next(&[0]), Job::Bare);
+        assert!(!taken(&sd, &ahead).unwrap());
+        backdate(&mut intake, &ahead);
+        assert_eq!(intake.next(&[0]), Job::Bare);
+        assert!(taken(&sd, &ahead).unwrap(), "a request an hour ahead is removed once unclaimed");
+        assert!(intake.unclaimed.is_empty(), "nothing is remembered of requests gone");
         fs::remove_dir_all(d).unwrap();
     }
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod adversary;
+pub mod pidmax;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, Read, Write};

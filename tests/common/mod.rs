@@ -5,6 +5,7 @@
 
 pub mod adversary;
 pub mod pidmax;
+pub mod trace;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, Read, Write};

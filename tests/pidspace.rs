@@ -5,6 +5,7 @@
 
 mod common;
 use common::adversary::{knob, knob_set, unfollowed_exec};
+use common::pidmax::{own_pid_max_of, pid_max_per_namespace};
 use common::*;
 use std::path::Path;
 use std::time::Duration;
@@ -14,35 +15,9 @@ const PID_MAX: u32 = 600;
 /// Pids from here to pid_max are the ones handed out once the counter has gone past them.
 const RESERVED: u32 = 300;
 
-/// Is pid_max kept per PID namespace here (Linux 6.14)? On older kernels writing it inside the
-/// namespace would change the host's: the test must not even try.
-fn pid_max_per_namespace() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut nums = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
-    let (major, minor) = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
-    (major, minor) >= (6, 14)
-}
-
 /// Give the container's namespace a pid_max of its own; the host's must not change.
 fn own_pid_max(c: &Container) {
     own_pid_max_of(c, PID_MAX)
-}
-
-fn own_pid_max_of(c: &Container, pid_max: u32) {
-    let host = read(Path::new("/proc/sys/kernel/pid_max"));
-    // Read back from inside: a sysctl file shows the value of the reader's own namespace.
-    let out = c.exec(&[
-        "sh",
-        "-c",
-        &format!("echo {pid_max} > /proc/sys/kernel/pid_max; cat /proc/sys/kernel/pid_max"),
-    ]);
-    assert!(
-        out.status.success(),
-        "cannot set the namespace's pid_max: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), pid_max.to_string());
-    assert_eq!(read(Path::new("/proc/sys/kernel/pid_max")), host, "the host's pid_max changed");
 }
 
 /// Pids from RESERVED to pid_max that name no task of the namespace (threads included).

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod adversary;
+pub mod pidmax;
+pub mod trace;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, Read, Write};

@@ -626,3 +626,34 @@ fn the_wall_clock_moved_an_hour_mid_freeze_leaves_proof_and_verify_truthful() {
     }
     assert!(c.alive(), "the init died of a moved clock");
 }
+
+#[test]
+fn a_memory_limit_met_by_sandbox_processes_all_smaller_than_the_init_takes_them_not_the_init() {
+    // Forty hogs of 1 MiB, each smaller than the init (about 2 MB): by size alone the OOM killer
+    // would take the command and then the init, ending the container. Launched through `quiesce
+    // exec`, they carry oom_score_adj 1000 and go first.
+    let name = "a_memory_limit_met_by_sandbox_processes_all_smaller_than_the_init_takes_them_not_the_init";
+    let mc = match MemCgroup::new("mem-small") {
+        Ok(m) => m,
+        Err(e) => return skip(name, &e),
+    };
+    let uid = 4261;
+    let first = format!("echo 0 > {} && ", mc.dir.join("cgroup.procs").display());
+    let mut c = container_opts(uid, 2048, &first, Opts::default());
+    let _w = launch_in(&c, &mc, uid, &["sleepers", "300"]);
+    let _hogs = launch_in(&c, &mc, uid, &["hog", "40", "1"]);
+    let (now, _) = mc.usage();
+    mc.set_limit(Some(now + ROOM));
+    let kills = mc.oom_kills();
+    let (st, took) = bare_freeze(&c);
+    let kills = mc.oom_kills() - kills;
+    eprintln!("memory, small hogs: freeze {} in {took:?}, {kills} OOM kill(s)", st["state"]);
+    assert!(c.alive(), "the init died under its memory limit: {}", log(&c));
+    assert!(kills > 0, "the limit was not met during the freeze: the test tested nothing");
+    if st["state"] == "quiescent" {
+        assert!(c.live_of_uid(uid).is_empty(), "quiescent beside a live sandbox: {st}");
+    } else {
+        assert!(state_file(&c, "quiescence.jws").is_none(), "a marker beside a failed freeze: {st}");
+    }
+    mc.set_limit(None);
+}

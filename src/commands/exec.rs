@@ -53,6 +53,12 @@ pub fn exec(args: ExecArgs) -> i32 {
         eprintln!("quiesce exec: {e}");
         return 2;
     }
+    // A sandbox at a memory limit loses its own processes first, never the init: a container
+    // whose processes are all smaller than the init would otherwise lose the init
+    // (tests/faults.rs). Inherited by all the launch starts; the agent may lower it only to 0.
+    if let Err(e) = process::oom_first() {
+        log::warn!("cannot raise this launch's oom_score_adj to 1000 ({e}): at a memory limit the OOM killer may take the init");
+    }
     if let Some(n) = args.nproc {
         // Set as root, before the drop: the user cannot raise it, and a fork bomb of the command
         // stops at N processes of its UID while root's execs still start.

@@ -68,6 +68,12 @@ pub fn set_nproc_limit(n: u64) -> io::Result<()> {
     check(unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &r) } as _).map(|_| ())
 }
 
+/// Make this process, and what it starts, the OOM killer's first choice (oom_score_adj 1000):
+/// raising it needs no privilege, and only CAP_SYS_RESOURCE may lower it below where it was.
+pub fn oom_first() -> io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", "1000")
+}
+
 /// Name this process (its comm, 15 bytes at most, as ps shows it).
 pub fn set_name(name: &str) -> io::Result<()> {
     let mut buf = [0u8; 16];

@@ -692,6 +692,46 @@ fn main() {
             }
         }
         // Attach to PID as a tracer and let go: exit 0 when the kernel allowed it, 3 otherwise.
+        // PID 1 signalled so that the kernel does not name the sender: a queued signal whose
+        // si_pid says 0 (from outside), SIGIO from a pipe PID 1 owns, or a poll signal of the
+        // agent's choosing (F_SETSIG). SIG: the signal's number.
+        "signal-init" => {
+            let kind = std::env::args().nth(2).unwrap_or_default();
+            let sig = arg(3, libc::SIGTERM as u64) as i32;
+            unsafe {
+                match kind.as_str() {
+                    "queue" => {
+                        let mut si: libc::siginfo_t = std::mem::zeroed();
+                        // si_signo, si_errno, si_code, then (at 16 on x86_64) si_pid, si_uid.
+                        let raw = &mut si as *mut libc::siginfo_t as *mut i32;
+                        *raw = sig;
+                        *raw.add(2) = libc::SI_QUEUE;
+                        *raw.add(4) = 0;
+                        if libc::syscall(libc::SYS_rt_sigqueueinfo, 1, sig, &si) != 0 {
+                            fail("rt_sigqueueinfo");
+                        }
+                    }
+                    "sigio" | "setsig" => {
+                        let (rd, wr) = pipe_checked();
+                        if libc::fcntl(rd, libc::F_SETOWN, 1) != 0 {
+                            fail("F_SETOWN");
+                        }
+                        // F_SETSIG (10): not in every libc crate.
+                        if kind == "setsig" && libc::fcntl(rd, 10, sig) != 0 {
+                            fail("F_SETSIG");
+                        }
+                        if libc::fcntl(rd, libc::F_SETFL, libc::O_ASYNC | libc::O_NONBLOCK) != 0 {
+                            fail("F_SETFL");
+                        }
+                        if libc::write(wr, b"x".as_ptr() as *const libc::c_void, 1) != 1 {
+                            fail("write");
+                        }
+                    }
+                    _ => fail("signal-init queue|sigio|setsig SIG"),
+                }
+            }
+            std::process::exit(0);
+        }
         "seize" => {
             let pid = arg(2, 0) as i32;
             if pid <= 0 {

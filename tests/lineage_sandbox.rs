@@ -276,10 +276,20 @@ fn l05_a_root_fork_bomb_is_stopped_and_killed_process_by_process() {
     let _w = c.start_ready(c.exec_in(&cg, &bomb), "a root bomb");
     wait_for("the bomb to hold the pids limit", Duration::from_secs(60), || cg.current() >= 110);
     let (code, st) = c.freeze("n-l05");
-    assert_eq!((code, st["state"].as_str()), (0, Some("quiescent")), "{st}");
-    assert!(st["killed"].as_u64().unwrap_or(0) >= 100, "{st}");
-    assert!(tagged(&c).is_empty(), "tagged processes outlived the freeze: {:?}", tagged(&c));
     assert!(c.alive(), "the init ended");
+    // Stopped one by one, a root bomb refills every pid its dead free: the freeze either ends
+    // it, or fails within its budget, naming why, with no marker (docs/threat-model.md, "Root
+    // agents": the agent gains nothing by it).
+    eprintln!("l05: {} in {} ms, {} killed", st["state"], st["phases_ms"]["total"], st["killed"]);
+    if code == 0 {
+        assert_eq!(st["state"], "quiescent", "{st}");
+        assert!(st["killed"].as_u64().unwrap_or(0) >= 100, "{st}");
+        assert!(tagged(&c).is_empty(), "tagged processes outlived the freeze: {:?}", tagged(&c));
+    } else {
+        assert_eq!(st["state"], "failed", "{st}");
+        assert!(!st["reason"].as_str().unwrap_or("").is_empty(), "{st}");
+        assert!(!c.marker_exists(), "a marker beside a failed freeze: {st}");
+    }
     drop(c);
     drop(cg);
 }
@@ -349,6 +359,24 @@ fn l07_a_root_agent_s_signals_to_pid_1_are_dropped_and_the_orchestrators_are_for
         let script = format!("kill -{sig} 1");
         let out = c.exec(&[q.to_str().unwrap(), "exec", "--user", "root", "--", "sh", "-c", &script]);
         assert!(out.status.success(), "{out:?}");
+    }
+    // Signals whose sender the kernel does not name: a queued SIGTERM that says it came from
+    // outside, SIGIO from a pipe PID 1 owns, and a poll signal chosen to be SIGTERM.
+    let a = adversary();
+    for (kind, sig) in [("queue", "15"), ("queue", "2"), ("sigio", "29"), ("setsig", "15")] {
+        let args = [
+            q.to_str().unwrap(),
+            "exec",
+            "--user",
+            "root",
+            "--",
+            a.to_str().unwrap(),
+            "signal-init",
+            kind,
+            sig,
+        ];
+        let out = c.exec(&args);
+        assert!(out.status.success(), "signal-init {kind} {sig}: {out:?}");
     }
     std::thread::sleep(Duration::from_millis(300));
     assert!(c.alive(), "the init ended on a root agent's signal");

@@ -71,10 +71,10 @@ enum Event {
     Child,
     /// The freeze signal, from the pid that sent it.
     Freeze(Pid),
-    /// Any other signal, from the pid that sent it (0: from outside the namespace): the
-    /// command's, forwarded to it (with no command: SIGTERM and SIGINT end the loop, the rest
-    /// are dropped).
-    Forward(i32, Pid),
+    /// Any other signal, from the pid that sent it (0: from outside the namespace; None: a
+    /// sender the kernel does not vouch for): the command's, forwarded to it (with no command:
+    /// SIGTERM and SIGINT end the loop, the rest are dropped).
+    Forward(i32, Option<Pid>),
     /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
     Tick,
 }
@@ -135,9 +135,10 @@ pub fn run(mut cfg: Config) -> i32 {
                     }
                 }
                 Event::Forward(sig, sender) if from_the_sandbox(&cfg, sender) => log::warn!(
-                    "{} from pid {sender} dropped: with a root agent, only a process that carries no \
-                     lineage tag (the orchestrator's, or one from outside) may signal the command",
-                    signal::signal_name(sig)
+                    "{} from {} dropped: with a root agent, only a process that carries no lineage tag \
+                     (the orchestrator's, or one from outside) may signal the command",
+                    signal::signal_name(sig),
+                    sender.map_or("a sender the kernel does not name".to_string(), |p| format!("pid {p}"))
                 ),
                 Event::Forward(sig, _) => pid1.forward(&cfg, sig),
                 Event::Tick => {
@@ -163,7 +164,9 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
     signals
         .map(move |(sig, sender)| match sig {
             libc::SIGCHLD => Event::Child,
-            s if Some(s) == freeze_signal => Event::Freeze(sender),
+            // A freeze signal whose sender the kernel does not name is a bare one: it takes no
+            // request (a request is taken only on its own client's signal).
+            s if Some(s) == freeze_signal => Event::Freeze(sender.unwrap_or(0)),
             s => Event::Forward(s, sender),
         })
         .chain(std::iter::once(Event::Tick))
@@ -171,11 +174,18 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
 
 /// In a sandbox of lineage alone the agent is root, and root may signal PID 1: a signal from a
 /// process of the namespace is the agent's unless that process is shown to carry no loginuid
-/// (the agent's all carry its tag; one that exited before it was read is not shown clean).
-/// Signals from outside (sender 0: the engine's `docker stop`) are the orchestrator's.
-fn from_the_sandbox(cfg: &Config, sender: Pid) -> bool {
+/// (the agent's all carry its tag; one that exited before it was read is not shown clean). A
+/// signal whose sender the kernel does not name (queued with a pid of its sender's choosing,
+/// SIGIO, a poll signal) is the agent's too. Signals from outside (sender 0, sent by kill or a
+/// pidfd: the engine's `docker stop`) are the orchestrator's.
+fn from_the_sandbox(cfg: &Config, sender: Option<Pid>) -> bool {
     let by_lineage = cfg.sandbox.as_ref().is_some_and(|sb| sb.tracking.policy.by_lineage());
-    by_lineage && sender > 0 && !matches!(crate::observe::procs::reader::loginuid_of(sender), Ok(None))
+    by_lineage
+        && match sender {
+            None => true,
+            Some(0) => false,
+            Some(p) => !matches!(crate::observe::procs::reader::loginuid_of(p), Ok(None)),
+        }
 }
 
 impl Pid1 {

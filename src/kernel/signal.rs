@@ -136,8 +136,11 @@ impl SignalFd {
         poll_in(self.0.as_raw_fd(), timeout)
     }
 
-    /// The next pending signal with its sender's pid, or None when none is pending.
-    pub fn read(&self) -> io::Result<Option<(i32, Pid)>> {
+    /// The next pending signal with its sender's pid, or None when none is pending. The pid is
+    /// the kernel's only for a signal sent by kill, tgkill or a pidfd (SI_USER, SI_TKILL): a
+    /// queued signal (rt_sigqueueinfo) carries whatever pid its sender wrote, and SIGIO or a
+    /// poll signal (F_SETSIG) none at all. Those come with no sender (None).
+    pub fn read(&self) -> io::Result<Option<(i32, Option<Pid>)>> {
         // SAFETY: signalfd_siginfo is plain data; read fills at most its size.
         unsafe {
             let mut info: libc::signalfd_siginfo = std::mem::zeroed();
@@ -154,7 +157,8 @@ impl SignalFd {
                     _ => Err(e),
                 };
             }
-            Ok(Some((info.ssi_signo as i32, info.ssi_pid as Pid)))
+            let by_the_kernel = matches!(info.ssi_code, libc::SI_USER | libc::SI_TKILL);
+            Ok(Some((info.ssi_signo as i32, by_the_kernel.then_some(info.ssi_pid as Pid))))
         }
     }
 }

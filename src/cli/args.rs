@@ -55,8 +55,7 @@ pub struct InitArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 
-    /// The sandbox is every process launched through `quiesce exec` or --run-as, whatever its
-    /// user, root included (tagged with a loginuid; instead of --sandbox-user)
+    /// The sandbox is every launch (quiesce exec, --run-as), root included: for a root agent
     #[arg(long, env = "QUIESCE_SANDBOX_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub sandbox_lineage: bool,
 
@@ -272,8 +271,7 @@ pub struct ExecArgs {
     /// Do not tag the launch with an audit session
     #[arg(long, env = "QUIESCE_NO_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub no_lineage: bool,
-    /// The init's sandbox is defined by lineage alone (as its --sandbox-lineage): tag the launch
-    /// with the lineage tag whatever the state dir says, or do not run it
+    /// Tag the launch for an init run with --sandbox-lineage, or do not run it
     #[arg(long, env = "QUIESCE_SANDBOX_LINEAGE", action = ArgAction::SetTrue, value_parser = boolish)]
     pub sandbox_lineage: bool,
     /// Cap the user's processes at N (RLIMIT_NPROC, soft and hard) for the command and all it starts
@@ -348,13 +346,10 @@ pub struct VerifyArgs {
     /// container working for it, which no freeze can tell apart
     #[arg(long, env = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION", action = ArgAction::SetTrue, value_parser = boolish)]
     pub accept_privilege_escalation: bool,
-    /// Accept a marker of a sandbox defined by lineage alone (sandbox=lineage): its agent may
-    /// have been root, and a root agent can act through another root process of the container,
-    /// which no freeze can tell apart (docs/threat-model.md, "Root agents")
+    /// Accept a marker of a root agent's sandbox (sandbox=lineage); needs --public-key
     #[arg(long, env = "QUIESCE_ACCEPT_ROOT_AGENT", action = ArgAction::SetTrue, value_parser = boolish)]
     pub accept_root_agent: bool,
-    /// Refuse a marker whose sandbox was defined otherwise: by its users' UIDs (uid) or by
-    /// lineage alone (lineage)
+    /// Refuse a marker of the other sandbox mode
     #[arg(long, value_name = "MODE", value_parser = ["uid", "lineage"])]
     pub require_sandbox: Option<String>,
     /// Print the result as JSON

@@ -130,11 +130,10 @@ fn init_dir(args: &ExecArgs, reader: &Reader) -> Result<Option<(StateDir, Publis
         Err(e) => return Err(e),
     };
     // An init's zombie (beside a PID 1 that never reaps) takes no record: no one is there. Nor
-    // does a process with a loginuid: the init refuses to start with one, and every process of a
-    // root agent carries its tag (one that wrote a sandbox.json of its own naming itself).
+    // does a process carrying the lineage tag: every process of a root agent does (one that wrote
+    // a sandbox.json of its own naming itself), and no init can (it never runs a launch's tag).
     let alive = |pid: Pid, start_time: u64| {
-        reader.live_start_time(pid).ok().flatten() == Some(start_time)
-            && matches!(crate::observe::procs::reader::loginuid_of(pid), Ok(None))
+        reader.live_start_time(pid).ok().flatten() == Some(start_time) && !super::freeze::carries_tag(pid)
     };
     if let Some(d) = here {
         // What an init of an earlier container left in a kept directory names no one here.

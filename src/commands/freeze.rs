@@ -34,23 +34,27 @@ pub(super) fn signal_init(dir: &StateDir, sig: i32) -> Result<(), String> {
         Ok(Some(t)) if t == p.start_time => {}
         _ => return Err(gone()),
     }
-    // The init never carries a loginuid (it refuses to start with one); every process of a root
-    // agent does (its tag): a sandbox.json naming such a process was written by one.
-    match crate::observe::procs::reader::loginuid_of(p.pid) {
-        Ok(None) => {}
-        Ok(Some(u)) => {
-            return Err(format!(
-                "the process {} names (pid {}) carries loginuid {u}, which no quiesce init does: a root \
-                 process of the container rewrote it; no signal sent: freeze with a bare signal from outside \
-                 (docker kill -s USR1)",
-                SANDBOX_FILE, p.pid
-            ))
-        }
-        Err(e) => return Err(format!("cannot read the loginuid of pid {}: {e} (no signal sent)", p.pid)),
+    // Every process of a root agent carries the lineage tag, and no init can: a sandbox.json
+    // naming such a process was written by one. (Any other loginuid is no sign: an init started
+    // from a login session carries that session's, and a kernel without audit shows none.)
+    if carries_tag(p.pid) {
+        return Err(format!(
+            "the process {} names (pid {}) carries loginuid {}, the lineage tag, which no quiesce init does: \
+             a root process of the container rewrote it; no signal sent: freeze with a bare signal from \
+             outside (docker kill -s USR1)",
+            SANDBOX_FILE,
+            p.pid,
+            crate::decide::taint::LINEAGE_TAG
+        ));
     }
     pidfd::pidfd_send_signal(&fd, sig).map_err(|e| {
         format!("cannot signal the init (pid {}): {e} (run this as root inside the container)", p.pid)
     })
+}
+
+/// Does process `pid` carry the lineage tag (`--sandbox-lineage`'s loginuid)?
+pub(super) fn carries_tag(pid: crate::kernel::process::Pid) -> bool {
+    crate::observe::procs::reader::loginuid_of(pid).ok().flatten() == Some(crate::decide::taint::LINEAGE_TAG)
 }
 
 /// Signal the init until it has taken request `id`: the init takes a request only on its own

@@ -275,13 +275,23 @@ HONEST_ROOT = (
 )
 
 
+ROOT = ["--environment-kwarg", "accept_root_agent=true"]
+
+
+def test_a_root_agent_is_refused_unless_accepted(tmp_path: Path, images: dict[str, str]) -> None:
+    task = make_task(tmp_path, "honest-root", images["plain"], HONEST_ROOT, user=None)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    assert o.reward is None and o.exception is not None, o
+    assert "accept_root_agent=true" in o.message, o.message
+
+
 def test_a_root_agent_s_loop_scores_without_the_switch_and_is_frozen_with_it(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
     task = make_task(tmp_path, "hostile-root", images["plain"], HOSTILE, user=None)
     o = run_one(tmp_path, task)
     assert (o.reward, o.exception) == (1.0, None), o
-    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *ROOT)
     assert o.reward in (None, 0.0), o
     # Frozen, not refused: the root loop was a sandbox process by its lineage, and was killed.
     kills = re.findall(r"quiescent in [0-9.]+ s \(killed ([0-9]+)", o.log)
@@ -293,7 +303,7 @@ def test_a_root_agent_that_needs_root_scores_with_the_switch(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
     task = make_task(tmp_path, "honest-root", images["plain"], HONEST_ROOT, user=None)
-    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *ROOT)
     assert (o.reward, o.exception) == (1.0, None), (o.message, o.log[-1500:])
 
 
@@ -301,7 +311,7 @@ def test_a_root_agent_is_refused_on_the_sidecar_path(
     tmp_path: Path, images: dict[str, str]
 ) -> None:
     task = make_task(tmp_path, "honest-root", images["plain"], HONEST_ROOT, user=None)
-    o = start_one(tmp_path, task, *SWITCH, *SIDECAR)
+    o = start_one(tmp_path, task, *SWITCH, *SIDECAR, *ROOT)
     assert o.reward is None and o.exception is not None, o
     assert "only the init path follows a root agent" in o.message, o.message
 

@@ -11,7 +11,8 @@ stay as they are; its task.toml names the agent's user (`[agent] user`), or the 
 Terminal-Bench's are written, has a root agent: the init then defines the sandbox by lineage
 alone (`--sandbox-lineage`), every agent command runs through `quiesce exec --user root`, and
 the marker is checked accepting a root agent (docs/threat-model.md, "Root agents"). That needs
-the init path: the sidecar cannot follow a root agent.
+the init path (the sidecar cannot follow a root agent) and `--environment-kwarg
+accept_root_agent=true`: what a root agent can still do beside the proof is accepted by name.
 
 QuiescedEnvironment wraps the environment the run would have used (`--environment-kwarg
 wraps=daytona`, default docker; every other kwarg goes to it):
@@ -130,6 +131,7 @@ class _Guard:
     gated: list[str] = field(default_factory=list)
     install_path: str = DEFAULT_INSTALL_PATH
     accept_setuid: bool = False
+    accept_root: bool = False  # a root agent's trial may be scored (accept_root_agent=true)
     notes: list[str] = field(default_factory=list)
     # The PATH an exec of the image gets, read before the agent ran: the gated tests get it back.
     image_path: str | None = None
@@ -269,7 +271,8 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     4096, 0 for the engine's), freeze_timeout (seconds), install_path (sidecar path: where the
     binary goes; a writable, exec-able mount on a read-only root), accept_privilege_escalation
     (true: score a sandbox that ran without no-new-privileges, which the sidecar path cannot
-    set; refused otherwise). Every other kwarg goes to `wraps`.
+    set; refused otherwise), accept_root_agent (true: score a task that names no agent user,
+    whose agent is root; refused otherwise). Every other kwarg goes to `wraps`.
     """
 
     _quiesce_way = "sidecar"
@@ -291,6 +294,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         freeze_timeout: float = 30.0,
         install_path: str = DEFAULT_INSTALL_PATH,
         accept_privilege_escalation: bool = False,
+        accept_root_agent: bool = False,
         **kwargs: Any,
     ) -> None:
         del wraps, via  # chose the class in __new__
@@ -312,6 +316,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             default_to_sandbox=not _task_users(env_dir),
             install_path=install_path,
             accept_setuid=accept_privilege_escalation is True,
+            accept_root=accept_root_agent is True,
         )
         super().__init__(*args, **kwargs)
 
@@ -325,6 +330,16 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 f"{self.session_id}: the task names no agent user, so its agent is root, and only "
                 "the init path follows a root agent (a sidecar cannot): set `[agent] user` in "
                 "task.toml, or run with the docker or podman environment without via=sidecar"
+            )
+        if self._guard.lineage and not self._guard.accept_root:
+            # As `verify --accept-root-agent`: what a root agent can still do beside the proof
+            # (run its code in front of Harbor's later commands through the image's bash) is
+            # accepted by name, never by default.
+            raise InstallFailed(
+                f"{self.session_id}: the task names no agent user, so its agent is root, which can "
+                "run code in front of Harbor's later commands through the image's bash "
+                "(docs/threat-model.md, Root agents): set `[agent] user` in task.toml, or accept "
+                "it with --environment-kwarg accept_root_agent=true"
             )
         self._guard.loop = asyncio.get_running_loop()
         await super().start(force_build)

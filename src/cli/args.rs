@@ -365,6 +365,21 @@ pub struct VerifyArgs {
     /// A path the orchestrator writes on purpose after the freeze: not compared (repeatable)
     #[arg(long = "attest-ignore", value_name = "PATH")]
     pub attest_ignore: Vec<String>,
+    /// Start again, confined, the services the marker records before the command; stop them after
+    #[arg(long)]
+    pub hand_over: bool,
+    /// The UID and GID the services run as
+    #[arg(long, value_name = "UID", default_value_t = 65530)]
+    pub service_user: u32,
+    /// Seconds the services have to listen again
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub service_wait: u64,
+    /// A path the services must not be able to write (repeatable)
+    #[arg(long, value_name = "PATH")]
+    pub protect: Vec<PathBuf>,
+    /// Start the service on PORT as `sh -c COMMAND` (repeatable)
+    #[arg(long = "service", value_name = "PORT=COMMAND")]
+    pub service: Vec<String>,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

@@ -27,6 +27,7 @@ pub mod code {
     pub const UNSAFE: i32 = 17;
     pub const POLICY: i32 = 18;
     pub const ATTESTATION: i32 = 19;
+    pub const HANDOVER: i32 = 20;
 }
 
 #[derive(Serialize)]
@@ -630,11 +631,51 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
         }
         return 0;
     }
-    match crate::init::spawn::Plan::new(&args.command, None) {
-        Ok(plan) => plan.exec_in_place(),
+    let plan = match crate::init::spawn::Plan::new(&args.command, None) {
+        Ok(plan) => plan,
         Err(e) => {
             eprintln!("quiesce verify: {e}");
+            return code::USAGE;
+        }
+    };
+    let Some(claims) = result.ok().map(|(c, _)| c).filter(|_| args.hand_over) else {
+        return plan.exec_in_place();
+    };
+    with_services(&args, &claims, &expected_uids, &plan)
+}
+
+/// The command run beside the services the freeze killed, started again confined
+/// (`commands::handover`): its exit status, or HANDOVER when they cannot all listen again (the
+/// command then does not run) or cannot all be stopped after it.
+fn with_services(
+    args: &VerifyArgs,
+    claims: &Claims,
+    expected_uids: &[u32],
+    plan: &crate::init::spawn::Plan,
+) -> i32 {
+    use crate::commands::handover;
+    let running = match handover::start(args, claims, expected_uids) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("quiesce verify: hand-over check failed: {e}");
+            return code::HANDOVER;
+        }
+    };
+    let status = match plan.spawn() {
+        Ok(pid) => crate::kernel::reap::wait_child(pid).unwrap_or_else(|e| {
+            eprintln!("quiesce verify: cannot wait for the command: {e}");
             code::USAGE
+        }),
+        Err(e) => {
+            eprintln!("quiesce verify: cannot start the command: {e}");
+            126
+        }
+    };
+    match running.end() {
+        Ok(()) => status,
+        Err(e) => {
+            eprintln!("quiesce verify: hand-over check failed: the services' end: {e}");
+            code::HANDOVER
         }
     }
 }

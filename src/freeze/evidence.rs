@@ -16,6 +16,12 @@
 //! pids limit), evidence is recorded as unreadable. Processes sharing one memory map
 //! (clone(CLONE_VM)) are separate targets: one held lock can strand every reader allowed.
 //!
+//! Services. A target that held a listening TCP socket is a service the verifier's tests may
+//! need back (`verify --hand-over`): for at most `MAX_SERVICES` of them the walk also records
+//! where they listened, their working directory and their environment, each within its own bound
+//! (`ENV_KEEP`), beside the process entries and outside their budget. A descriptor table or an
+//! environment the reader may not see leaves that service unrecorded or without its environment.
+//!
 //! Speed. The reads are the kernel's CPU work; a large walk hands them to two readers in turn
 //! (a second core halves it), each answering in the order it was asked. The second reader is
 //! started for the walk that needs it; when it cannot be, the first takes everything.
@@ -24,8 +30,9 @@ use crate::decide::taint::Reasons;
 use crate::kernel::{creds, process::Pid};
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::{Reader, CMDLINE_READ};
+use crate::observe::sockets::Endpoint;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -56,6 +63,30 @@ pub struct Evidence {
     #[serde(default)]
     pub unreadable: bool,
 }
+/// A killed process that listened on TCP: what a hand-over needs to start it again (its command
+/// line and executable are in its `Evidence`, found by pid and start time).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Service {
+    pub pid: i32,
+    pub start_time: u64,
+    pub listen: Vec<Endpoint>,
+    /// None: not shown to the reader.
+    pub cwd: Option<String>,
+    /// `NAME=value` entries; None: not shown to the reader.
+    pub env: Option<Vec<String>>,
+    /// The working directory or the environment was cut to its cap.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// Services recorded per freeze, endpoints kept per service, bytes of one environment read and
+/// of its JSON kept, descriptors looked at per process.
+pub const MAX_SERVICES: usize = 8;
+const LISTEN_KEEP: usize = 16;
+const ENV_READ: usize = 16 << 10;
+pub const ENV_KEEP: usize = 8 << 10;
+const FD_SCAN: usize = 1024;
+
 /// How long the walk waits for one answer before it leaves the reader behind: a healthy read
 /// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
 /// walk's most.
@@ -75,6 +106,8 @@ const LANES_FROM: usize = 64;
 #[derive(Debug, Default)]
 pub struct Gathered {
     pub processes: Vec<Evidence>,
+    /// The kept processes that listened, at most `MAX_SERVICES`.
+    pub services: Vec<Service>,
     pub omitted: u64,
     /// Bytes of JSON `processes` takes.
     pub bytes: usize,
@@ -140,6 +173,8 @@ struct Job {
     pid: Pid,
     start_time: u64,
     creds: Option<(u32, u32)>,
+    /// The listening sockets by inode; None when nothing listens (no descriptor is looked at).
+    listening: Option<Arc<HashMap<u64, Endpoint>>>,
 }
 
 struct Reply {
@@ -147,6 +182,17 @@ struct Reply {
     /// The first bytes of the command line and whether there was more; None: not read.
     cmdline: Option<(Vec<u8>, bool)>,
     exe: Option<String>,
+    /// Where it listened, its cwd and the first bytes of its environment (with whether there
+    /// was more), when it listened.
+    service: Option<ServiceRead>,
+}
+
+/// Where a process listened, its cwd and the first bytes of its environment with whether there
+/// was more; each None that was not shown.
+struct ServiceRead {
+    listen: Vec<Endpoint>,
+    cwd: Option<String>,
+    env: Option<(Vec<u8>, bool)>,
 }
 
 #[derive(Default)]
@@ -247,8 +293,58 @@ fn read(job: &Job) -> io::Result<Reply> {
     let dir = format!("/proc/{}", job.pid);
     let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
     let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
+    let service = match &job.listening {
+        Some(table) => read_service(&dir, table, job.creds)?,
+        None => None,
+    };
     // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
-    Ok(Reply { key: (job.pid, job.start_time), cmdline, exe })
+    Ok(Reply { key: (job.pid, job.start_time), cmdline, exe, service })
+}
+
+/// Where a process listened (its descriptors that are listening sockets), and if anywhere, its
+/// cwd and environment. Each read as the init first, then as the process's own user.
+fn read_service(
+    dir: &str,
+    table: &HashMap<u64, Endpoint>,
+    creds: Option<(u32, u32)>,
+) -> io::Result<Option<ServiceRead>> {
+    let fds = format!("{dir}/fd");
+    let scan = || -> io::Result<Vec<Endpoint>> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&fds)?.take(FD_SCAN) {
+            let Ok(link) = std::fs::read_link(entry?.path()) else { continue };
+            let inode =
+                link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
+            if let Some(at) = inode.and_then(|i| table.get(&i)) {
+                if !found.contains(at) && found.len() < LISTEN_KEEP {
+                    found.push(at.clone());
+                }
+            }
+        }
+        Ok(found)
+    };
+    let Some(listen) = as_owner(creds, scan)? else { return Ok(None) };
+    if listen.is_empty() {
+        return Ok(None);
+    }
+    let cwd = as_owner(creds, || std::fs::read_link(format!("{dir}/cwd")))?
+        .map(|p| p.to_string_lossy().into_owned());
+    let env = as_owner(creds, || read_prefix(&format!("{dir}/environ"), ENV_READ))?;
+    Ok(Some(ServiceRead { listen, cwd, env }))
+}
+
+/// `f` as this thread is; where the kernel refuses that (root without CAP_SYS_PTRACE reading
+/// another user's process), again with the process's own filesystem IDs. Ok(None): not shown.
+/// Err only when this thread's IDs could not be switched back.
+fn as_owner<T>(creds: Option<(u32, u32)>, f: impl Fn() -> io::Result<T>) -> io::Result<Option<T>> {
+    match f() {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
+            Some((uid, gid)) => Ok(creds::as_fs_user(uid, gid, f)?.and_then(Result::ok)),
+            None => Ok(None),
+        },
+        Err(_) => Ok(None),
+    }
 }
 
 /// What was read belongs to a target only if its pid still named it. A pid names another
@@ -271,6 +367,7 @@ fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
         }
         let now_start = pass.as_mut().and_then(|p| p.start_time(e.pid).ok().flatten());
         if now_start != Some(e.start_time) {
+            out.services.retain(|s| (s.pid, s.start_time) != (e.pid, e.start_time));
             e.cmdline = None;
             e.exe = None;
             e.truncated = false;
@@ -391,17 +488,31 @@ fn json_size<T: Serialize>(v: &T) -> usize {
     }
 }
 
-fn finish(t: Target, reply: Option<Reply>) -> Evidence {
+fn finish(t: Target, reply: Option<Reply>) -> (Evidence, Option<Service>) {
     let mut e = t.evidence;
-    let Some(r) = reply else { return e };
+    let Some(r) = reply else { return (e, None) };
     if r.key != (e.pid, e.start_time) {
         log::error!(
             "evidence reader answered for {:?} when {} was asked; recorded as unreadable",
             r.key,
             e.pid
         );
-        return e;
+        return (e, None);
     }
+    let service = r.service.map(|ServiceRead { listen, cwd, env }| {
+        let mut truncated = false;
+        let cwd = cwd.map(|c| {
+            let (c, cut) = keep_str(&c, EXE_KEEP);
+            truncated |= cut;
+            c
+        });
+        let env = env.map(|(raw, more)| {
+            let (vars, cut) = keep_args(&raw, ENV_KEEP);
+            truncated |= more || cut;
+            vars
+        });
+        Service { pid: e.pid, start_time: e.start_time, listen, cwd, env, truncated }
+    });
     if let Some(exe) = r.exe {
         let (exe, cut) = keep_str(&exe, EXE_KEEP);
         e.exe = Some(exe);
@@ -413,7 +524,7 @@ fn finish(t: Target, reply: Option<Reply>) -> Evidence {
         e.truncated |= more || cut;
         e.unreadable = false;
     }
-    e
+    (e, service)
 }
 
 /// A target waiting for its answer from the reader of `lane`; `sent` is false when it will not
@@ -433,6 +544,7 @@ struct Walk<'a> {
     /// Lanes this walk uses, and the one the next target goes to.
     lanes: usize,
     next: usize,
+    listening: Option<Arc<HashMap<u64, Endpoint>>>,
 }
 
 impl Walk<'_> {
@@ -490,7 +602,13 @@ impl Walk<'_> {
         if Instant::now() >= self.until || self.stuck_on(t.key()) {
             return false;
         }
-        let job = || Job { pid: t.evidence.pid, start_time: t.evidence.start_time, creds: t.creds };
+        let listening = self.listening.clone();
+        let job = || Job {
+            pid: t.evidence.pid,
+            start_time: t.evidence.start_time,
+            creds: t.creds,
+            listening: listening.clone(),
+        };
         let Some(w) = self.worker(lane) else { return false };
         if w.jobs.send(job()).is_ok() {
             return true;
@@ -534,7 +652,8 @@ pub fn gather(
     until: Instant,
     since: Option<Pid>,
 ) -> Gathered {
-    let mut walk = Walk { pool: pool(), until, spawn_failed: false, lanes: 1, next: 0 };
+    let listening = listening_table();
+    let mut walk = Walk { pool: pool(), until, spawn_failed: false, lanes: 1, next: 0, listening };
     walk.widen(count);
     let mut targets = targets.peekable();
     let mut taken = 0;
@@ -563,13 +682,37 @@ pub fn gather(
         };
         let reply = if head.sent { wait(&mut walk, &head, &mut flight) } else { None };
         reserved -= head.reserve;
-        let e = finish(head.target, reply);
+        let (e, service) = finish(head.target, reply);
         used += json_size(&e) + usize::from(!out.processes.is_empty());
         out.processes.push(e);
+        if let Some(s) = service.filter(|_| out.services.len() < MAX_SERVICES) {
+            out.services.push(s);
+        }
     }
     out.bytes = used;
     drop_reused(&mut out, since);
     out
+}
+
+/// The listening sockets of the namespace by inode, for the walk to recognise its targets'
+/// descriptors; None when nothing listens or the tables cannot be read (then no service is
+/// recorded, and a hand-over finds none to start: never a reason to fail the freeze).
+fn listening_table() -> Option<Arc<HashMap<u64, Endpoint>>> {
+    match crate::observe::sockets::listening() {
+        Ok((l, _)) if l.is_empty() => None,
+        Ok((l, cut)) => {
+            if cut {
+                log::warn!(
+                    "evidence: the socket tables were cut at their bound; a service may go unrecorded"
+                );
+            }
+            Some(Arc::new(l.into_iter().map(|s| (s.inode, s.at)).collect()))
+        }
+        Err(e) => {
+            log::warn!("evidence: cannot read the socket tables ({e}); no service is recorded");
+            None
+        }
+    }
 }
 
 /// Record a process first seen alive after the walk, from the observation alone, within the

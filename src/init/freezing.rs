@@ -246,6 +246,7 @@ fn sign(
             // Moved, not copied: it may be a megabyte.
             processes: std::mem::take(&mut out.evidence.processes),
             processes_omitted: out.evidence.omitted,
+            services: std::mem::take(&mut out.evidence.services),
             phases_ms: out.phases.clone(),
             version: env!("QUIESCE_VERSION").into(),
             lineage: Some(sb.tracking.policy.lineage),

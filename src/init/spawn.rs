@@ -49,6 +49,14 @@ pub struct Plan {
     drop: Option<Drop>,
     own_pgroup: bool,
     take_tty: bool,
+    /// A session of its own (a service handed over: no terminal, no group of the caller's).
+    own_session: bool,
+    /// The directory to start in, entered after the drop (so as the user it runs as).
+    cwd: Option<CString>,
+    /// The environment, NULL-terminated pointers into `env`; None: this process's own.
+    #[allow(dead_code)]
+    env: Vec<CString>,
+    env_ptrs: Option<Vec<*const libc::c_char>>,
 }
 
 impl Plan {
@@ -75,7 +83,37 @@ impl Plan {
             Some((Tag::UserUid, uid)) => uid.to_string(),
             _ => String::new(),
         };
-        Ok(Plan { name, candidates, argv, argv_ptrs, tag_text, drop, own_pgroup: false, take_tty: false })
+        Ok(Plan {
+            name,
+            candidates,
+            argv,
+            argv_ptrs,
+            tag_text,
+            drop,
+            own_pgroup: false,
+            take_tty: false,
+            own_session: false,
+            cwd: None,
+            env: Vec::new(),
+            env_ptrs: None,
+        })
+    }
+
+    /// Run `exe` itself, not the first argument looked up on PATH (argv[0] stays as given), in
+    /// `cwd`, with exactly `env`, in a session of its own: a service started again as recorded.
+    pub fn recorded(mut self, exe: &str, cwd: &str, env: &[String]) -> io::Result<Plan> {
+        let cstr = |s: &str| {
+            CString::new(s)
+                .map_err(|_| io::Error::other(format!("'{}' contains a NUL byte", s.escape_debug())))
+        };
+        self.candidates = vec![cstr(exe)?];
+        self.cwd = Some(cstr(cwd)?);
+        self.env = env.iter().map(|e| cstr(e)).collect::<io::Result<Vec<_>>>()?;
+        let mut ptrs: Vec<*const libc::c_char> = self.env.iter().map(|e| e.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        self.env_ptrs = Some(ptrs);
+        self.own_session = true;
+        Ok(self)
     }
 
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
@@ -100,6 +138,9 @@ impl Plan {
     fn prepare_and_exec(&self) -> (i32, &'static str) {
         // SAFETY (whole block): plain syscalls on local data in the process about to exec.
         unsafe {
+            if self.own_session && libc::setsid() < 0 {
+                return (errno(), "setsid");
+            }
             if self.own_pgroup {
                 libc::setpgid(0, 0);
                 // TTOU is still blocked here, so a background tcsetpgrp is allowed.
@@ -140,6 +181,11 @@ impl Plan {
                     return (errno(), "no_new_privs");
                 }
             }
+            if let Some(dir) = &self.cwd {
+                if libc::chdir(dir.as_ptr()) != 0 {
+                    return (errno(), "chdir to its recorded directory");
+                }
+            }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the
             // init inherited), then an empty mask.
             signal::reset_all_dispositions();
@@ -151,7 +197,10 @@ impl Plan {
             let mut saw_eacces = false;
             let mut last = libc::ENOENT;
             for c in &self.candidates {
-                libc::execv(c.as_ptr(), argv.as_ptr());
+                match &self.env_ptrs {
+                    Some(env) => libc::execve(c.as_ptr(), argv.as_ptr(), env.as_ptr()),
+                    None => libc::execv(c.as_ptr(), argv.as_ptr()),
+                };
                 last = errno();
                 match last {
                     libc::ENOENT | libc::ENOTDIR => continue,

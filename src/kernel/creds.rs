@@ -113,3 +113,33 @@ pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<Op
     }
     Ok(out)
 }
+
+/// Make the calling thread `uid`:`gid` for good, with no supplementary groups, keeping in its
+/// effective set only those of `keep` it is permitted: a thread that answers "could this user
+/// write there?" with access(2) (which checks the real IDs and, for a UID that is not root, no
+/// capability at all) while it still lists directories the user could not. Raw syscalls: only
+/// this thread changes, and it must end once done.
+pub fn thread_become(uid: u32, gid: u32, keep: &[caps::Capability]) -> io::Result<()> {
+    let permitted = caps::read(None, caps::CapSet::Permitted).map_err(|e| io::Error::other(e.to_string()))?;
+    // SAFETY (whole block): raw syscalls with integer arguments and a NULL list.
+    unsafe {
+        check(libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()))?;
+        check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) as _)?;
+        check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+    }
+    set_not_dumpable()?;
+    let effective: caps::CapsHashSet = keep.iter().copied().filter(|c| permitted.contains(c)).collect();
+    caps::set(None, caps::CapSet::Effective, &effective).map_err(|e| io::Error::other(e.to_string()))?;
+    match thread_getresuid()? {
+        (r, e, s) if r == uid && e == uid && s == uid => Ok(()),
+        ids => Err(io::Error::other(format!("thread UIDs {ids:?} after becoming {uid}"))),
+    }
+}
+
+/// Whether this thread's real user may write `path` (access(2), W_OK; a symbolic link is
+/// followed, as an open would).
+pub fn may_write(path: &std::ffi::CStr) -> bool {
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::access(path.as_ptr(), libc::W_OK) == 0 }
+}

@@ -49,6 +49,10 @@ pub struct Claims {
     /// when nothing is attested, and in markers of earlier versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attest: Vec<String>,
+    /// The killed processes that listened on TCP, for `verify --hand-over` (where, their cwd
+    /// and environment). Absent when none did, and in markers of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<crate::freeze::evidence::Service>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -176,6 +180,7 @@ pub fn sample_claims() -> Claims {
         container: Container { boot_id: "b".into(), pid_ns: 1, hostname: "h".into(), init_start: 2 },
         processes: vec![],
         processes_omitted: 0,
+        services: vec![],
         phases_ms: Default::default(),
         version: "0".into(),
         lineage: Some(true),

@@ -1,0 +1,502 @@
+//! `verify --hand-over`: the services the freeze killed, started again for the verifier's tests.
+//!
+//! Nothing is spared at the freeze (a listener can be a tamper daemon in disguise): the marker
+//! still certifies that no sandbox process lives. Afterwards each process the marker records as
+//! having listened on TCP is started again from its recorded executable, arguments, directory and
+//! environment (or from the command the task declares for its port), as a service user that is
+//! neither the agent's nor root: no supplementary groups, no capabilities, no_new_privs, a
+//! session of its own. Before any starts, that user must be unable to write, and must not own,
+//! anything under the paths the verifier protects (its tests, the reward, the workspace), nor
+//! rename one through a parent; none of its processes may be alive. Each service must listen
+//! again, as that user, within the wait; otherwise none runs and the command does not either.
+//! What ran is written beside the marker (`handover.json`), and after the command every process
+//! of the service user is killed.
+
+use crate::cli::args::VerifyArgs;
+use crate::freeze::evidence::{Evidence, Service};
+use crate::kernel::{creds, process::Pid, reap};
+use crate::marker::jws::Claims;
+use crate::observe::procs::{model::Detail, reader::Reader};
+use crate::state::dir::StateDir;
+use serde::Serialize;
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The record's name in the state dir, beside the marker.
+pub const RECORD: &str = "handover.json";
+/// Entries looked at under the protected paths, and how long that may take.
+const PROTECT_ENTRIES: usize = 200_000;
+const PROTECT_TIME: Duration = Duration::from_secs(20);
+/// How long the services' end may take after the command.
+const STOP_TIME: Duration = Duration::from_secs(5);
+/// The environment a declared service gets when none was recorded.
+const PLAIN_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// One service as started, for the record.
+#[derive(Debug, Serialize)]
+pub struct Started {
+    /// The killed process it stands for; None: declared for a port nothing listened on.
+    pub was_pid: Option<i32>,
+    pub argv: Vec<String>,
+    pub exe: String,
+    /// sha256 of the executable file as it was when started (a script's interpreter: the
+    /// attestation covers the scripts of the trees it names).
+    pub exe_sha256: Option<String>,
+    pub cwd: String,
+    /// The names of its environment's variables (their values may be secrets).
+    pub env_names: Vec<String>,
+    pub ports: Vec<u16>,
+    /// Started from `--service PORT=COMMAND`, not from its record.
+    pub declared: bool,
+    pub pid: Option<i32>,
+    #[serde(skip)]
+    env: Vec<String>,
+}
+
+/// What `handover.json` says.
+#[derive(Debug, Serialize)]
+pub struct Record {
+    /// The marker's freeze.
+    pub jti: String,
+    pub user: u32,
+    pub group: u32,
+    pub protected: Vec<String>,
+    pub services: Vec<Started>,
+    /// "ready" (all listen, the command runs), "failed" or "ended" (the command ended).
+    pub state: &'static str,
+    pub reason: Option<String>,
+    pub ready_ms: Option<u64>,
+    /// Processes of the service user killed once the command ended.
+    pub stopped: Option<usize>,
+}
+
+/// The services handed over, running while the verifier does.
+pub struct Running {
+    record: Record,
+    dir: Option<StateDir>,
+    children: Vec<Pid>,
+}
+
+/// Start every service and wait until each listens; Err: the line that says why none runs
+/// (what did start is stopped, and the record says so).
+pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result<Running, String> {
+    let (uid, gid) = (args.service_user, args.service_user);
+    let dir = StateDir::open(&args.state.state_dir).ok();
+    let mut run = Running {
+        record: Record {
+            jti: claims.jti.clone(),
+            user: uid,
+            group: gid,
+            protected: args.protect.iter().map(|p| p.display().to_string()).collect(),
+            services: Vec::new(),
+            state: "failed",
+            reason: None,
+            ready_ms: None,
+            stopped: None,
+        },
+        dir,
+        children: Vec::new(),
+    };
+    let began = Instant::now();
+    let out = prepare(args, claims, sandbox_uids, &mut run).and_then(|()| launch(args, &mut run, began));
+    match out {
+        Ok(()) => {
+            run.record.state = "ready";
+            run.record.ready_ms = Some(began.elapsed().as_millis() as u64);
+            write(&run)?;
+            Ok(run)
+        }
+        Err(e) => {
+            run.record.reason = Some(e.clone());
+            run.record.stopped = Some(stop_user(uid).unwrap_or(0));
+            reap_children(&run.children);
+            // The refusal is what counts; a record that cannot be written is said beside it.
+            if let Err(w) = write(&run) {
+                return Err(format!("{e} ({w})"));
+            }
+            Err(e)
+        }
+    }
+}
+
+impl Running {
+    /// Stop every process of the service user once the command ended, and record it.
+    pub fn end(mut self) -> Result<(), String> {
+        let stopped = stop_user(self.record.user);
+        reap_children(&self.children);
+        self.record.state = "ended";
+        self.record.stopped = stopped.as_ref().ok().copied();
+        if let Err(e) = &stopped {
+            self.record.reason = Some(e.clone());
+        }
+        write(&self)?;
+        stopped.map(drop)
+    }
+}
+
+/// Who runs the services, what they are, and whether the protected paths are safe from them.
+fn prepare(
+    args: &VerifyArgs,
+    claims: &Claims,
+    sandbox_uids: &[u32],
+    run: &mut Running,
+) -> Result<(), String> {
+    let uid = args.service_user;
+    if uid == 0 || claims.sandbox_uids.contains(&uid) || sandbox_uids.contains(&uid) {
+        return Err(format!(
+            "the service user {uid} is root or a sandbox user: name another with --service-user"
+        ));
+    }
+    run.record.services = services(claims, &args.service)?;
+    let low = unprivileged_port_start();
+    if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
+        return Err(format!(
+            "port {p} needs root here (net.ipv4.ip_unprivileged_port_start={low}), and services run as \
+             user {uid}: run the container with --sysctl net.ipv4.ip_unprivileged_port_start=0"
+        ));
+    }
+    // Its processes would count as the services', and be killed after the command: the user must
+    // be the hand-over's alone (an earlier hand-over that was itself killed leaves some too).
+    match alive_of(uid)? {
+        0 => {}
+        n => {
+            return Err(format!(
+                "{n} process(es) of the service user {uid} are alive already: name a user of the \
+                 hand-over's own with --service-user, or end them"
+            ))
+        }
+    }
+    protected_safe(uid, uid, &args.protect)
+}
+
+/// The services to start: each recorded one not already covered by an earlier one (a worker
+/// sharing its master's socket), with the declared ones in place of those on their ports.
+fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String> {
+    let mut decl: Vec<(u16, &str)> = Vec::new();
+    for d in declared {
+        let parsed = d.split_once('=').and_then(|(p, c)| Some((p.trim().parse::<u16>().ok()?, c)));
+        match parsed {
+            Some((p, c)) if p > 0 && !c.trim().is_empty() => decl.push((p, c)),
+            _ => return Err(format!("--service '{}' is not PORT=COMMAND", d.escape_debug())),
+        }
+    }
+    let mut recorded: Vec<&Service> = claims.services.iter().collect();
+    recorded.sort_by_key(|s| s.start_time);
+    let mut out: Vec<Started> = Vec::new();
+    for s in recorded {
+        let ports: Vec<u16> = s.listen.iter().map(|e| e.port).collect();
+        if ports.iter().all(|p| out.iter().any(|o| o.ports.contains(p))) {
+            continue;
+        }
+        let evidence = claims.processes.iter().find(|e| (e.pid, e.start_time) == (s.pid, s.start_time));
+        let own = decl.iter().find(|(p, _)| ports.contains(p));
+        let mut started = match own {
+            Some(&(_, cmd)) => declared_start(cmd, s.cwd.as_deref(), s.env.as_deref()),
+            None => recorded_start(s, evidence)?,
+        };
+        started.was_pid = Some(s.pid);
+        for p in ports {
+            if !started.ports.contains(&p) {
+                started.ports.push(p);
+            }
+        }
+        out.push(started);
+    }
+    for &(p, cmd) in &decl {
+        if !out.iter().any(|o| o.ports.contains(&p)) {
+            let mut s = declared_start(cmd, None, None);
+            s.ports.push(p);
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+fn declared_start(cmd: &str, cwd: Option<&str>, env: Option<&[String]>) -> Started {
+    let env = env.map(<[String]>::to_vec).unwrap_or_else(|| vec![PLAIN_ENV.to_string()]);
+    Started {
+        was_pid: None,
+        argv: vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
+        exe: "/bin/sh".into(),
+        exe_sha256: None,
+        cwd: cwd.unwrap_or("/").to_string(),
+        env_names: names(&env),
+        ports: Vec::new(),
+        declared: true,
+        pid: None,
+        env,
+    }
+}
+
+/// A recorded service as it ran, or the reason it cannot be started again from its record.
+fn recorded_start(s: &Service, e: Option<&Evidence>) -> Result<Started, String> {
+    let ports: Vec<String> = s.listen.iter().map(|l| l.port.to_string()).collect();
+    let why = |what: &str| {
+        format!(
+            "the service pid {} on port {} cannot be started again: {what}; declare its start with \
+             --service {}=COMMAND",
+            s.pid,
+            ports.join(","),
+            ports.first().map(String::as_str).unwrap_or("PORT")
+        )
+    };
+    let e = e.ok_or_else(|| why("its process is not in the marker"))?;
+    let argv = match (&e.cmdline, e.truncated || s.truncated) {
+        (_, true) => return Err(why("its record was cut to its bound")),
+        (Some(a), false) if !a.is_empty() => a.clone(),
+        _ => return Err(why("its command line was not recorded")),
+    };
+    let exe = match &e.exe {
+        Some(x) if x.ends_with(" (deleted)") => return Err(why("its executable was deleted")),
+        Some(x) => x.clone(),
+        None => return Err(why("its executable was not recorded")),
+    };
+    let cwd = s.cwd.clone().ok_or_else(|| why("its working directory was not recorded"))?;
+    if cwd.ends_with(" (deleted)") {
+        return Err(why("its working directory was deleted"));
+    }
+    let env = s.env.clone().ok_or_else(|| why("its environment was not recorded"))?;
+    Ok(Started {
+        was_pid: Some(s.pid),
+        argv,
+        exe,
+        exe_sha256: None,
+        cwd,
+        env_names: names(&env),
+        ports: Vec::new(),
+        declared: false,
+        pid: None,
+        env,
+    })
+}
+
+fn names(env: &[String]) -> Vec<String> {
+    env.iter().map(|v| v.split_once('=').map_or(v.as_str(), |(n, _)| n).to_string()).collect()
+}
+
+/// The lowest port a user that is not root may bind in this network namespace.
+fn unprivileged_port_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(1024)
+}
+
+/// Start each service and wait until every port listens as the service user, or fail.
+fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), String> {
+    let uid = args.service_user;
+    let user = crate::kernel::users::User { name: "service".into(), uid, gid: uid, home: "/".into() };
+    let drop = crate::init::spawn::Drop {
+        user,
+        groups: vec![],
+        allow_setuid: false,
+        tag: crate::init::spawn::Tag::None,
+    };
+    for s in run.record.services.iter_mut() {
+        s.exe_sha256 = digest(&s.exe);
+        let plan = crate::init::spawn::Plan::new(&s.argv, Some(drop.clone()))
+            .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env))
+            .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
+        let pid = plan.spawn().map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
+        s.pid = Some(pid);
+        run.children.push(pid);
+    }
+    let until = began + Duration::from_secs(args.service_wait);
+    let mut exited: Vec<(usize, i32)> = Vec::new();
+    loop {
+        let (listening, _) = crate::observe::sockets::listening()
+            .map_err(|e| format!("cannot read the socket tables: {e}"))?;
+        let up = |p: u16| listening.iter().any(|l| l.at.port == p && l.uid == uid);
+        let waiting: Vec<u16> =
+            run.record.services.iter().flat_map(|s| s.ports.iter().copied()).filter(|&p| !up(p)).collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        for (i, s) in run.record.services.iter().enumerate() {
+            let Some(pid) = s.pid else { continue };
+            if exited.iter().any(|&(j, _)| j == i) {
+                continue;
+            }
+            if let Ok(Some(code)) = reap::try_reap(pid) {
+                exited.push((i, code));
+                // A daemon's first process exits 0 once its child listens; anything else is a failure now.
+                if code != 0 {
+                    return Err(format!(
+                        "the service on port {:?} ({}) exited with status {code} before it listened, \
+                         as user {uid}; its output is above",
+                        s.ports,
+                        s.argv.join(" ").escape_debug()
+                    ));
+                }
+            }
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "port(s) {waiting:?} not listened on by user {uid} within --service-wait {} s{}",
+                args.service_wait,
+                if exited.is_empty() {
+                    String::new()
+                } else {
+                    " (a service's first process exited 0)".into()
+                }
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// sha256 of a regular file, read within a bound of time; None when it cannot be read.
+fn digest(path: &str) -> Option<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: a FIFO left in an executable's place must not hold verify.
+    let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match f.read(&mut buf).ok()? {
+            0 => return Some(crate::state::dir::hex(&h.finalize())),
+            n => h.update(&buf[..n]),
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+    }
+}
+
+/// Kill every process of `uid` (kill(-1) as that user, which reaches exactly them) until none
+/// is left alive, within `STOP_TIME`; Ok: how many were alive at first.
+fn stop_user(uid: u32) -> Result<usize, String> {
+    let until = Instant::now() + STOP_TIME;
+    let mut first = None;
+    loop {
+        let alive = alive_of(uid)?;
+        first.get_or_insert(alive);
+        if alive == 0 {
+            return Ok(first.unwrap_or(0));
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "{alive} process(es) of the service user {uid} still alive after {STOP_TIME:?}"
+            ));
+        }
+        match creds::kill_all_as_uid(uid, libc::SIGKILL, 3) {
+            0 => {}
+            e => {
+                return Err(format!("cannot signal as user {uid}: {}", std::io::Error::from_raw_os_error(e)))
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Processes alive (not zombies) with `uid` among their UIDs; an unreadable /proc is an error.
+fn alive_of(uid: u32) -> Result<usize, String> {
+    let snap = Reader::default().snapshot(Detail::Light).map_err(|e| format!("cannot read /proc: {e}"))?;
+    Ok(snap.values().filter(|p| p.alive() && p.all_uids().any(|u| u == uid)).count())
+}
+
+fn reap_children(children: &[Pid]) {
+    for &pid in children {
+        let _ = reap::try_reap(pid);
+    }
+}
+
+fn write(run: &Running) -> Result<(), String> {
+    let text = serde_json::to_vec_pretty(&run.record)
+        .map_err(|e| format!("cannot write the hand-over record: {e}"))?;
+    let dir = run.dir.as_ref().ok_or("no state dir to write the hand-over record in (--state-dir)")?;
+    dir.write_atomic(RECORD, &text, 0o644)
+        .map_err(|e| format!("cannot write {}: {e}", dir.file(RECORD).display()))
+}
+
+/// Refuse when the service user could write or owns anything under a protected path, or could
+/// move one through a parent it may write that is not sticky. Checked on a thread that has
+/// become that user (so access(2) answers for it, groups included), keeping only the right to
+/// list what it could not.
+fn protected_safe(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
+    let paths = paths.to_vec();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("quiesce-protect".into())
+        .spawn(move || {
+            let keep = [caps::Capability::CAP_DAC_READ_SEARCH, caps::Capability::CAP_DAC_OVERRIDE];
+            let out = match creds::thread_become(uid, gid, &keep) {
+                Ok(()) => check_paths(uid, gid, &paths),
+                Err(e) => Err(format!("cannot check the protected paths as user {uid}: {e}")),
+            };
+            let _ = tx.send(out);
+        })
+        .map_err(|e| format!("cannot start the protected-path check: {e}"))?;
+    match rx.recv_timeout(PROTECT_TIME) {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "the protected-path check did not finish within {PROTECT_TIME:?} (at most {PROTECT_ENTRIES} entries)"
+        )),
+    }
+}
+
+fn check_paths(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let until = Instant::now() + PROTECT_TIME;
+    let mut seen = 0usize;
+    let owned = |m: &std::fs::Metadata| m.uid() == uid || (m.gid() == gid && m.mode() & 0o020 != 0);
+    let writable =
+        |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).is_ok_and(|c| creds::may_write(&c));
+    for root in paths {
+        let m = std::fs::symlink_metadata(root)
+            .map_err(|e| format!("protected path {}: {e}; create it before the hand-over", root.display()))?;
+        for a in root.ancestors().skip(1) {
+            let am = std::fs::symlink_metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
+            if owned(&am) || (writable(a) && am.mode() & 0o1000 == 0) {
+                return Err(format!(
+                    "the service user {uid} may write {}, a parent of the protected {}: it could move it \
+                     away; make it not writable by that user",
+                    a.display(),
+                    root.display()
+                ));
+            }
+        }
+        let mut stack = vec![(root.clone(), m)];
+        while let Some((p, m)) = stack.pop() {
+            seen += 1;
+            if seen > PROTECT_ENTRIES || Instant::now() >= until {
+                return Err(format!(
+                    "more under the protected paths than the check looks at ({PROTECT_ENTRIES} entries or \
+                     {PROTECT_TIME:?}): protect less"
+                ));
+            }
+            if owned(&m) || writable(&p) {
+                return Err(format!(
+                    "the service user {uid} may write {} (protected: {}): make it not writable by that \
+                     user, or protect less",
+                    p.display(),
+                    root.display()
+                ));
+            }
+            if m.is_dir() {
+                let entries = std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                for entry in entries {
+                    if seen + stack.len() > PROTECT_ENTRIES {
+                        return Err(format!(
+                            "more under the protected paths than the check looks at ({PROTECT_ENTRIES} \
+                             entries): protect less"
+                        ));
+                    }
+                    let entry = entry.map_err(|e| format!("{}: {e}", p.display()))?;
+                    let path = entry.path();
+                    let m =
+                        std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                    stack.push((path, m));
+                }
+            }
+        }
+    }
+    Ok(())
+}

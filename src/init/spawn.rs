@@ -11,6 +11,9 @@ use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 
+/// Processes a handed-over service's user may have at once: a service forks workers, never a bomb.
+pub const SERVICE_NPROC: u64 = 256;
+
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Who the command runs as, and whether setuid binaries may raise its privilege.
@@ -49,7 +52,8 @@ pub struct Plan {
     drop: Option<Drop>,
     own_pgroup: bool,
     take_tty: bool,
-    /// A session of its own (a service handed over: no terminal, no group of the caller's).
+    /// A session of its own (a service handed over: no terminal, no group of the caller's), at
+    /// most `SERVICE_NPROC` processes of its user, and the OOM killer's first choice.
     own_session: bool,
     /// The directory to start in, entered after the drop (so as the user it runs as).
     cwd: Option<CString>,
@@ -138,8 +142,19 @@ impl Plan {
     fn prepare_and_exec(&self) -> (i32, &'static str) {
         // SAFETY (whole block): plain syscalls on local data in the process about to exec.
         unsafe {
-            if self.own_session && libc::setsid() < 0 {
-                return (errno(), "setsid");
+            if self.own_session {
+                if libc::setsid() < 0 {
+                    return (errno(), "setsid");
+                }
+                let r = libc::rlimit { rlim_cur: SERVICE_NPROC, rlim_max: SERVICE_NPROC };
+                if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
+                    return (errno(), "setrlimit RLIMIT_NPROC");
+                }
+                let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"1000".as_ptr() as *const libc::c_void, 4) != 4 {
+                    return (errno(), "oom_score_adj");
+                }
+                libc::close(fd);
             }
             if self.own_pgroup {
                 libc::setpgid(0, 0);

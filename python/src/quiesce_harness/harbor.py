@@ -51,6 +51,21 @@ has none), stops after that step, and derives the trial's reward from the steps'
 then: no reward. "mean" (the default) averages only the steps that have a reward, so a refused
 step would drop out of it: a `[[steps]]` task without "final" is refused at start, naming it.
 
+Services the tests need (`--environment-kwarg hand_over_services=true`): a Terminal-Bench task's
+tests often query a service the agent left running (an HTTP server on :8080), which the freeze
+kills like every other sandbox process. With the kwarg, the gate is `quiesce verify --hand-over`:
+once every check passed, it starts each service the signed marker records as having listened on
+a TCP port again, from its recorded executable, argv, cwd and environment, as an unprivileged
+user of its own (quiesce's default, 65530, or `service_user=`), waits until each port listens
+again, runs the tests, then kills every process of that user. `services=` declares start
+commands instead (or services the marker does not record). The service user must not be able
+to write, or own, anything the tests trust: /tests, /logs/verifier and the agent's working
+directory are passed as `--protect`, and a service user that could write there (or a service
+that does not come back) fails the trial (HandOverRefused) with quiesce verify's reason, before
+the tests run. The tests run as root then: /logs/verifier is left 0755 (not 0777) and /tests
+0700, so that the service can neither write a reward nor read what the tests expect. Off by
+default: with it off, a task that needs the agent's service scores 0.
+
 `environment_mode = "separate"`: Harbor 0.25.0 collects the artifacts from the agent's
 environment, stops it, and runs the verifier in a fresh environment that no sandbox process
 ever ran in; nothing of the verifier's enters the agent's environment, so a survivor there can
@@ -84,7 +99,7 @@ from .freeze import freeze
 from .marker import verify_marker
 from .result import FreezeResult
 from .sidecar import DEFAULT_INSTALL_PATH, start_sidecar
-from .verifier import ACCEPT_ENV, GATE_EXIT_CODES
+from .verifier import ACCEPT_ENV, GATE_EXIT_CODES, HAND_OVER_EXIT
 
 # Where the init path mounts the binary and the key directory in the main container: paths of
 # the kit's own, which the engine creates (root's, 0755) and nothing of the image uses.
@@ -98,6 +113,10 @@ VERIFIER_FLAG = "--verifier quiesce_harness.harbor:QuiescedVerifier"
 TESTS_DIR = PurePosixPath("/tests")
 # Its EnvironmentPaths.verifier_dir: where the tests' output and the reward go.
 VERIFIER_DIR = PurePosixPath("/logs/verifier")
+# What `quiesce verify --hand-over` writes before it exits 20, and the record it leaves in the
+# state dir when the services came back.
+HAND_OVER_FAILED = "quiesce verify: hand-over check failed:"
+HAND_OVER_RECORD = "handover.json"
 _WAYS = ("init", "sidecar")
 _INIT_ENGINES = ("docker", "podman")
 
@@ -108,6 +127,11 @@ class QuiesceNotOn(QuiesceError):
 
 class GateRefused(QuiesceError):
     """`quiesce verify` refused to run the tests; nothing was scored."""
+
+
+class HandOverRefused(GateRefused):
+    """`quiesce verify --hand-over` could not give the agent's services to the tests (one did
+    not come back, or the service user could write a protected path): the tests did not run."""
 
 
 @dataclass
@@ -137,6 +161,33 @@ class _Guard:
     image_path: str | None = None
     # A command ran as a sandbox user: from then on the image's PATH may lead to its files.
     agent_ran: bool = False
+    # hand_over_services=true: the services the agent left run again, as a user of their own,
+    # while the tests run (`quiesce verify --hand-over`).
+    hand_over: bool = False
+    services: dict[int, str] = field(default_factory=dict)  # declared: port -> sh -c command
+    service_user: int | None = None
+    service_wait: int | None = None
+    # Where Harbor runs the agent's commands (the task's workdir, else the image's WORKDIR),
+    # read at start when the services are handed over: protected from the service user.
+    workdir: str | None = None
+
+    def hand_over_args(self) -> list[str]:
+        """`quiesce verify`'s hand-over options; none when the services are not handed over."""
+        if not self.hand_over:
+            return []
+        protect = [str(TESTS_DIR), str(VERIFIER_DIR)]
+        if self.workdir and self.workdir != "/" and self.workdir not in protect:
+            protect.append(self.workdir)
+        args = ["--hand-over"]
+        if self.service_user is not None:
+            args += ["--service-user", str(self.service_user)]
+        if self.service_wait is not None:
+            args += ["--service-wait", str(self.service_wait)]
+        for p in protect:
+            args += ["--protect", p]
+        for port, command in sorted(self.services.items()):
+            args += ["--service", f"{port}={command}"]
+        return args
 
     @property
     def lineage(self) -> bool:
@@ -235,6 +286,79 @@ def _sandbox_users(environment_dir: Path, sandbox_user: object) -> tuple[str, ..
     return () if root else tuple(users)
 
 
+def _parse_services(value: object) -> dict[int, str]:
+    """`services=` as given: "PORT=COMMAND" entries separated by `;`, or (from the command
+    line's JSON, for a command that holds a `;`) an object of port to command."""
+    if value is None or value == "":
+        return {}
+    pairs: list[tuple[str, object]] = []
+    if isinstance(value, dict):
+        pairs = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, str):
+        for entry in value.split(";"):
+            if not entry.strip():
+                continue
+            left, sep, command = entry.partition("=")
+            if not sep:
+                raise InstallFailed(
+                    f"services={value!r}: {entry.strip()!r} is not PORT=COMMAND (entries are "
+                    'separated by ";"; a command that holds one goes in a JSON object: '
+                    'services=\'{"8080": "cmd; cmd"}\')'
+                )
+            pairs.append((left, command))
+    else:
+        raise InstallFailed(
+            f"services={value!r}: give PORT=COMMAND entries separated by ';', or a JSON object "
+            "of port to command"
+        )
+    out: dict[int, str] = {}
+    for given, start in pairs:
+        text = given.strip()
+        port = int(text) if text.isdigit() else 0
+        if not 1 <= port <= 65535:
+            raise InstallFailed(f"services=: {text!r} is not a TCP port (1-65535)")
+        if not isinstance(start, str) or not start.strip():
+            raise InstallFailed(f"services=: port {port} has no command to start it with")
+        if port in out:
+            raise InstallFailed(f"services=: port {port} is declared twice")
+        out[port] = start.strip()
+    return out
+
+
+def _hand_over_settings(
+    hand_over: object, services: object, service_user: object, service_wait: object
+) -> tuple[bool, dict[int, str], int | None, int | None]:
+    """The hand-over kwargs checked: (on, declared services, service UID, wait seconds)."""
+    if not isinstance(hand_over, bool):
+        raise InstallFailed(f"hand_over_services={hand_over!r}: pass true or false")
+    declared = _parse_services(services)
+    given = [
+        name
+        for name, v in (
+            ("services", declared or None),
+            ("service_user", service_user),
+            ("service_wait", service_wait),
+        )
+        if v is not None
+    ]
+    if given and not hand_over:
+        raise InstallFailed(
+            f"{', '.join(given)} given, but the agent's services are not handed over to the "
+            "tests: add --environment-kwarg hand_over_services=true"
+        )
+
+    def whole(name: str, v: object, low: int) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise InstallFailed(f"{name}={v!r}: pass a whole number of at least {low}")
+        return v
+
+    uid = whole("service_user", service_user, 1)
+    wait = whole("service_wait", service_wait, 1)
+    return hand_over, declared, uid, wait
+
+
 def _variant(wraps: str, via: str | None) -> type[QuiescedEnvironment]:
     """The class that wraps `wraps`: QuiescedEnvironment over Harbor's class for it."""
     from harbor.environments.factory import _load_environment_class
@@ -272,7 +396,11 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     binary goes; a writable, exec-able mount on a read-only root), accept_privilege_escalation
     (true: score a sandbox that ran without no-new-privileges, which the sidecar path cannot
     set; refused otherwise), accept_root_agent (true: score a task that names no agent user,
-    whose agent is root; refused otherwise). Every other kwarg goes to `wraps`.
+    whose agent is root; refused otherwise), hand_over_services (true: the services the agent
+    left listening run again, as an unprivileged user, while the tests run; default false),
+    services (with it: start commands by port, "PORT=COMMAND;PORT=COMMAND" or a JSON object),
+    service_user (the UID and GID they run as; default quiesce's, 65530), service_wait (seconds
+    they may take to listen; default 30). Every other kwarg goes to `wraps`.
     """
 
     _quiesce_way = "sidecar"
@@ -295,6 +423,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         install_path: str = DEFAULT_INSTALL_PATH,
         accept_privilege_escalation: bool = False,
         accept_root_agent: bool = False,
+        hand_over_services: bool = False,
+        services: str | dict[str, str] | None = None,
+        service_user: int | None = None,
+        service_wait: int | None = None,
         **kwargs: Any,
     ) -> None:
         del wraps, via  # chose the class in __new__
@@ -302,9 +434,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         # Raised at start, so that Harbor records it as this trial's, not the job's.
         self._refusal: InstallFailed | None = None
         users: tuple[str, ...] = ()
+        hand_over: tuple[bool, dict[int, str], int | None, int | None] = (False, {}, None, None)
         try:
             _check_task(env_dir)
             users = _sandbox_users(env_dir, sandbox_user)
+            hand_over = _hand_over_settings(
+                hand_over_services, services, service_user, service_wait
+            )
         except InstallFailed as e:
             self._refusal = e
         self._guard = _Guard(
@@ -318,6 +454,8 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             accept_setuid=accept_privilege_escalation is True,
             accept_root=accept_root_agent is True,
         )
+        g = self._guard
+        g.hand_over, g.services, g.service_user, g.service_wait = hand_over
         super().__init__(*args, **kwargs)
 
     # --- Harbor's calls -----------------------------------------------------------------------
@@ -356,6 +494,8 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 f"{self.session_id}: could not read the image's PATH (exit {r.return_code}): "
                 f"the tests behind the gate run with {SAFE_PATH}"
             )
+        if self._guard.hand_over:
+            await self._read_workdir()
         self._guard.started = True
 
     async def stop(self, delete: bool) -> None:
@@ -407,15 +547,19 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         r = await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
         _check_gate(int(r.return_code), (r.stdout or "") + (r.stderr or ""))
         self._guard.gated.append(command)
+        if g.hand_over:
+            await self._note_hand_over()
         return r
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         self._refuse_tests_unfrozen(target_path)
         await super().upload_file(source_path, target_path)
+        await self._hide_tests(target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         self._refuse_tests_unfrozen(target_dir)
         await super().upload_dir(source_dir, target_dir)
+        await self._hide_tests(target_dir)
 
     # --- the freeze and the gate --------------------------------------------------------------
 
@@ -505,12 +649,17 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             f"find {logs} -mindepth 1 -maxdepth 1 -exec rm -rf -- {{}} +",
             f'[ -z "$(find {logs} -mindepth 1 -maxdepth 1)" ]',
             f"chown 0:0 {logs}",
-            # The mode Harbor gives it: the tests may run as a verifier user of the task's.
-            f"chmod 0777 {logs}",
+            # The mode Harbor gives it: the tests may run as a verifier user of the task's. With
+            # the services handed over, the tests run as root, and the service user must not
+            # write there (quiesce verify's --protect refuses a writable path).
+            f"chmod {'0755' if self._guard.hand_over else '0777'} {logs}",
         ]
         if tests:
             t = shlex.quote(str(TESTS_DIR))
-            steps += [f"rm -rf -- {t}", f"mkdir -m 0755 -- {t}", f"chown 0:0 {t}"]
+            # Handed-over services run beside the tests: they must not read what the tests
+            # expect (a service could serve it back), so the tests are root's alone then.
+            mode = "0700" if self._guard.hand_over else "0755"
+            steps += [f"rm -rf -- {t}", f"mkdir -m {mode} -- {t}", f"chown 0:0 {t}"]
         # The image's PATH may lead to the agent's files (ENV PATH=/app/.venv/bin:$PATH): bash
         # and these tools are found through the kit's fixed one.
         r = await self.exec(" && ".join(steps), user="root", env={"PATH": SAFE_PATH})
@@ -537,6 +686,55 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         finally:
             self._guard.gate = None
 
+    async def _read_workdir(self) -> None:
+        """The directory the agent's commands run in (Harbor's exec cwd: the task's workdir,
+        else the image's WORKDIR), read before the agent's first command."""
+        r = await super().exec("pwd -P", user="root", env={"PATH": SAFE_PATH})
+        found = (r.stdout or "").strip()
+        if int(r.return_code) == 0 and found.startswith("/") and "\n" not in found:
+            self._guard.workdir = found
+        else:
+            self.logger.warning(
+                f"{self.session_id}: could not read the agent's working directory (exit "
+                f"{r.return_code}): the hand-over protects {TESTS_DIR} and {VERIFIER_DIR} only"
+            )
+
+    async def _hide_tests(self, target: str) -> None:
+        """After an upload into /tests with the services handed over: /tests root's alone
+        again, whatever mode the upload gave it."""
+        p = PurePosixPath(target)
+        if not self._guard.hand_over or not (p == TESTS_DIR or TESTS_DIR in p.parents):
+            return
+        t = shlex.quote(str(TESTS_DIR))
+        r = await self.exec(
+            f"chown 0:0 {t} && chmod 0700 {t}", user="root", env={"PATH": SAFE_PATH}
+        )
+        if int(r.return_code) != 0:
+            said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
+            raise HandOverRefused(
+                f"{self.session_id}: cannot make {TESTS_DIR} root's alone before the services are "
+                f"handed over (exit {r.return_code}: {said or 'no output'})"
+            )
+
+    async def _note_hand_over(self) -> None:
+        """What quiesce verify handed over, from its record in the state dir, in the trial's
+        log beside the freeze's note."""
+        box = self._guard.container
+        if box is None:
+            return
+        path = shlex.quote(f"{box.state_dir.rstrip('/')}/{HAND_OVER_RECORD}")
+        r = await self.exec(f"cat -- {path}", user="root", env={"PATH": SAFE_PATH})
+        try:
+            record = json.loads(r.stdout or "") if int(r.return_code) == 0 else None
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            self.logger.warning(f"{self.session_id}: no {HAND_OVER_RECORD} to read after the tests")
+            return
+        note = f"quiesce: hand-over {_hand_over_summary(record)}"
+        self._guard.notes.append(note)
+        self.logger.info(note)
+
     def _launched(self, command: str) -> str:
         """`command` as a root agent's launch: through `quiesce exec --user root`, which tags
         it (and all it starts) as the sandbox's before it runs, or does not run it."""
@@ -562,6 +760,17 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 "--public-key",
                 GATE_KEY,
             ]
+        if g.hand_over:
+            who = self._resolve_user(None)
+            if who is not None and str(who) not in ("root", "0"):
+                # Only root can start the services as their own user, and only tests that run
+                # as root can keep the service user out of /logs/verifier.
+                raise HandOverRefused(
+                    f"{self.session_id}: the tests run as {who!r} ([verifier] user), and the "
+                    "services can be handed over only to tests that run as root: drop "
+                    "hand_over_services=true or the task's verifier user"
+                )
+            opts += g.hand_over_args()
         # The subshell keeps the script's own exit (Harbor 0.25.0 ignores it and reads the
         # reward file) apart from the gate's codes: only quiesce verify exits non-zero here.
         # Harbor's bash, quiesce and the bash after `--` are found through the kit's fixed
@@ -870,9 +1079,45 @@ class QuiescedVerifier(Verifier):  # type: ignore[misc]
         return result
 
 
+def _hand_over_summary(record: dict[str, Any]) -> str:
+    """One line of handover.json: its state, the user, the time until every port listened, and
+    each service's ports and argv (declared ones marked)."""
+    parts = []
+    for s in record.get("services") or []:
+        if not isinstance(s, dict):
+            continue
+        argv = s.get("argv")
+        text = shlex.join(str(a) for a in argv) if isinstance(argv, list) else str(argv)
+        mark = " (declared)" if s.get("declared") else ""
+        parts.append(f"port(s) {s.get('ports')}: {text[:160]!r}{mark}")
+    head = (
+        f"{record.get('state', '?')}: {len(parts)} service(s) as "
+        f"{record.get('user', '?')}:{record.get('group', '?')}"
+    )
+    if record.get("ready_ms") is not None:
+        head += f", listening in {record['ready_ms']} ms"
+    if record.get("stopped") is not None:
+        head += f", {record['stopped']} process(es) stopped after the tests"
+    if record.get("reason"):
+        head += f" ({record['reason']})"
+    return head + ("; " + "; ".join(parts) if parts else "")
+
+
 def _check_gate(rc: int, output: str) -> None:
-    """Raise GateRefused unless the gated exec ran the tests (exit 0)."""
+    """Raise GateRefused unless the gated exec ran the tests (exit 0); HandOverRefused, with
+    quiesce verify's reason, when the services could not be handed over."""
     if rc == 0:
         return
+    if rc == HAND_OVER_EXIT:
+        said = [
+            line.split(HAND_OVER_FAILED, 1)[1].strip()
+            for line in output.splitlines()
+            if HAND_OVER_FAILED in line
+        ]
+        reason = "; ".join(said) if said else (output.strip()[-300:] or "no reason given")
+        raise HandOverRefused(
+            "quiesce verify could not hand the agent's services over to the tests, which did "
+            f"not run: {reason}"
+        )
     why = GATE_EXIT_CODES.get(rc, f"exit {rc}")
     raise GateRefused(f"quiesce verify refused to score ({why}): {output.strip()[-300:]}")

@@ -191,3 +191,13 @@ pub fn quickargs(b: &[u8]) {
         Err(e) => panic!("{args:?}: the fast path took {quick:?}, clap refused it ({:?})", e.kind()),
     }
 }
+
+/// /proc/net/tcp and tcp6 as the freeze's walk and `verify --hand-over` read them: only
+/// listening lines are taken, and each address reads as its family writes it.
+pub fn proc_net_tcp(b: &[u8]) {
+    for (v6, parts, sep) in [(false, 4, '.'), (true, 8, ':')] {
+        for l in crate::observe::sockets::parse(b, v6) {
+            assert_eq!(l.at.addr.split(sep).count(), parts, "an address of its family: {}", l.at.addr);
+        }
+    }
+}

@@ -113,6 +113,31 @@ fn the_privilege_drop_leaves_every_thread_of_the_init_root() {
     assert_eq!(text.lines().last(), Some("4242"), "{text}");
 }
 
+/// A `--run-as` command is the sandbox's: the OOM killer takes it (and what it starts) before
+/// the init, as it takes a `quiesce exec` launch (tests/faults.rs, the small hogs).
+#[test]
+fn a_run_as_command_goes_first_at_a_memory_limit() {
+    let q = quiesce();
+    let d = scratch("run-as-oom");
+    let state = d.join("state");
+    let out = in_namespace(&[
+        q.as_ref(),
+        "--sandbox-user".as_ref(),
+        "4242".as_ref(),
+        "--run-as".as_ref(),
+        "4242".as_ref(),
+        "--state-dir".as_ref(),
+        state.as_ref(),
+        "--".as_ref(),
+        "sh".as_ref(),
+        "-c".as_ref(),
+        "cat /proc/self/oom_score_adj /proc/1/oom_score_adj".as_ref(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.split_whitespace().collect::<Vec<_>>(), ["1000", "0"], "command, then the init");
+}
+
 #[test]
 fn a_child_exiting_127_is_not_an_exec_failure() {
     // catatonit#5: a command that itself exits 127 is reported as its status, silently.

@@ -53,8 +53,11 @@ pub struct Plan {
     own_pgroup: bool,
     take_tty: bool,
     /// A session of its own (a service handed over: no terminal, no group of the caller's), at
-    /// most `SERVICE_NPROC` processes of its user, and the OOM killer's first choice.
+    /// most `SERVICE_NPROC` processes of its user.
     own_session: bool,
+    /// The OOM killer's first choice (oom_score_adj 1000): a sandbox's command or a service, so
+    /// that at a memory limit they go before the init.
+    oom_first: bool,
     /// The directory to start in, entered after the drop (so as the user it runs as).
     cwd: Option<CString>,
     /// The environment, NULL-terminated pointers into `env`; None: this process's own.
@@ -97,6 +100,7 @@ impl Plan {
             own_pgroup: false,
             take_tty: false,
             own_session: false,
+            oom_first: false,
             cwd: None,
             env: Vec::new(),
             env_ptrs: None,
@@ -117,7 +121,14 @@ impl Plan {
         ptrs.push(std::ptr::null());
         self.env_ptrs = Some(ptrs);
         self.own_session = true;
+        self.oom_first = true;
         Ok(self)
+    }
+
+    /// The OOM killer takes it, and all it starts, first (`oom_first`).
+    pub fn oom_first(mut self) -> Plan {
+        self.oom_first = true;
+        self
     }
 
     /// Run in a process group of its own, in the terminal's foreground when stdin is a TTY.
@@ -150,11 +161,18 @@ impl Plan {
                 if libc::setrlimit(libc::RLIMIT_NPROC, &r) != 0 {
                     return (errno(), "setrlimit RLIMIT_NPROC");
                 }
+            }
+            // Raised as root before the drop: only CAP_SYS_RESOURCE lowers it again.
+            if self.oom_first {
                 let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 || libc::write(fd, b"1000".as_ptr() as *const libc::c_void, 4) != 4 {
-                    return (errno(), "oom_score_adj");
+                let n = if fd < 0 { -1 } else { libc::write(fd, b"1000".as_ptr() as *const libc::c_void, 4) };
+                let err = errno();
+                if fd >= 0 {
+                    libc::close(fd);
                 }
-                libc::close(fd);
+                if n != 4 {
+                    return (err, "oom_score_adj");
+                }
             }
             if self.own_pgroup {
                 libc::setpgid(0, 0);

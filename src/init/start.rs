@@ -66,7 +66,10 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
     }
     // The key path is no business of the command's.
     std::env::remove_var("QUIESCE_SIGNING_KEY");
+    // A command run as the sandbox's user is the sandbox's: at a memory limit it goes first.
+    let sandbox_command = drop.is_some();
     let plan = match spawn::Plan::new(&a.command, drop) {
+        Ok(p) if sandbox_command => p.own_pgroup().oom_first(),
         Ok(p) => p.own_pgroup(),
         Err(e) => return fatal(e),
     };

@@ -14,6 +14,7 @@
 //! - `flock`: the whole-file lock a running sidecar holds.
 //! - `detach`: starting a process that outlives its starter (fork, setsid, fork, exec).
 //! - `random`: random bytes.
+//! - `sockdiag`: the listening TCP sockets, from the kernel's socket-diagnostics netlink.
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
@@ -35,5 +36,6 @@ pub mod process;
 pub mod random;
 pub mod reap;
 pub mod signal;
+pub mod sockdiag;
 pub mod stat;
 pub mod users;

@@ -26,9 +26,55 @@ pub struct Listening {
     pub inode: u64,
 }
 
-/// Every listening TCP socket of this network namespace; the bool is true when a table was
-/// cut at its bound (some may be missing).
+/// Every listening TCP socket of this network namespace; the bool is true when an answer was
+/// cut at its bound (some may be missing). Asked of the kernel's socket diagnostics (its
+/// listening hash alone); where that is refused (a seccomp profile), read from /proc/net/tcp
+/// and tcp6.
 pub fn listening() -> io::Result<(Vec<Listening>, bool)> {
+    match from_diag() {
+        Ok(l) => Ok(l),
+        Err(e) => {
+            log::debug!("sock_diag: {e}; reading /proc/net/tcp instead");
+            from_tables()
+        }
+    }
+}
+
+fn from_diag() -> io::Result<(Vec<Listening>, bool)> {
+    use crate::kernel::sockdiag::listening_tcp;
+    let mut out = Vec::new();
+    let mut cut = false;
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let (found, c) = match listening_tcp(family, TABLE_READ as usize) {
+            Ok(r) => r,
+            // No IPv6 in this kernel: nothing listens there.
+            Err(e) if family == libc::AF_INET6 as u8 && e.raw_os_error() == Some(libc::ENOENT) => {
+                (vec![], false)
+            }
+            Err(e) => return Err(e),
+        };
+        cut |= c;
+        out.extend(found.into_iter().map(|l| Listening {
+            at: Endpoint { addr: addr_text(l.family, &l.addr), port: l.port },
+            uid: l.uid,
+            inode: l.inode,
+        }));
+    }
+    Ok((out, cut))
+}
+
+/// An address in network order as the /proc tables' reader writes it.
+fn addr_text(family: u8, a: &[u8; 16]) -> String {
+    if family == libc::AF_INET as u8 {
+        format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+    } else {
+        let groups: Vec<String> =
+            a.chunks(2).map(|g| format!("{:x}", u16::from_be_bytes([g[0], g[1]]))).collect();
+        groups.join(":")
+    }
+}
+
+fn from_tables() -> io::Result<(Vec<Listening>, bool)> {
     let mut out = Vec::new();
     let mut cut = false;
     for (path, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
@@ -79,8 +125,9 @@ fn word(hex: &str) -> Option<[u8; 4]> {
 
 /// Dotted quad.
 fn v4_text(hex: &str) -> Option<String> {
-    let [a, b, c, d] = word(hex)?;
-    Some(format!("{a}.{b}.{c}.{d}"))
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&word(hex)?);
+    Some(addr_text(libc::AF_INET as u8, &b))
 }
 
 /// Eight groups of hex, uncompressed ("0:0:0:0:0:0:0:1"): plain to read and to compare, and
@@ -131,5 +178,27 @@ mod tests {
     #[test]
     fn garbage_is_skipped() {
         assert!(parse(b"\n\xff\xfe 0A\n1 2 3 0A 5 6 7 8 9 10\n", false).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod diag_tests {
+    use super::*;
+
+    /// Both ways of asking name the same listeners (a socket of this test's own among them).
+    #[test]
+    fn the_kernel_and_the_tables_agree() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let key = |v: (Vec<Listening>, bool)| {
+            let mut k: Vec<(String, u16, u32, u64)> =
+                v.0.into_iter().map(|l| (l.at.addr, l.at.port, l.uid, l.inode)).collect();
+            k.sort();
+            k
+        };
+        let diag = key(from_diag().expect("sock_diag"));
+        let tables = key(from_tables().expect("/proc/net/tcp"));
+        assert_eq!(diag, tables);
+        assert!(diag.iter().any(|k| k.0 == "127.0.0.1" && k.1 == port), "{diag:?}");
     }
 }

@@ -174,7 +174,7 @@ struct Job {
     start_time: u64,
     creds: Option<(u32, u32)>,
     /// The listening sockets by inode; None when nothing listens (no descriptor is looked at).
-    listening: Option<Arc<HashMap<u64, Endpoint>>>,
+    listening: Option<Arc<Listening>>,
 }
 
 struct Reply {
@@ -294,7 +294,7 @@ fn read(job: &Job) -> io::Result<Reply> {
     let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
     let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
     let service = match &job.listening {
-        Some(table) => read_service(&dir, table, job.creds)?,
+        Some(table) => read_service(&dir, &table.by_inode, job.creds)?,
         None => None,
     };
     // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
@@ -544,7 +544,7 @@ struct Walk<'a> {
     /// Lanes this walk uses, and the one the next target goes to.
     lanes: usize,
     next: usize,
-    listening: Option<Arc<HashMap<u64, Endpoint>>>,
+    listening: Option<Arc<Listening>>,
 }
 
 impl Walk<'_> {
@@ -602,7 +602,7 @@ impl Walk<'_> {
         if Instant::now() >= self.until || self.stuck_on(t.key()) {
             return false;
         }
-        let listening = self.listening.clone();
+        let listening = self.listening.clone().filter(|l| t.evidence.uids.iter().any(|u| l.uids.contains(u)));
         let job = || Job {
             pid: t.evidence.pid,
             start_time: t.evidence.start_time,
@@ -694,10 +694,20 @@ pub fn gather(
     out
 }
 
+/// The listening sockets by inode, and the UIDs that made them: only a target with one of those
+/// UIDs has its descriptors looked at (a walk of a thousand processes, none of which could own
+/// one, costs nothing more). A socket is its maker's: a process that holds one another user made
+/// (a server that bound as root and dropped to its own user) is not recognised by it, and its
+/// first process, which bound it, is.
+struct Listening {
+    by_inode: HashMap<u64, Endpoint>,
+    uids: Vec<u32>,
+}
+
 /// The listening sockets of the namespace by inode, for the walk to recognise its targets'
 /// descriptors; None when nothing listens or the tables cannot be read (then no service is
 /// recorded, and a hand-over finds none to start: never a reason to fail the freeze).
-fn listening_table() -> Option<Arc<HashMap<u64, Endpoint>>> {
+fn listening_table() -> Option<Arc<Listening>> {
     match crate::observe::sockets::listening() {
         Ok((l, _)) if l.is_empty() => None,
         Ok((l, cut)) => {
@@ -706,7 +716,10 @@ fn listening_table() -> Option<Arc<HashMap<u64, Endpoint>>> {
                     "evidence: the socket tables were cut at their bound; a service may go unrecorded"
                 );
             }
-            Some(Arc::new(l.into_iter().map(|s| (s.inode, s.at)).collect()))
+            let mut uids: Vec<u32> = l.iter().map(|s| s.uid).collect();
+            uids.sort_unstable();
+            uids.dedup();
+            Some(Arc::new(Listening { by_inode: l.into_iter().map(|s| (s.inode, s.at)).collect(), uids }))
         }
         Err(e) => {
             log::warn!("evidence: cannot read the socket tables ({e}); no service is recorded");

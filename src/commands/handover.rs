@@ -19,18 +19,21 @@ use crate::marker::jws::Claims;
 use crate::observe::procs::{model::Detail, reader::Reader};
 use crate::state::dir::StateDir;
 use serde::Serialize;
-use std::ffi::CString;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The record's name in the state dir, beside the marker.
+/// The record's name in the state dir, beside the marker, and the services' output's.
 pub const RECORD: &str = "handover.json";
+pub const LOG: &str = "services.log";
+/// How long a service's start may take until its exec.
+const START_TIME: Duration = Duration::from_secs(5);
 /// Entries looked at under the protected paths, and how long that may take.
 const PROTECT_ENTRIES: usize = 200_000;
 const PROTECT_TIME: Duration = Duration::from_secs(20);
 /// How long the services' end may take after the command.
 const STOP_TIME: Duration = Duration::from_secs(5);
-/// The environment a declared service gets when none was recorded.
+/// The environment a declared service gets.
 const PLAIN_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// One service as started, for the record.
@@ -82,6 +85,12 @@ pub struct Running {
 /// (what did start is stopped, and the record says so).
 pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result<Running, String> {
     let (uid, gid) = (args.service_user, args.service_user);
+    // Before anything acts as that user: a failure below stops every process it has.
+    if uid == 0 || claims.sandbox_uids.contains(&uid) || sandbox_uids.contains(&uid) {
+        return Err(format!(
+            "the service user {uid} is root or a sandbox user: name another with --service-user"
+        ));
+    }
     let dir = StateDir::open(&args.state.state_dir).ok();
     let mut run = Running {
         record: Record {
@@ -99,7 +108,7 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
         children: Vec::new(),
     };
     let began = Instant::now();
-    let out = prepare(args, claims, sandbox_uids, &mut run).and_then(|()| launch(args, &mut run, began));
+    let out = prepare(args, claims, &mut run).and_then(|()| launch(args, &mut run, began));
     match out {
         Ok(()) => {
             run.record.state = "ready";
@@ -123,7 +132,11 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
 impl Running {
     /// Stop every process of the service user once the command ended, and record it.
     pub fn end(mut self) -> Result<(), String> {
-        let stopped = stop_user(self.record.user);
+        // Listened on while the tests ran: a port of theirs, perhaps, taken before they could.
+        let other = crate::observe::sockets::listening()
+            .map_err(|e| format!("cannot read the socket tables: {e}"))
+            .and_then(|(l, _)| no_other_port(&self, &l, &held_by(self.record.user)?));
+        let stopped = stop_user(self.record.user).and_then(|n| other.map(|()| n));
         reap_children(&self.children);
         self.record.state = "ended";
         self.record.stopped = stopped.as_ref().ok().copied();
@@ -135,19 +148,9 @@ impl Running {
     }
 }
 
-/// Who runs the services, what they are, and whether the protected paths are safe from them.
-fn prepare(
-    args: &VerifyArgs,
-    claims: &Claims,
-    sandbox_uids: &[u32],
-    run: &mut Running,
-) -> Result<(), String> {
+/// What the services are, and whether the protected paths are safe from their user.
+fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), String> {
     let uid = args.service_user;
-    if uid == 0 || claims.sandbox_uids.contains(&uid) || sandbox_uids.contains(&uid) {
-        return Err(format!(
-            "the service user {uid} is root or a sandbox user: name another with --service-user"
-        ));
-    }
     run.record.services = services(claims, &args.service)?;
     let low = unprivileged_port_start();
     if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
@@ -192,7 +195,7 @@ fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String
         let evidence = claims.processes.iter().find(|e| (e.pid, e.start_time) == (s.pid, s.start_time));
         let own = decl.iter().find(|(p, _)| ports.contains(p));
         let mut started = match own {
-            Some(&(_, cmd)) => declared_start(cmd, s.cwd.as_deref(), s.env.as_deref()),
+            Some(&(_, cmd)) => declared_start(cmd),
             None => recorded_start(s, evidence)?,
         };
         started.was_pid = Some(s.pid);
@@ -205,7 +208,7 @@ fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String
     }
     for &(p, cmd) in &decl {
         if !out.iter().any(|o| o.ports.contains(&p)) {
-            let mut s = declared_start(cmd, None, None);
+            let mut s = declared_start(cmd);
             s.ports.push(p);
             out.push(s);
         }
@@ -213,14 +216,16 @@ fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String
     Ok(out)
 }
 
-fn declared_start(cmd: &str, cwd: Option<&str>, env: Option<&[String]>) -> Started {
-    let env = env.map(<[String]>::to_vec).unwrap_or_else(|| vec![PLAIN_ENV.to_string()]);
+/// The task's own start: from `/` with a plain PATH, never the agent's recorded directory or
+/// environment (whose PATH could lead the task's command to the agent's files).
+fn declared_start(cmd: &str) -> Started {
+    let env = vec![PLAIN_ENV.to_string()];
     Started {
         was_pid: None,
         argv: vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
         exe: "/bin/sh".into(),
         exe_sha256: None,
-        cwd: cwd.unwrap_or("/").to_string(),
+        cwd: "/".to_string(),
         env_names: names(&env),
         ports: Vec::new(),
         declared: true,
@@ -293,12 +298,29 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
         allow_setuid: false,
         tag: crate::init::spawn::Tag::None,
     };
+    // Hashed first: the wait is the services' own.
     for s in run.record.services.iter_mut() {
         s.exe_sha256 = digest(&s.exe);
+    }
+    let _ = began;
+    let began = Instant::now();
+    // Their stdin is empty and their output goes to a log of their own: the caller's descriptors
+    // are the tests' input and results.
+    let stdin = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
+    let log = match &run.dir {
+        Some(d) => {
+            d.open_private(LOG, true).map_err(|e| format!("cannot open {}: {e}", d.file(LOG).display()))?
+        }
+        None => return Err("no state dir to keep the services' output in (--state-dir)".into()),
+    };
+    let (stdin, log) = (std::os::fd::OwnedFd::from(stdin), std::os::fd::OwnedFd::from(log));
+    for s in run.record.services.iter_mut() {
         let plan = crate::init::spawn::Plan::new(&s.argv, Some(drop.clone()))
-            .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env))
+            .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env, &stdin, &log))
             .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
-        let pid = plan.spawn().map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
+        let pid = plan
+            .spawn_forked(START_TIME)
+            .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
         s.pid = Some(pid);
         run.children.push(pid);
     }
@@ -307,11 +329,12 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
     loop {
         let (listening, _) = crate::observe::sockets::listening()
             .map_err(|e| format!("cannot read the socket tables: {e}"))?;
-        let up = |p: u16| listening.iter().any(|l| l.at.port == p && l.uid == uid);
+        let held = held_by(uid)?;
+        let up = |p: u16| listening.iter().any(|l| l.at.port == p && held.contains(&l.inode));
         let waiting: Vec<u16> =
             run.record.services.iter().flat_map(|s| s.ports.iter().copied()).filter(|&p| !up(p)).collect();
         if waiting.is_empty() {
-            return Ok(());
+            return no_other_port(run, &listening, &held);
         }
         for (i, s) in run.record.services.iter().enumerate() {
             let Some(pid) = s.pid else { continue };
@@ -324,9 +347,10 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
                 if code != 0 {
                     return Err(format!(
                         "the service on port {:?} ({}) exited with status {code} before it listened, \
-                         as user {uid}; its output is above",
+                         as user {uid}; its output is in {}",
                         s.ports,
-                        s.argv.join(" ").escape_debug()
+                        s.argv.join(" ").escape_debug(),
+                        run.dir.as_ref().map(|d| d.file(LOG).display().to_string()).unwrap_or_default()
                     ));
                 }
             }
@@ -373,6 +397,10 @@ fn digest(path: &str) -> Option<String> {
 /// Kill every process of `uid` (kill(-1) as that user, which reaches exactly them) until none
 /// is left alive, within `STOP_TIME`; Ok: how many were alive at first.
 fn stop_user(uid: u32) -> Result<usize, String> {
+    // kill(-1) as root would end everything, verify included.
+    if uid == 0 {
+        return Err("the service user may not be root".into());
+    }
     let until = Instant::now() + STOP_TIME;
     let mut first = None;
     loop {
@@ -386,14 +414,87 @@ fn stop_user(uid: u32) -> Result<usize, String> {
                 "{alive} process(es) of the service user {uid} still alive after {STOP_TIME:?}"
             ));
         }
-        match creds::kill_all_as_uid(uid, libc::SIGKILL, 3) {
-            0 => {}
-            e => {
-                return Err(format!("cannot signal as user {uid}: {}", std::io::Error::from_raw_os_error(e)))
-            }
-        }
+        kill_as(uid, until)?;
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// kill(-1) as `uid`, from a child process of its own: a thread of verify that took the user's
+/// UID could be stopped by one of its processes, and verify with it. A child that does not
+/// answer by `until` is killed.
+fn kill_as(uid: u32, until: Instant) -> Result<(), String> {
+    let pid = crate::kernel::process::fork().map_err(|e| format!("fork: {e}"))?;
+    if pid == 0 {
+        crate::kernel::process::exit_now(creds::kill_all_as_uid(uid, libc::SIGKILL, 3));
+    }
+    loop {
+        match reap::try_reap(pid) {
+            Ok(Some(0)) => return Ok(()),
+            Ok(Some(e)) => {
+                return Err(format!("cannot signal as user {uid}: {}", std::io::Error::from_raw_os_error(e)))
+            }
+            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
+            Ok(None) => {
+                crate::kernel::signal::kill(pid, libc::SIGKILL).ok();
+                let _ = reap::wait_child(pid);
+                return Err(format!("the kill as user {uid} did not end in time (stopped by the service?)"));
+            }
+            Err(e) => return Err(format!("waiting for the kill as user {uid}: {e}")),
+        }
+    }
+}
+
+/// Every socket the service user listens on is one of the services' ports; another (a port the
+/// tests would bind themselves, taken before them) is a refusal.
+fn no_other_port(
+    run: &Running,
+    listening: &[crate::observe::sockets::Listening],
+    held: &std::collections::HashSet<u64>,
+) -> Result<(), String> {
+    let uid = run.record.user;
+    let ours = |p: u16| run.record.services.iter().any(|s| s.ports.contains(&p));
+    let mut other: Vec<u16> =
+        listening.iter().filter(|l| held.contains(&l.inode) && !ours(l.at.port)).map(|l| l.at.port).collect();
+    other.sort_unstable();
+    other.dedup();
+    if other.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the service user {uid} listens on port(s) {other:?}, which no service recorded or declared: \
+         a port the tests may need; declare it with --service PORT=COMMAND"
+    ))
+}
+
+/// The sockets the processes of `uid` in this PID namespace hold (their descriptors, read with
+/// that user's filesystem IDs where root may not): a socket is the services' by who holds it,
+/// not by the UID that made it, which another namespace sharing the network may share.
+fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
+    let snap = Reader::default().snapshot(Detail::Light).map_err(|e| format!("cannot read /proc: {e}"))?;
+    let mut out = std::collections::HashSet::new();
+    for p in snap.values().filter(|p| p.alive() && p.all_uids().any(|u| u == uid)) {
+        let fds = format!("/proc/{}/fd", p.pid);
+        let scan = || -> std::io::Result<Vec<u64>> {
+            let mut found = Vec::new();
+            for e in std::fs::read_dir(&fds)?.take(4096) {
+                let Ok(link) = std::fs::read_link(e?.path()) else { continue };
+                let inode = link
+                    .to_str()
+                    .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
+                found.extend(inode);
+            }
+            Ok(found)
+        };
+        let found = match scan() {
+            Ok(f) => f,
+            Err(_) => creds::as_fs_user(uid, uid, scan)
+                .map_err(|e| format!("filesystem ids: {e}"))?
+                .and_then(Result::ok)
+                .unwrap_or_default(),
+        };
+        out.extend(found);
+    }
+    Ok(out)
 }
 
 /// Processes alive (not zombies) with `uid` among their UIDs; an unreadable /proc is an error.
@@ -443,60 +544,114 @@ fn protected_safe(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
 }
 
 fn check_paths(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let until = Instant::now() + PROTECT_TIME;
-    let mut seen = 0usize;
-    let owned = |m: &std::fs::Metadata| m.uid() == uid || (m.gid() == gid && m.mode() & 0o020 != 0);
-    let writable =
-        |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).is_ok_and(|c| creds::may_write(&c));
+    let mut walk = Walk {
+        uid,
+        gid,
+        until: Instant::now() + PROTECT_TIME,
+        seen: std::collections::HashSet::new(),
+        todo: Vec::new(),
+    };
     for root in paths {
-        let m = std::fs::symlink_metadata(root)
-            .map_err(|e| format!("protected path {}: {e}; create it before the hand-over", root.display()))?;
-        for a in root.ancestors().skip(1) {
-            let am = std::fs::symlink_metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
-            if owned(&am) || (writable(a) && am.mode() & 0o1000 == 0) {
-                return Err(format!(
-                    "the service user {uid} may write {}, a parent of the protected {}: it could move it \
-                     away; make it not writable by that user",
-                    a.display(),
-                    root.display()
-                ));
-            }
-        }
-        let mut stack = vec![(root.clone(), m)];
-        while let Some((p, m)) = stack.pop() {
-            seen += 1;
-            if seen > PROTECT_ENTRIES || Instant::now() >= until {
+        walk.tree(root)?;
+    }
+    Ok(())
+}
+
+/// The protected walk: every inode under the paths (a link's target too, with its parents), each
+/// judged by its own owner, mode and ACL, so that neither a path the user cannot reach nor a
+/// second name of the file hides a writable one.
+struct Walk {
+    uid: u32,
+    gid: u32,
+    until: Instant,
+    /// (device, inode) already judged: a loop of links, or a second name, is walked once.
+    seen: std::collections::HashSet<(u64, u64)>,
+    todo: Vec<PathBuf>,
+}
+
+impl Walk {
+    fn tree(&mut self, root: &Path) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        self.parents(root, root)?;
+        self.todo.push(root.to_path_buf());
+        while let Some(p) = self.todo.pop() {
+            if self.seen.len() + self.todo.len() > PROTECT_ENTRIES || Instant::now() >= self.until {
                 return Err(format!(
                     "more under the protected paths than the check looks at ({PROTECT_ENTRIES} entries or \
                      {PROTECT_TIME:?}): protect less"
                 ));
             }
-            if owned(&m) || writable(&p) {
+            let m =
+                std::fs::symlink_metadata(&p).map_err(|e| format!("protected path {}: {e}", p.display()))?;
+            if m.file_type().is_symlink() {
+                // What it leads to is what a reader gets: judged, with its parents, wherever it is.
+                let target = std::fs::canonicalize(&p).map_err(|e| {
+                    format!(
+                        "{} (protected: {}) is a link the check cannot follow ({e}): the service could \
+                         make its target; remove the link",
+                        p.display(),
+                        root.display()
+                    )
+                })?;
+                let t = std::fs::metadata(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+                if !self.seen.contains(&(t.dev(), t.ino())) {
+                    self.parents(&target, root)?;
+                    self.todo.push(target);
+                }
+                continue;
+            }
+            if !self.seen.insert((m.dev(), m.ino())) {
+                continue;
+            }
+            if self.owned(&m) || self.writable(&p)? {
                 return Err(format!(
-                    "the service user {uid} may write {} (protected: {}): make it not writable by that \
+                    "the service user {} may write {} (protected: {}): make it not writable by that \
                      user, or protect less",
+                    self.uid,
                     p.display(),
                     root.display()
                 ));
             }
             if m.is_dir() {
-                let entries = std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-                for entry in entries {
-                    if seen + stack.len() > PROTECT_ENTRIES {
-                        return Err(format!(
-                            "more under the protected paths than the check looks at ({PROTECT_ENTRIES} \
-                             entries): protect less"
-                        ));
+                for entry in std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))? {
+                    if self.todo.len() + self.seen.len() > PROTECT_ENTRIES {
+                        break;
                     }
-                    let entry = entry.map_err(|e| format!("{}: {e}", p.display()))?;
-                    let path = entry.path();
-                    let m =
-                        std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                    stack.push((path, m));
+                    self.todo.push(entry.map_err(|e| format!("{}: {e}", p.display()))?.path());
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// A parent the user owns, or may write without the sticky bit, lets it move the path away.
+    fn parents(&self, p: &Path, root: &Path) -> Result<(), String> {
+        for a in p.ancestors().skip(1) {
+            let m = std::fs::metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
+            let sticky = m.permissions().mode() & 0o1000 != 0;
+            if self.owned(&m) || (!sticky && self.writable(a)?) {
+                return Err(format!(
+                    "the service user {} may write {}, a parent of {} (protected: {}): it could move it \
+                     away; make it not writable by that user",
+                    self.uid,
+                    a.display(),
+                    p.display(),
+                    root.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn owned(&self, m: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == self.uid || (m.gid() == self.gid && m.mode() & 0o020 != 0)
+    }
+
+    /// The inode at `p` (a last link not followed) by its own permissions.
+    fn writable(&self, p: &Path) -> Result<bool, String> {
+        let fd = crate::kernel::dirfd::openat(None, p, libc::O_PATH | libc::O_NOFOLLOW)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        creds::may_write_fd(&fd).map_err(|e| format!("cannot judge {} as the service user: {e}", p.display()))
+    }
 }

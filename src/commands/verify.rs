@@ -646,7 +646,9 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
 
 /// The command run beside the services the freeze killed, started again confined
 /// (`commands::handover`): its exit status, or HANDOVER when they cannot all listen again (the
-/// command then does not run) or cannot all be stopped after it.
+/// command then does not run) or cannot all be stopped after it. verify stays the command's
+/// parent: a signal to end it (the harness's timeout) goes to the command, and the services are
+/// stopped after, however the command ended.
 fn with_services(
     args: &VerifyArgs,
     claims: &Claims,
@@ -654,6 +656,14 @@ fn with_services(
     plan: &crate::init::spawn::Plan,
 ) -> i32 {
     use crate::commands::handover;
+    use crate::kernel::signal;
+    let signals = match signal::block_all_signals().and_then(|_| signal::SignalFd::new()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("quiesce verify: hand-over check failed: cannot take its signals: {e}");
+            return code::HANDOVER;
+        }
+    };
     let running = match handover::start(args, claims, expected_uids) {
         Ok(r) => r,
         Err(e) => {
@@ -661,21 +671,47 @@ fn with_services(
             return code::HANDOVER;
         }
     };
-    let status = match plan.spawn() {
-        Ok(pid) => crate::kernel::reap::wait_child(pid).unwrap_or_else(|e| {
-            eprintln!("quiesce verify: cannot wait for the command: {e}");
-            code::USAGE
-        }),
-        Err(e) => {
-            eprintln!("quiesce verify: cannot start the command: {e}");
-            126
-        }
-    };
+    let status = run_forwarding(plan, &signals);
     match running.end() {
         Ok(()) => status,
         Err(e) => {
             eprintln!("quiesce verify: hand-over check failed: the services' end: {e}");
             code::HANDOVER
+        }
+    }
+}
+
+/// Start the command and wait for it, passing on every signal that ends a process; its status
+/// (128 + the signal that ended verify's wait for one that never started).
+fn run_forwarding(plan: &crate::init::spawn::Plan, signals: &crate::kernel::signal::SignalFd) -> i32 {
+    use crate::kernel::{reap, signal};
+    // One asked for before the command started: it does not start.
+    while let Ok(Some((sig, _))) = signals.read() {
+        if matches!(sig, libc::SIGTERM | libc::SIGINT | libc::SIGHUP | libc::SIGQUIT) {
+            return 128 + sig;
+        }
+    }
+    let pid = match plan.spawn() {
+        Ok(pid) => pid,
+        Err(e) => {
+            eprintln!("quiesce verify: cannot start the command: {e}");
+            return 126;
+        }
+    };
+    loop {
+        match reap::try_reap(pid) {
+            Ok(Some(code)) => return code,
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("quiesce verify: cannot wait for the command: {e}");
+                return code::USAGE;
+            }
+        }
+        let _ = signals.wait(Some(std::time::Duration::from_millis(200)));
+        while let Ok(Some((sig, _))) = signals.read() {
+            if sig != libc::SIGCHLD {
+                let _ = signal::kill(pid, sig);
+            }
         }
     }
 }

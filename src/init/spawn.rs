@@ -60,6 +60,9 @@ pub struct Plan {
     oom_first: bool,
     /// The directory to start in, entered after the drop (so as the user it runs as).
     cwd: Option<CString>,
+    /// Descriptors for its stdin and its stdout and stderr (a service: never the caller's own,
+    /// which a service could read the tests' input from or write their results to).
+    stdio: Option<(i32, i32)>,
     /// The environment, NULL-terminated pointers into `env`; None: this process's own.
     #[allow(dead_code)]
     env: Vec<CString>,
@@ -102,6 +105,7 @@ impl Plan {
             own_session: false,
             oom_first: false,
             cwd: None,
+            stdio: None,
             env: Vec::new(),
             env_ptrs: None,
         })
@@ -109,7 +113,18 @@ impl Plan {
 
     /// Run `exe` itself, not the first argument looked up on PATH (argv[0] stays as given), in
     /// `cwd`, with exactly `env`, in a session of its own: a service started again as recorded.
-    pub fn recorded(mut self, exe: &str, cwd: &str, env: &[String]) -> io::Result<Plan> {
+    /// Its stdin and output go to `stdin` and `out` (open until the start), and no other
+    /// descriptor of the caller's reaches it.
+    pub fn recorded(
+        mut self,
+        exe: &str,
+        cwd: &str,
+        env: &[String],
+        stdin: &std::os::fd::OwnedFd,
+        out: &std::os::fd::OwnedFd,
+    ) -> io::Result<Plan> {
+        use std::os::fd::AsRawFd;
+        self.stdio = Some((stdin.as_raw_fd(), out.as_raw_fd()));
         let cstr = |s: &str| {
             CString::new(s)
                 .map_err(|_| io::Error::other(format!("'{}' contains a NUL byte", s.escape_debug())))
@@ -214,6 +229,21 @@ impl Plan {
                     return (errno(), "no_new_privs");
                 }
             }
+            if self.own_session {
+                // After the drop, which clears it: a service whose starter is killed dies too.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return (errno(), "parent-death signal");
+                }
+            }
+            if let Some((stdin, out)) = self.stdio {
+                if libc::dup2(stdin, 0) < 0 || libc::dup2(out, 1) < 0 || libc::dup2(out, 2) < 0 {
+                    return (errno(), "dup2 its stdin and output");
+                }
+                // Closed at the exec, not now: the starter learns of the exec by its pipe's close.
+                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
+                    return (errno(), "close_range");
+                }
+            }
             if let Some(dir) = &self.cwd {
                 if libc::chdir(dir.as_ptr()) != 0 {
                     return (errno(), "chdir to its recorded directory");
@@ -271,6 +301,50 @@ impl Plan {
             );
             126
         }
+    }
+
+    /// Start it in a forked child (not one sharing this memory, whose start suspends the caller
+    /// until its exec: a process of the user it drops to may stop it before that, and the caller
+    /// with it). Ok once its exec happened, within `within`; Err with the step that failed, the
+    /// child then gone.
+    pub fn spawn_forked(&self, within: std::time::Duration) -> Result<Pid, String> {
+        let (r, w) = fdio::pipe().map_err(|e| format!("pipe: {e}"))?;
+        let pid = process::fork().map_err(|e| format!("fork: {e}"))?;
+        if pid == 0 {
+            use std::os::fd::AsRawFd;
+            drop(r);
+            let (err, step) = self.prepare_and_exec();
+            let mut msg = [0u8; 68];
+            msg[..4].copy_from_slice(&err.to_ne_bytes());
+            let n = step.len().min(64);
+            msg[4..4 + n].copy_from_slice(&step.as_bytes()[..n]);
+            let _ = fdio::write(w.as_raw_fd(), &msg[..4 + n]);
+            process::exit_now(126);
+        }
+        drop(w);
+        let said = match fdio::wait_readable(std::os::fd::AsRawFd::as_raw_fd(&r), within) {
+            Ok(true) => {
+                let mut buf = [0u8; 68];
+                match fdio::read_some(&r, &mut buf) {
+                    Ok(0) => return Ok(pid),
+                    Ok(n) if n >= 4 => {
+                        let e = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+                        let step = String::from_utf8_lossy(&buf[4..n]).into_owned();
+                        match step.as_str() {
+                            "exec" => self.failure(e).1,
+                            _ => format!("{step} failed: {}", io::Error::from_raw_os_error(e)),
+                        }
+                    }
+                    Ok(_) => "a short report from its child".to_string(),
+                    Err(e) => format!("its child's report: {e}"),
+                }
+            }
+            Ok(false) => format!("its child did not exec within {within:?} (stopped?)"),
+            Err(e) => format!("waiting for its child: {e}"),
+        };
+        signal::kill(pid, libc::SIGKILL).ok();
+        let _ = reap::wait_child(pid);
+        Err(said)
     }
 
     /// Start the command. Returns the child's pid once the exec has happened or failed; a

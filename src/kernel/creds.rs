@@ -137,9 +137,21 @@ pub fn thread_become(uid: u32, gid: u32, keep: &[caps::Capability]) -> io::Resul
     }
 }
 
-/// Whether this thread's real user may write `path` (access(2), W_OK; a symbolic link is
-/// followed, as an open would).
-pub fn may_write(path: &std::ffi::CStr) -> bool {
-    // SAFETY: a NUL-terminated path.
-    unsafe { libc::access(path.as_ptr(), libc::W_OK) == 0 }
+/// Whether this thread's real user may write the file `fd` is open on (O_PATH will do):
+/// faccessat2 on the descriptor itself, so the answer is the inode's own (its mode bits and
+/// ACL), whatever the paths that lead to it, and for a UID that is not root no capability
+/// counts. Err: the kernel has no faccessat2 (before 5.8).
+pub fn may_write_fd(fd: &std::os::fd::OwnedFd) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an empty path on a descriptor this process holds.
+    let r = unsafe {
+        libc::syscall(libc::SYS_faccessat2, fd.as_raw_fd(), c"".as_ptr(), libc::W_OK, libc::AT_EMPTY_PATH)
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    match errno_now() {
+        libc::EACCES | libc::EROFS | libc::ETXTBSY | libc::EPERM => Ok(false),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
 }

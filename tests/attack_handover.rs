@@ -11,7 +11,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const AGENT: u32 = 4661;
-const SERVICE: u32 = 65530;
+const SERVICE: u32 = 65520;
+const SVC: &str = "65520";
+
+/// The hand-overs of this file one at a time: the test namespaces share the host's network, and
+/// a socket the service user made counts as the services' whoever holds it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const PY: &str = "/usr/bin/python3";
 
 fn free_port() -> u16 {
@@ -99,6 +108,7 @@ fn as_agent(c: &Container, sh: &str) {
 /// tree: access(2) on the protected path says "no" only because a parent is not searchable.
 #[test]
 fn x01_hardlink_to_a_protected_file_behind_an_unsearchable_dir() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -124,8 +134,11 @@ fn x01_hardlink_to_a_protected_file_behind_an_unsearchable_dir() {
     let (ws, rs) = (work.to_str().unwrap(), reward.to_str().unwrap());
     let check =
         format!("sleep 1; cat {ws}/priv/answer.txt; [ \"$(cat {ws}/priv/answer.txt)\" = 42 ] && echo intact");
-    let out =
-        output(&mut vcmd(&c, &["--hand-over", "--protect", ws, "--protect", rs], &["sh", "-c", &check]));
+    let out = output(&mut vcmd(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs],
+        &["sh", "-c", &check],
+    ));
     let now = std::fs::read_to_string(work.join("priv/answer.txt")).unwrap();
     assert!(
         out.status.code() == Some(20) || (now == "42\n" && said(&out).contains("intact")),
@@ -139,6 +152,7 @@ fn x01_hardlink_to_a_protected_file_behind_an_unsearchable_dir() {
 /// follow it, and the files behind it are the service user's to write.
 #[test]
 fn x02_symlinked_directory_inside_the_protected_tree_is_not_walked() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -161,8 +175,11 @@ fn x02_symlinked_directory_inside_the_protected_tree_is_not_walked() {
     std::fs::write(out_dir.join("answer.txt"), "42\n").unwrap();
     let (ws, rs) = (work.to_str().unwrap(), reward.to_str().unwrap());
     let check = format!("sleep 1; [ \"$(cat {ws}/sub/answer.txt)\" = 42 ] && echo intact");
-    let out =
-        output(&mut vcmd(&c, &["--hand-over", "--protect", ws, "--protect", rs], &["sh", "-c", &check]));
+    let out = output(&mut vcmd(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs],
+        &["sh", "-c", &check],
+    ));
     assert!(
         out.status.code() == Some(20) || said(&out).contains("intact"),
         "ATTACK WORKED: verify exit {:?}, {ws}/sub/answer.txt now {:?}: {}",
@@ -176,6 +193,7 @@ fn x02_symlinked_directory_inside_the_protected_tree_is_not_walked() {
 /// reward dir (as `verify ... > /logs/verifier/test-stdout.txt`), is the service's to rewrite.
 #[test]
 fn x03_service_rewrites_verifys_stdout_file_in_the_protected_dir() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -206,6 +224,7 @@ fn x03_service_rewrites_verifys_stdout_file_in_the_protected_dir() {
 /// test.sh`) is read by the service first; the shell then sees EOF and exits 0.
 #[test]
 fn x04_service_steals_the_test_script_from_stdin() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -226,7 +245,7 @@ fn x04_service_steals_the_test_script_from_stdin() {
     };
     let plain = run(&[]);
     assert_eq!(plain.status.code(), Some(7), "{}", said(&plain));
-    let handed = run(&["--hand-over", "--protect", ws, "--protect", rs]);
+    let handed = run(&["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs]);
     assert_eq!(
         handed.status.code(),
         Some(7),
@@ -240,6 +259,7 @@ fn x04_service_steals_the_test_script_from_stdin() {
 /// services, which run on as the service user past verify.
 #[test]
 fn x05_services_outlive_a_verify_that_is_terminated() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -271,6 +291,7 @@ fn x05_services_outlive_a_verify_that_is_terminated() {
 /// and its exec: verify waits in vfork for ever.
 #[test]
 fn x06_vfork_child_stopped_by_an_earlier_service_hangs_verify() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let (pa, pb) = (free_port(), free_port());
@@ -307,8 +328,11 @@ fn x06_vfork_child_stopped_by_an_earlier_service_hangs_verify() {
     let (code, st) = c.freeze("x06");
     assert_eq!(code, 0, "freeze: {st}");
     let (ws, rs) = (work.to_str().unwrap(), reward.to_str().unwrap());
-    let mut cmd =
-        vcmd(&c, &["--hand-over", "--protect", ws, "--protect", rs, "--service-wait", "30"], &["true"]);
+    let mut cmd = vcmd(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs, "--service-wait", "30"],
+        &["true"],
+    );
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     let mut ch = cmd.spawn().unwrap();
     let until = Instant::now() + Duration::from_secs(60);
@@ -340,6 +364,7 @@ fn x06_vfork_child_stopped_by_an_earlier_service_hangs_verify() {
 /// effective UID 65530): a service can SIGSTOP verify in that window.
 #[test]
 fn x07_services_stop_verify_while_it_is_the_service_user() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -362,7 +387,8 @@ fn x07_services_stop_verify_while_it_is_the_service_user() {
     let (code, st) = c.freeze("x07");
     assert_eq!(code, 0, "freeze: {st}");
     let (ws, rs) = (work.to_str().unwrap(), reward.to_str().unwrap());
-    let mut cmd = vcmd(&c, &["--hand-over", "--protect", ws, "--protect", rs], &["sleep", "2"]);
+    let mut cmd =
+        vcmd(&c, &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs], &["sleep", "2"]);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     let mut ch = cmd.spawn().unwrap();
     let until = Instant::now() + Duration::from_secs(40);
@@ -388,6 +414,7 @@ fn x07_services_stop_verify_while_it_is_the_service_user() {
 /// recorded environment: the agent's PATH picks what "python3" is.
 #[test]
 fn x08_declared_service_runs_the_agents_binary_through_its_recorded_path() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
@@ -412,7 +439,7 @@ fn x08_declared_service_runs_the_agents_binary_through_its_recorded_path() {
     let decl = format!("{port}=exec python3 -m http.server {port} --bind 127.0.0.1");
     let out = output(&mut vcmd(
         &c,
-        &["--hand-over", "--protect", ws, "--protect", rs, "--service", &decl],
+        &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs, "--service", &decl],
         &["true"],
     ));
     let ran = std::fs::read_to_string(&pwned).ok();
@@ -426,6 +453,7 @@ fn x08_declared_service_runs_the_agents_binary_through_its_recorded_path() {
 /// A9. A service binds ports it never recorded (ones the tests use): handover.json says nothing.
 #[test]
 fn x09_a_service_listens_on_ports_it_was_not_recorded_with() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let (port, squat) = (free_port(), free_port());
@@ -439,8 +467,11 @@ fn x09_a_service_listens_on_ports_it_was_not_recorded_with() {
     let (ws, rs) = (work.to_str().unwrap(), reward.to_str().unwrap());
     // The tests' own reference server on `squat`.
     let tests = format!("sleep 0.5; {PY} -c \"import socket; socket.socket().bind(('127.0.0.1',{squat}))\" && echo tests-server-up");
-    let out =
-        output(&mut vcmd(&c, &["--hand-over", "--protect", ws, "--protect", rs], &["sh", "-c", &tests]));
+    let out = output(&mut vcmd(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", ws, "--protect", rs],
+        &["sh", "-c", &tests],
+    ));
     let rec = std::fs::read_to_string(c.state.join("handover.json")).unwrap_or_default();
     // Safe: the tests got their port, or verify refused their verdict, naming the port taken.
     let refused = out.status.code() == Some(20) && said(&out).contains(&format!("[{squat}]"));
@@ -460,6 +491,7 @@ fn x09_a_service_listens_on_ports_it_was_not_recorded_with() {
 /// evidence reads (/proc/net/tcp at 8 MiB, /proc/PID/fd of every target) must stay bounded.
 #[test]
 fn x10_a_large_socket_table_at_the_freeze() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, _reward) = workspace(&c);
     let port = free_port();

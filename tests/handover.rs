@@ -14,6 +14,15 @@ use std::time::Duration;
 
 const AGENT: u32 = 4661;
 const SERVICE: u32 = 65530;
+const SVC: &str = "65530";
+
+/// The hand-overs of this file one at a time: the test namespaces share the host's network, and
+/// a socket the service user made counts as the services' whoever holds it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const PY: &str = "/usr/bin/python3";
 
 /// A port nothing listens on now.
@@ -99,6 +108,7 @@ fn said(o: &std::process::Output) -> String {
 
 #[test]
 fn h01_an_honest_service_is_handed_over_confined_and_stopped_after() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
@@ -121,7 +131,7 @@ fn h01_an_honest_service_is_handed_over_confined_and_stopped_after() {
         "awk '$2 ~ /:{port:04X}$/ && $4 == \"0A\" {{ print $8 }}' /proc/net/tcp | grep -qx {SERVICE}"
     );
     let cmd = scorer(port, &own);
-    let out = verify_with(&c, &["--hand-over", "--protect", w, "--protect", r], &cmd);
+    let out = verify_with(&c, &["--hand-over", "--service-user", SVC, "--protect", w, "--protect", r], &cmd);
     assert!(out.status.success() && said(&out).contains("scored"), "hand-over: {}", said(&out));
     let rec = record(&c);
     assert_eq!(rec["state"], "ended", "{rec}");
@@ -143,6 +153,7 @@ fn h01_an_honest_service_is_handed_over_confined_and_stopped_after() {
 
 #[test]
 fn h02_a_hostile_service_cannot_write_the_answer_or_the_reward() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
@@ -173,7 +184,11 @@ fn h02_a_hostile_service_cannot_write_the_answer_or_the_reward() {
     std::fs::write(work.join("answer.txt"), "42\n").unwrap();
     let (w, r) = (work.to_str().unwrap(), reward.to_str().unwrap());
     let check = format!("sleep 0.5; [ \"$(cat {w}/answer.txt)\" = 42 ] && [ ! -e {r}/reward.txt ]");
-    let out = verify_with(&c, &["--hand-over", "--protect", w, "--protect", r], &scorer(port, &check));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", w, "--protect", r],
+        &scorer(port, &check),
+    );
     assert!(out.status.success() && said(&out).contains("scored"), "{}", said(&out));
     assert_eq!(std::fs::read_to_string(work.join("answer.txt")).unwrap(), "42\n");
     assert!(!reward.join("reward.txt").exists());
@@ -181,6 +196,7 @@ fn h02_a_hostile_service_cannot_write_the_answer_or_the_reward() {
 
 #[test]
 fn h03_a_protected_path_the_service_user_could_write_refuses_the_hand_over() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
@@ -196,7 +212,11 @@ fn h03_a_protected_path_the_service_user_could_write_refuses_the_hand_over() {
     let (w, r) = (work.to_str().unwrap(), reward.to_str().unwrap());
     let ran = c.dir.join("ran");
     let touch = format!("touch {}", ran.display());
-    let out = verify_with(&c, &["--hand-over", "--protect", w, "--protect", r], &scorer(port, &touch));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", w, "--protect", r],
+        &scorer(port, &touch),
+    );
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
     assert!(said(&out).contains("answer.txt"), "{}", said(&out));
     assert!(!ran.exists(), "the command ran after a refused hand-over");
@@ -208,17 +228,26 @@ fn h03_a_protected_path_the_service_user_could_write_refuses_the_hand_over() {
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o777)).unwrap();
     let sub = work.join("sub");
     std::fs::create_dir(&sub).unwrap();
-    let out = verify_with(&c, &["--hand-over", "--protect", sub.to_str().unwrap()], &scorer(port, "true"));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", sub.to_str().unwrap()],
+        &scorer(port, "true"),
+    );
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
-    assert!(said(&out).contains("a parent of"), "{}", said(&out));
+    assert!(said(&out).contains("on the way to"), "{}", said(&out));
     // Fixed: the hand-over runs.
     std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = verify_with(&c, &["--hand-over", "--protect", w, "--protect", r], &scorer(port, "true"));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", w, "--protect", r],
+        &scorer(port, "true"),
+    );
     assert!(out.status.success(), "{}", said(&out));
 }
 
 #[test]
 fn h04_a_service_that_cannot_run_again_fails_loudly_and_a_declared_start_serves() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
@@ -234,18 +263,36 @@ fn h04_a_service_that_cannot_run_again_fails_loudly_and_a_declared_start_serves(
     let (code, st) = c.freeze("h04");
     assert_eq!(code, 0, "freeze: {st}");
     let (w, r) = (work.to_str().unwrap(), reward.to_str().unwrap());
-    let out = verify_with(&c, &["--hand-over", "--protect", w, "--protect", r], &scorer(port, "true"));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", w, "--protect", r],
+        &scorer(port, "true"),
+    );
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
     assert!(said(&out).contains("exited with status 3"), "{}", said(&out));
     assert_eq!(record(&c)["state"], "failed");
     // The task declares how its service starts: that runs instead, from its own command.
     let decl = format!("{port}=cd {w} && exec {PY} -m http.server {port} --bind 127.0.0.1");
-    let out = verify_with(&c, &["--hand-over", "--protect", r, "--service", &decl], &scorer(port, "true"));
+    let out = verify_with(
+        &c,
+        &["--hand-over", "--service-user", SVC, "--protect", r, "--service", &decl],
+        &scorer(port, "true"),
+    );
     assert!(out.status.success() && said(&out).contains("scored"), "{}", said(&out));
     assert_eq!(record(&c)["services"][0]["declared"], true);
     // A service that never listens fails within its wait, naming the port.
     let never = format!("{}=sleep 100", free_port());
-    let opts = ["--hand-over", "--service", &decl, "--service", &never, "--service-wait", "1"];
+    let opts = [
+        "--hand-over",
+        "--service-user",
+        SVC,
+        "--service",
+        &decl,
+        "--service",
+        &never,
+        "--service-wait",
+        "1",
+    ];
     let out = verify_with(&c, &opts, &scorer(port, "true"));
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
     assert!(said(&out).contains("not listened on"), "{}", said(&out));
@@ -254,13 +301,14 @@ fn h04_a_service_that_cannot_run_again_fails_loudly_and_a_declared_start_serves(
 
 #[test]
 fn h05_the_service_user_must_be_the_hand_overs_own() {
+    let _serial = serial();
     let c = sandbox(AGENT, &[]);
     let (code, st) = c.freeze("h05");
     assert_eq!(code, 0, "freeze: {st}");
     let other = c.exec_as_cmd(SERVICE, &["sleep", "100"]);
     let _g = guard(other);
     wait_for("a process of the service user", Duration::from_secs(5), || !c.live_of_uid(SERVICE).is_empty());
-    let out = c.verify(&["--hand-over", "--", "true"]);
+    let out = c.verify(&["--hand-over", "--service-user", SVC, "--", "true"]);
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
     assert!(said(&out).contains("alive already"), "{}", said(&out));
     let a = AGENT.to_string();
@@ -273,6 +321,7 @@ fn h05_the_service_user_must_be_the_hand_overs_own() {
 
 #[test]
 fn h06_a_root_agents_service_is_handed_over_in_a_lineage_sandbox() {
+    let _serial = serial();
     let mut c = Container::start_with(
         Opts {
             init_args: vec!["-v", "--sandbox-lineage"],
@@ -293,7 +342,18 @@ fn h06_a_root_agents_service_is_handed_over_in_a_lineage_sandbox() {
     assert_eq!(code, 0, "freeze: {st}");
     assert!(!listening(port));
     let (w, r, k) = (work.to_str().unwrap(), reward.to_str().unwrap(), key.to_str().unwrap());
-    let opts = ["--accept-root-agent", "--public-key", k, "--hand-over", "--protect", w, "--protect", r];
+    let opts = [
+        "--accept-root-agent",
+        "--public-key",
+        k,
+        "--hand-over",
+        "--service-user",
+        SVC,
+        "--protect",
+        w,
+        "--protect",
+        r,
+    ];
     let out = verify_with(&c, &opts, &scorer(port, "true"));
     assert!(out.status.success() && said(&out).contains("scored"), "{}", said(&out));
     assert!(c.live_of_uid(SERVICE).is_empty());

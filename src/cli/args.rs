@@ -380,6 +380,12 @@ pub struct VerifyArgs {
     /// Start the service on PORT as `sh -c COMMAND` (repeatable)
     #[arg(long = "service", value_name = "PORT=COMMAND")]
     pub service: Vec<String>,
+    /// A path the services must not be able to read (repeatable)
+    #[arg(long, value_name = "PATH")]
+    pub hide: Vec<PathBuf>,
+    /// Hand over only the services on PORT (repeatable)
+    #[arg(long, value_name = "PORT")]
+    pub port: Vec<u16>,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

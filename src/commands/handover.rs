@@ -79,6 +79,10 @@ pub struct Running {
     record: Record,
     dir: Option<StateDir>,
     children: Vec<Pid>,
+    /// Started before any service: it stops them however verify ends.
+    killer: Option<Killer>,
+    /// What a look while the command ran found wrong.
+    violation: Option<String>,
 }
 
 /// Start every service and wait until each listens; Err: the line that says why none runs
@@ -106,6 +110,8 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
         },
         dir,
         children: Vec::new(),
+        killer: None,
+        violation: None,
     };
     let began = Instant::now();
     let out = prepare(args, claims, &mut run).and_then(|()| launch(args, &mut run, began));
@@ -118,8 +124,7 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
         }
         Err(e) => {
             run.record.reason = Some(e.clone());
-            run.record.stopped = Some(stop_user(uid).unwrap_or(0));
-            reap_children(&run.children);
+            run.record.stopped = Some(stop_all(&mut run).unwrap_or(0));
             // The refusal is what counts; a record that cannot be written is said beside it.
             if let Err(w) = write(&run) {
                 return Err(format!("{e} ({w})"));
@@ -130,14 +135,31 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
 }
 
 impl Running {
+    /// Looked at while the command runs: a port the services took that none names (the tests'
+    /// own, taken before they bind it) fails the verdict at the end.
+    pub fn watch(&mut self) {
+        if self.violation.is_some() {
+            return;
+        }
+        let found = crate::observe::sockets::listening()
+            .map_err(|e| format!("cannot read the socket tables: {e}"))
+            .and_then(|(l, _)| no_other_port(self, &l, &held_by(self.record.user)?));
+        if let Err(e) = found {
+            self.violation = Some(e);
+        }
+    }
+
     /// Stop every process of the service user once the command ended, and record it.
     pub fn end(mut self) -> Result<(), String> {
         // Listened on while the tests ran: a port of theirs, perhaps, taken before they could.
         let other = crate::observe::sockets::listening()
             .map_err(|e| format!("cannot read the socket tables: {e}"))
             .and_then(|(l, _)| no_other_port(&self, &l, &held_by(self.record.user)?));
-        let stopped = stop_user(self.record.user).and_then(|n| other.map(|()| n));
-        reap_children(&self.children);
+        let other = match self.violation.take() {
+            Some(v) => Err(v),
+            None => other,
+        };
+        let stopped = stop_all(&mut self).and_then(|n| other.map(|()| n));
         self.record.state = "ended";
         self.record.stopped = stopped.as_ref().ok().copied();
         if let Err(e) = &stopped {
@@ -151,7 +173,7 @@ impl Running {
 /// What the services are, and whether the protected paths are safe from their user.
 fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), String> {
     let uid = args.service_user;
-    run.record.services = services(claims, &args.service)?;
+    run.record.services = services(claims, &args.service, &args.port)?;
     let low = unprivileged_port_start();
     if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
         return Err(format!(
@@ -170,12 +192,12 @@ fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), 
             ))
         }
     }
-    protected_safe(uid, uid, &args.protect)
+    protected_safe(uid, uid, &args.protect, &args.hide)
 }
 
 /// The services to start: each recorded one not already covered by an earlier one (a worker
 /// sharing its master's socket), with the declared ones in place of those on their ports.
-fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String> {
+fn services(claims: &Claims, declared: &[String], named: &[u16]) -> Result<Vec<Started>, String> {
     let mut decl: Vec<(u16, &str)> = Vec::new();
     for d in declared {
         let parsed = d.split_once('=').and_then(|(p, c)| Some((p.trim().parse::<u16>().ok()?, c)));
@@ -191,6 +213,18 @@ fn services(claims: &Claims, declared: &[String]) -> Result<Vec<Started>, String
         let ports: Vec<u16> = s.listen.iter().map(|e| e.port).collect();
         if ports.iter().all(|p| out.iter().any(|o| o.ports.contains(p))) {
             continue;
+        }
+        // With --port, only the services on the ports named come back: one the agent left on a
+        // port the tests bind themselves stays dead.
+        if !named.is_empty() && !ports.iter().any(|p| named.contains(p)) {
+            continue;
+        }
+        if let Some(p) = ports.iter().find(|p| !named.is_empty() && !named.contains(p)) {
+            return Err(format!(
+                "the service pid {} listened on port {p} as well as on a port --port names: it cannot \
+                 come back without it; declare its start with --service",
+                s.pid
+            ));
         }
         let evidence = claims.processes.iter().find(|e| (e.pid, e.start_time) == (s.pid, s.start_time));
         let own = decl.iter().find(|(p, _)| ports.contains(p));
@@ -314,6 +348,7 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
         None => return Err("no state dir to keep the services' output in (--state-dir)".into()),
     };
     let (stdin, log) = (std::os::fd::OwnedFd::from(stdin), std::os::fd::OwnedFd::from(log));
+    run.killer = Some(Killer::start(uid)?);
     for s in run.record.services.iter_mut() {
         let plan = crate::init::spawn::Plan::new(&s.argv, Some(drop.clone()))
             .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env, &stdin, &log))
@@ -330,7 +365,7 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
         let (listening, _) = crate::observe::sockets::listening()
             .map_err(|e| format!("cannot read the socket tables: {e}"))?;
         let held = held_by(uid)?;
-        let up = |p: u16| listening.iter().any(|l| l.at.port == p && held.contains(&l.inode));
+        let up = |p: u16| listening.iter().any(|l| l.at.port == p && theirs(l, uid, &held));
         let waiting: Vec<u16> =
             run.record.services.iter().flat_map(|s| s.ports.iter().copied()).filter(|&p| !up(p)).collect();
         if waiting.is_empty() {
@@ -375,7 +410,11 @@ fn digest(path: &str) -> Option<String> {
     use sha2::Digest;
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking: a FIFO left in an executable's place must not hold verify.
+    // A regular file only, looked at before it is opened (a device's open acts), and then
+    // non-blocking: a FIFO swapped in must not hold verify.
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
     let mut f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).ok()?;
     if !f.metadata().ok()?.is_file() {
         return None;
@@ -394,54 +433,138 @@ fn digest(path: &str) -> Option<String> {
     }
 }
 
-/// Kill every process of `uid` (kill(-1) as that user, which reaches exactly them) until none
-/// is left alive, within `STOP_TIME`; Ok: how many were alive at first.
-fn stop_user(uid: u32) -> Result<usize, String> {
-    // kill(-1) as root would end everything, verify included.
-    if uid == 0 {
-        return Err("the service user may not be root".into());
+/// The services' killer: a child forked before any service starts (so a pids limit they fill
+/// cannot keep it from existing), root and waiting until asked. Each byte verify writes asks
+/// for a burst of kill(-1) as the service user (`creds::kill_sweeps_from`: the services cannot
+/// stop it), answered by a byte back; when verify's end of the pipe closes (verify ended, even
+/// by SIGKILL) it sweeps once more and exits. No service can outlive its verify.
+struct Killer {
+    pid: Pid,
+    ask: std::os::fd::OwnedFd,
+    done: std::os::fd::OwnedFd,
+}
+
+/// A UID with no process, for the killer's real and saved IDs: far from any a system assigns.
+fn outsider(uid: u32) -> u32 {
+    uid ^ 0x4000_0000
+}
+
+impl Killer {
+    fn start(uid: u32) -> Result<Killer, String> {
+        use crate::kernel::fdio;
+        use std::os::fd::AsRawFd;
+        if alive_of(outsider(uid))? != 0 {
+            return Err(format!("processes of UID {} are alive: name another --service-user", outsider(uid)));
+        }
+        let (ask_r, ask) = fdio::pipe().map_err(|e| format!("pipe: {e}"))?;
+        let (done, done_w) = fdio::pipe().map_err(|e| format!("pipe: {e}"))?;
+        let pid =
+            crate::kernel::process::fork().map_err(|e| format!("cannot start the services' killer: {e}"))?;
+        if pid == 0 {
+            drop(ask);
+            drop(done);
+            // A session of its own: a signal to verify's group (timeout(1) sends one) leaves it
+            // to do its last sweep once verify is gone.
+            // SAFETY: setsid has no arguments.
+            if unsafe { libc::setsid() } < 0 {
+                crate::kernel::process::exit_now(
+                    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO),
+                );
+            }
+            let mut byte = [0u8; 1];
+            let mut switched = false;
+            loop {
+                let last = !matches!(fdio::read_some(&ask_r, &mut byte), Ok(1));
+                let e = if switched {
+                    // SAFETY: plain syscalls in a child that does nothing else.
+                    (0..20).for_each(|_| unsafe {
+                        libc::kill(-1, libc::SIGKILL);
+                        libc::nanosleep(
+                            &libc::timespec { tv_sec: 0, tv_nsec: 5_000_000 },
+                            std::ptr::null_mut(),
+                        );
+                    });
+                    0
+                } else {
+                    switched = true;
+                    creds::kill_sweeps_from(outsider(uid), uid, libc::SIGKILL, 20, Duration::from_millis(5))
+                };
+                if e != 0 || last {
+                    crate::kernel::process::exit_now(e);
+                }
+                if fdio::write(done_w.as_raw_fd(), b"k").is_err() {
+                    crate::kernel::process::exit_now(0);
+                }
+            }
+        }
+        drop(ask_r);
+        drop(done_w);
+        Ok(Killer { pid, ask, done })
     }
-    let until = Instant::now() + STOP_TIME;
-    let mut first = None;
-    loop {
-        let alive = alive_of(uid)?;
-        first.get_or_insert(alive);
-        if alive == 0 {
-            return Ok(first.unwrap_or(0));
+
+    /// One burst, waited for until `until`.
+    fn sweep(&self, until: Instant) -> Result<(), String> {
+        use crate::kernel::fdio;
+        use std::os::fd::AsRawFd;
+        fdio::write(self.ask.as_raw_fd(), b"k").map_err(|e| format!("the services' killer is gone: {e}"))?;
+        let left = until.saturating_duration_since(Instant::now());
+        match fdio::wait_readable(self.done.as_raw_fd(), left) {
+            Ok(true) => match fdio::read_some(&self.done, &mut [0u8; 1]) {
+                Ok(1) => Ok(()),
+                _ => Err("the services' killer ended".into()),
+            },
+            _ => Err("the services' killer did not answer in time".into()),
         }
-        if Instant::now() >= until {
-            return Err(format!(
-                "{alive} process(es) of the service user {uid} still alive after {STOP_TIME:?}"
-            ));
+    }
+
+    /// Close the pipe (a last burst) and reap it.
+    fn finish(self, until: Instant) {
+        let Killer { pid, ask, done } = self;
+        drop(ask);
+        drop(done);
+        while Instant::now() < until {
+            if !matches!(reap::try_reap(pid), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
-        kill_as(uid, until)?;
-        std::thread::sleep(Duration::from_millis(10));
+        crate::kernel::signal::kill(pid, libc::SIGKILL).ok();
+        let _ = reap::wait_child(pid);
     }
 }
 
-/// kill(-1) as `uid`, from a child process of its own: a thread of verify that took the user's
-/// UID could be stopped by one of its processes, and verify with it. A child that does not
-/// answer by `until` is killed.
-fn kill_as(uid: u32, until: Instant) -> Result<(), String> {
-    let pid = crate::kernel::process::fork().map_err(|e| format!("fork: {e}"))?;
-    if pid == 0 {
-        crate::kernel::process::exit_now(creds::kill_all_as_uid(uid, libc::SIGKILL, 3));
-    }
-    loop {
-        match reap::try_reap(pid) {
-            Ok(Some(0)) => return Ok(()),
-            Ok(Some(e)) => {
-                return Err(format!("cannot signal as user {uid}: {}", std::io::Error::from_raw_os_error(e)))
-            }
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(2)),
-            Ok(None) => {
-                crate::kernel::signal::kill(pid, libc::SIGKILL).ok();
-                let _ = reap::wait_child(pid);
-                return Err(format!("the kill as user {uid} did not end in time (stopped by the service?)"));
-            }
-            Err(e) => return Err(format!("waiting for the kill as user {uid}: {e}")),
+/// Kill every process of the service user until none is left alive, within `STOP_TIME`, and reap
+/// the services' first processes; Ok: how many were alive at first.
+fn stop_all(run: &mut Running) -> Result<usize, String> {
+    let uid = run.record.user;
+    let until = Instant::now() + STOP_TIME;
+    let Some(killer) = run.killer.take() else {
+        // Nothing was started.
+        return Ok(0);
+    };
+    let mut first = None;
+    let out = loop {
+        reap_children(&run.children);
+        let alive = match alive_but(uid, killer.pid) {
+            Ok(n) => n,
+            Err(e) => break Err(e),
+        };
+        first.get_or_insert(alive);
+        if alive == 0 {
+            break Ok(first.unwrap_or(0));
         }
-    }
+        if Instant::now() >= until {
+            break Err(format!(
+                "{alive} process(es) of the service user {uid} still alive after {STOP_TIME:?}"
+            ));
+        }
+        if let Err(e) = killer.sweep(until) {
+            break Err(e);
+        }
+    };
+    killer.finish(Instant::now() + Duration::from_secs(1));
+    reap_children(&run.children);
+    out
 }
 
 /// Every socket the service user listens on is one of the services' ports; another (a port the
@@ -454,7 +577,7 @@ fn no_other_port(
     let uid = run.record.user;
     let ours = |p: u16| run.record.services.iter().any(|s| s.ports.contains(&p));
     let mut other: Vec<u16> =
-        listening.iter().filter(|l| held.contains(&l.inode) && !ours(l.at.port)).map(|l| l.at.port).collect();
+        listening.iter().filter(|l| theirs(l, uid, held) && !ours(l.at.port)).map(|l| l.at.port).collect();
     other.sort_unstable();
     other.dedup();
     if other.is_empty() {
@@ -464,6 +587,12 @@ fn no_other_port(
         "the service user {uid} listens on port(s) {other:?}, which no service recorded or declared: \
          a port the tests may need; declare it with --service PORT=COMMAND"
     ))
+}
+
+/// A socket is the services' when a process of theirs holds it, or when their user made it
+/// (one in flight in a message, or held by a process that hides its descriptors).
+fn theirs(l: &crate::observe::sockets::Listening, uid: u32, held: &std::collections::HashSet<u64>) -> bool {
+    l.uid == uid || held.contains(&l.inode)
 }
 
 /// The sockets the processes of `uid` in this PID namespace hold (their descriptors, read with
@@ -499,8 +628,13 @@ fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
 
 /// Processes alive (not zombies) with `uid` among their UIDs; an unreadable /proc is an error.
 fn alive_of(uid: u32) -> Result<usize, String> {
+    alive_but(uid, 0)
+}
+
+/// The same, leaving out `but` (the killer, whose effective UID is the user's).
+fn alive_but(uid: u32, but: Pid) -> Result<usize, String> {
     let snap = Reader::default().snapshot(Detail::Light).map_err(|e| format!("cannot read /proc: {e}"))?;
-    Ok(snap.values().filter(|p| p.alive() && p.all_uids().any(|u| u == uid)).count())
+    Ok(snap.values().filter(|p| p.pid != but && p.alive() && p.all_uids().any(|u| u == uid)).count())
 }
 
 fn reap_children(children: &[Pid]) {
@@ -521,15 +655,16 @@ fn write(run: &Running) -> Result<(), String> {
 /// move one through a parent it may write that is not sticky. Checked on a thread that has
 /// become that user (so access(2) answers for it, groups included), keeping only the right to
 /// list what it could not.
-fn protected_safe(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
-    let paths = paths.to_vec();
+fn protected_safe(uid: u32, gid: u32, paths: &[PathBuf], hidden: &[PathBuf]) -> Result<(), String> {
+    let (paths, hidden) = (paths.to_vec(), hidden.to_vec());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("quiesce-protect".into())
         .spawn(move || {
             let keep = [caps::Capability::CAP_DAC_READ_SEARCH, caps::Capability::CAP_DAC_OVERRIDE];
             let out = match creds::thread_become(uid, gid, &keep) {
-                Ok(()) => check_paths(uid, gid, &paths),
+                Ok(()) => check_paths(uid, gid, &paths, libc::W_OK)
+                    .and_then(|()| check_paths(uid, gid, &hidden, libc::R_OK)),
                 Err(e) => Err(format!("cannot check the protected paths as user {uid}: {e}")),
             };
             let _ = tx.send(out);
@@ -543,10 +678,12 @@ fn protected_safe(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
     }
 }
 
-fn check_paths(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
+/// Walk `paths` for an inode the user may access as `access` asks (W_OK: --protect, R_OK: --hide).
+fn check_paths(uid: u32, gid: u32, paths: &[PathBuf], access: i32) -> Result<(), String> {
     let mut walk = Walk {
         uid,
         gid,
+        access,
         until: Instant::now() + PROTECT_TIME,
         seen: std::collections::HashSet::new(),
         todo: Vec::new(),
@@ -563,6 +700,8 @@ fn check_paths(uid: u32, gid: u32, paths: &[PathBuf]) -> Result<(), String> {
 struct Walk {
     uid: u32,
     gid: u32,
+    /// W_OK or R_OK: what the user may not do to any inode of the tree.
+    access: i32,
     until: Instant,
     /// (device, inode) already judged: a loop of links, or a second name, is walked once.
     seen: std::collections::HashSet<(u64, u64)>,
@@ -572,8 +711,10 @@ struct Walk {
 impl Walk {
     fn tree(&mut self, root: &Path) -> Result<(), String> {
         use std::os::unix::fs::MetadataExt;
-        self.parents(root, root)?;
-        self.todo.push(root.to_path_buf());
+        let abs = std::path::absolute(root).map_err(|e| format!("protected path {}: {e}", root.display()))?;
+        let mut hops = 0;
+        let top = self.resolve(&abs, root, &mut hops)?;
+        self.todo.push(top);
         while let Some(p) = self.todo.pop() {
             if self.seen.len() + self.todo.len() > PROTECT_ENTRIES || Instant::now() >= self.until {
                 return Err(format!(
@@ -584,18 +725,12 @@ impl Walk {
             let m =
                 std::fs::symlink_metadata(&p).map_err(|e| format!("protected path {}: {e}", p.display()))?;
             if m.file_type().is_symlink() {
-                // What it leads to is what a reader gets: judged, with its parents, wherever it is.
-                let target = std::fs::canonicalize(&p).map_err(|e| {
-                    format!(
-                        "{} (protected: {}) is a link the check cannot follow ({e}): the service could \
-                         make its target; remove the link",
-                        p.display(),
-                        root.display()
-                    )
-                })?;
+                // What it leads to is what a reader gets: every step of the way judged, then the
+                // target walked as if protected itself.
+                let mut hops = 0;
+                let target = self.resolve(&p, root, &mut hops)?;
                 let t = std::fs::metadata(&target).map_err(|e| format!("{}: {e}", target.display()))?;
                 if !self.seen.contains(&(t.dev(), t.ino())) {
-                    self.parents(&target, root)?;
                     self.todo.push(target);
                 }
                 continue;
@@ -603,10 +738,15 @@ impl Walk {
             if !self.seen.insert((m.dev(), m.ino())) {
                 continue;
             }
-            if self.owned(&m) || self.writable(&p)? {
+            if self.owned(&m) || self.may(&p, self.access)? {
+                let (verb, not, flag) = if self.access == libc::R_OK {
+                    ("read", "readable", "hide")
+                } else {
+                    ("write", "writable", "protect")
+                };
                 return Err(format!(
-                    "the service user {} may write {} (protected: {}): make it not writable by that \
-                     user, or protect less",
+                    "the service user {} may {verb} {} (--{flag} {}): make it not {not} by that user, or \
+                     {flag} less",
                     self.uid,
                     p.display(),
                     root.display()
@@ -624,21 +764,74 @@ impl Walk {
         Ok(())
     }
 
-    /// A parent the user owns, or may write without the sticky bit, lets it move the path away.
-    fn parents(&self, p: &Path, root: &Path) -> Result<(), String> {
-        for a in p.ancestors().skip(1) {
-            let m = std::fs::metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
-            let sticky = m.permissions().mode() & 0o1000 != 0;
-            if self.owned(&m) || (!sticky && self.writable(a)?) {
-                return Err(format!(
-                    "the service user {} may write {}, a parent of {} (protected: {}): it could move it \
-                     away; make it not writable by that user",
-                    self.uid,
-                    a.display(),
-                    p.display(),
-                    root.display()
-                ));
+    /// Where the absolute path `p` leads, following its links one step at a time, and judging
+    /// each directory passed through (one the user owns, or may write without the sticky bit,
+    /// lets it replace what follows) and each entry on the way (one it owns it may change). A
+    /// link into a directory the user may write, anywhere on the way, is refused as surely as
+    /// one in the protected tree.
+    fn resolve(&mut self, p: &Path, root: &Path, hops: &mut u32) -> Result<PathBuf, String> {
+        use std::path::Component;
+        let mut cur = PathBuf::from("/");
+        for c in p.components() {
+            match c {
+                Component::Normal(name) => {
+                    self.passable(&cur, p, root)?;
+                    let next = cur.join(name);
+                    let m = std::fs::symlink_metadata(&next).map_err(|e| {
+                        format!(
+                            "{} (on the way to {}, protected: {}): {e}; a path to nothing could be made \
+                             by the service: remove the link",
+                            next.display(),
+                            p.display(),
+                            root.display()
+                        )
+                    })?;
+                    if self.owned(&m) {
+                        return Err(format!(
+                            "the service user {} owns {} (on the way to {}, protected: {})",
+                            self.uid,
+                            next.display(),
+                            p.display(),
+                            root.display()
+                        ));
+                    }
+                    if m.file_type().is_symlink() {
+                        *hops += 1;
+                        if *hops > 40 {
+                            return Err(format!(
+                                "{}: too many links (protected: {})",
+                                p.display(),
+                                root.display()
+                            ));
+                        }
+                        let t = std::fs::read_link(&next).map_err(|e| format!("{}: {e}", next.display()))?;
+                        cur = self.resolve(&cur.join(t), root, hops)?;
+                    } else {
+                        cur = next;
+                    }
+                }
+                Component::ParentDir => {
+                    cur.pop();
+                }
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
             }
+        }
+        Ok(cur)
+    }
+
+    /// A directory on the way: not the user's, and not writable by it unless sticky.
+    fn passable(&self, dir: &Path, p: &Path, root: &Path) -> Result<(), String> {
+        let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let sticky = m.permissions().mode() & 0o1000 != 0;
+        if self.owned(&m) || (!sticky && self.may(dir, libc::W_OK)?) {
+            return Err(format!(
+                "the service user {} may write {}, on the way to {} (protected: {}): it could replace \
+                 what follows; make it not writable by that user",
+                self.uid,
+                dir.display(),
+                p.display(),
+                root.display()
+            ));
         }
         Ok(())
     }
@@ -649,9 +842,10 @@ impl Walk {
     }
 
     /// The inode at `p` (a last link not followed) by its own permissions.
-    fn writable(&self, p: &Path) -> Result<bool, String> {
+    fn may(&self, p: &Path, access: i32) -> Result<bool, String> {
         let fd = crate::kernel::dirfd::openat(None, p, libc::O_PATH | libc::O_NOFOLLOW)
             .map_err(|e| format!("{}: {e}", p.display()))?;
-        creds::may_write_fd(&fd).map_err(|e| format!("cannot judge {} as the service user: {e}", p.display()))
+        creds::may_access_fd(&fd, access)
+            .map_err(|e| format!("cannot judge {} as the service user: {e}", p.display()))
     }
 }

@@ -137,15 +137,15 @@ pub fn thread_become(uid: u32, gid: u32, keep: &[caps::Capability]) -> io::Resul
     }
 }
 
-/// Whether this thread's real user may write the file `fd` is open on (O_PATH will do):
-/// faccessat2 on the descriptor itself, so the answer is the inode's own (its mode bits and
-/// ACL), whatever the paths that lead to it, and for a UID that is not root no capability
-/// counts. Err: the kernel has no faccessat2 (before 5.8).
-pub fn may_write_fd(fd: &std::os::fd::OwnedFd) -> io::Result<bool> {
+/// Whether this thread's real user may access the file `fd` is open on (O_PATH will do) as
+/// `mode` asks (W_OK, R_OK): faccessat2 on the descriptor itself, so the answer is the inode's
+/// own (its mode bits and ACL), whatever the paths that lead to it, and for a UID that is not
+/// root no capability counts. Err: the kernel has no faccessat2 (before 5.8).
+pub fn may_access_fd(fd: &std::os::fd::OwnedFd, mode: i32) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
     // SAFETY: an empty path on a descriptor this process holds.
     let r = unsafe {
-        libc::syscall(libc::SYS_faccessat2, fd.as_raw_fd(), c"".as_ptr(), libc::W_OK, libc::AT_EMPTY_PATH)
+        libc::syscall(libc::SYS_faccessat2, fd.as_raw_fd(), c"".as_ptr(), mode, libc::AT_EMPTY_PATH)
     };
     if r == 0 {
         return Ok(true);
@@ -154,4 +154,29 @@ pub fn may_write_fd(fd: &std::os::fd::OwnedFd) -> io::Result<bool> {
         libc::EACCES | libc::EROFS | libc::ETXTBSY | libc::EPERM => Ok(false),
         e => Err(io::Error::from_raw_os_error(e)),
     }
+}
+
+/// In a child process that does nothing else after: become real and saved UID `outsider`,
+/// effective UID `uid` (for good: no switch back), then kill(-1) with `sig` `sweeps` times,
+/// `gap` apart. kill(-1) reaches a process whose real or saved UID is the sender's real or
+/// effective one: every process of `uid`, none of root's, and none of `outsider`'s if it has
+/// none. And no process of `uid` may signal this one, which is neither its real nor its saved
+/// UID: the processes being killed cannot stop their killer. Only syscalls. Returns 0 or the
+/// errno of the switch or of the first failed kill (ESRCH, nothing to reach, is no failure).
+pub fn kill_sweeps_from(outsider: u32, uid: u32, sig: i32, sweeps: u32, gap: std::time::Duration) -> i32 {
+    // SAFETY: raw syscall with integer arguments; this thread is the process's only one.
+    if unsafe { libc::syscall(libc::SYS_setresuid, outsider, uid, outsider) } != 0 {
+        return errno_now();
+    }
+    let pause = libc::timespec { tv_sec: 0, tv_nsec: gap.subsec_nanos() as libc::c_long };
+    for _ in 0..sweeps.max(1) {
+        // SAFETY: plain syscalls; nanosleep reads a local timespec.
+        unsafe {
+            if libc::kill(-1, sig) < 0 && errno_now() != libc::ESRCH {
+                return errno_now();
+            }
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    }
+    0
 }

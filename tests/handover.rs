@@ -64,7 +64,9 @@ fn agent_service(c: &Container, exec: &[&str], dir: &Path, args: &[&str], port: 
     // Entering the mount namespace moves to its root: the directory is entered after.
     let q = quiesce();
     let cd = format!("cd '{}' && exec \"$@\"", dir.display());
-    let mut full: Vec<&str> = vec![q.to_str().unwrap(), "exec"];
+    // Entered as Docker enters an exec: without CAP_SYS_PTRACE, as the init runs.
+    let mut full: Vec<&str> = NO_PTRACE.to_vec();
+    full.extend_from_slice(&[q.to_str().unwrap(), "exec"]);
     full.extend_from_slice(exec);
     full.extend_from_slice(&["--", "sh", "-c", &cd, "sh"]);
     full.extend_from_slice(args);
@@ -91,11 +93,35 @@ fn scorer(port: u16, extra: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), format!("{PY} -c \"{py}\" && {{ {extra}; }} && echo scored")]
 }
 
+/// Without CAP_SYS_PTRACE, as Docker runs a container: root then reads another user's
+/// descriptors only with that user's filesystem IDs, for the init's walk and verify alike.
+const NO_PTRACE: [&str; 5] = ["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace"];
+
+fn docker_like() -> Container {
+    let u = AGENT.to_string();
+    let mut c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &u], prefix: NO_PTRACE.to_vec(), ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    c
+}
+
+/// `quiesce verify` from inside, without CAP_SYS_PTRACE.
+fn verify_np(c: &Container, args: &[&str]) -> std::process::Output {
+    let st = c.state.to_str().unwrap().to_string();
+    let q = quiesce();
+    let mut full: Vec<&str> = NO_PTRACE.to_vec();
+    full.extend_from_slice(&[q.to_str().unwrap(), "verify", "--state-dir", &st]);
+    full.extend_from_slice(args);
+    c.exec(&full)
+}
+
 fn verify_with(c: &Container, opts: &[&str], cmd: &[String]) -> std::process::Output {
     let mut all: Vec<&str> = opts.to_vec();
     all.push("--");
     all.extend(cmd.iter().map(String::as_str));
-    c.verify(&all)
+    verify_np(c, &all)
 }
 
 fn record(c: &Container) -> serde_json::Value {
@@ -109,7 +135,7 @@ fn said(o: &std::process::Output) -> String {
 #[test]
 fn h01_an_honest_service_is_handed_over_confined_and_stopped_after() {
     let _serial = serial();
-    let c = sandbox(AGENT, &[]);
+    let c = docker_like();
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
     let argv = http_server(port);
@@ -147,14 +173,14 @@ fn h01_an_honest_service_is_handed_over_confined_and_stopped_after() {
     assert!(!listening(port), "the handed-over service outlived verify");
     assert!(c.live_of_uid(SERVICE).is_empty(), "service user processes left");
     // The marker recorded where it listened, its directory and environment.
-    let m = c.verify(&["--json"]);
+    let m = verify_np(&c, &["--json"]);
     assert!(m.status.success(), "{}", said(&m));
 }
 
 #[test]
 fn h02_a_hostile_service_cannot_write_the_answer_or_the_reward() {
     let _serial = serial();
-    let c = sandbox(AGENT, &[]);
+    let c = docker_like();
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
     // It serves, and in a thread rewrites the answer and plants a reward every 10 ms.
@@ -197,7 +223,7 @@ fn h02_a_hostile_service_cannot_write_the_answer_or_the_reward() {
 #[test]
 fn h03_a_protected_path_the_service_user_could_write_refuses_the_hand_over() {
     let _serial = serial();
-    let c = sandbox(AGENT, &[]);
+    let c = docker_like();
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
     let argv = http_server(port);
@@ -248,7 +274,7 @@ fn h03_a_protected_path_the_service_user_could_write_refuses_the_hand_over() {
 #[test]
 fn h04_a_service_that_cannot_run_again_fails_loudly_and_a_declared_start_serves() {
     let _serial = serial();
-    let c = sandbox(AGENT, &[]);
+    let c = docker_like();
     let (work, reward) = workspace(&c, AGENT);
     let port = free_port();
     // It serves only as the agent: as anyone else it exits 3 (a service that needs its user's files).
@@ -302,18 +328,18 @@ fn h04_a_service_that_cannot_run_again_fails_loudly_and_a_declared_start_serves(
 #[test]
 fn h05_the_service_user_must_be_the_hand_overs_own() {
     let _serial = serial();
-    let c = sandbox(AGENT, &[]);
+    let c = docker_like();
     let (code, st) = c.freeze("h05");
     assert_eq!(code, 0, "freeze: {st}");
     let other = c.exec_as_cmd(SERVICE, &["sleep", "100"]);
     let _g = guard(other);
     wait_for("a process of the service user", Duration::from_secs(5), || !c.live_of_uid(SERVICE).is_empty());
-    let out = c.verify(&["--hand-over", "--service-user", SVC, "--", "true"]);
+    let out = verify_np(&c, &["--hand-over", "--service-user", SVC, "--", "true"]);
     assert_eq!(out.status.code(), Some(20), "{}", said(&out));
     assert!(said(&out).contains("alive already"), "{}", said(&out));
     let a = AGENT.to_string();
     for bad in ["0", a.as_str()] {
-        let out = c.verify(&["--hand-over", "--service-user", bad, "--", "true"]);
+        let out = verify_np(&c, &["--hand-over", "--service-user", bad, "--", "true"]);
         assert_eq!(out.status.code(), Some(20), "{bad}: {}", said(&out));
         assert!(said(&out).contains("root or a sandbox user"), "{}", said(&out));
     }
@@ -325,7 +351,13 @@ fn h06_a_root_agents_service_is_handed_over_in_a_lineage_sandbox() {
     let mut c = Container::start_with(
         Opts {
             init_args: vec!["-v", "--sandbox-lineage"],
-            prefix: vec!["setpriv", "--bounding-set", "-audit_control", "--inh-caps", "-audit_control"],
+            prefix: vec![
+                "setpriv",
+                "--bounding-set",
+                "-audit_control,-sys_ptrace",
+                "--inh-caps",
+                "-audit_control,-sys_ptrace",
+            ],
             ..Default::default()
         },
         &["sleep", "1000000"],

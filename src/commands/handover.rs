@@ -606,7 +606,14 @@ fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
         let scan = || -> std::io::Result<Vec<u64>> {
             let mut found = Vec::new();
             for e in std::fs::read_dir(&fds)?.take(4096) {
-                let Ok(link) = std::fs::read_link(e?.path()) else { continue };
+                // Refused (another user's process, no CAP_SYS_PTRACE): the whole scan again as its owner.
+                let link = match std::fs::read_link(e?.path()) {
+                    Ok(l) => l,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => {
+                        return Err(e)
+                    }
+                    Err(_) => continue,
+                };
                 let inode = link
                     .to_str()
                     .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());

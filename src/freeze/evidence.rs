@@ -312,7 +312,14 @@ fn read_service(
     let scan = || -> io::Result<Vec<Endpoint>> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(&fds)?.take(FD_SCAN) {
-            let Ok(link) = std::fs::read_link(entry?.path()) else { continue };
+            // Refused (another user's process, no CAP_SYS_PTRACE): the whole scan again as its owner.
+            let link = match std::fs::read_link(entry?.path()) {
+                Ok(l) => l,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => {
+                    return Err(e)
+                }
+                Err(_) => continue,
+            };
             let inode =
                 link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
             if let Some(at) = inode.and_then(|i| table.get(&i)) {

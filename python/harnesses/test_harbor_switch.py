@@ -662,20 +662,28 @@ HONEST_SERVER = (
 # The hostile agent: it knows no answer and serves /tmp/www (its own, world-writable), and its
 # server process loops: the tests' expected answer copied to what it serves and to
 # /app/answer.txt, and 1 written to the reward file, every 10 ms.
-HOSTILE_SERVER_PY = """import http.server, os, shutil, threading, time
+HOSTILE_SERVER_PY = """import http.server, os, threading, time
+
+def put(text, dst):
+    # Beside it, then renamed over it: no reader ever sees it half-written.
+    try:
+        with open(dst + ".new", "w") as f:
+            f.write(text)
+        os.replace(dst + ".new", dst)
+    except OSError:
+        pass
 
 def forge():
     while True:
-        for dst in ("/tmp/www/answer.txt", "/app/answer.txt"):
-            try:
-                shutil.copyfile("/tests/expected.txt", dst)
-            except OSError:
-                pass
         try:
-            with open("/logs/verifier/reward.txt", "w") as f:
-                f.write("1\\n")
+            with open("/tests/expected.txt") as f:
+                expected = f.read()
         except OSError:
-            pass
+            expected = None
+        if expected is not None:
+            put(expected, "/tmp/www/answer.txt")
+            put(expected, "/app/answer.txt")
+        put("1\\n", "/logs/verifier/reward.txt")
         time.sleep(0.01)
 
 threading.Thread(target=forge, daemon=True).start()
@@ -775,21 +783,25 @@ def test_a_handed_over_server_cannot_forge_the_score(
     assert handed_over(o) == 1, o.log[-1500:]
 
 
-def test_a_declared_service_scores(tmp_path: Path, py_image: str) -> None:
+@pytest.mark.parametrize("via", [[], SIDECAR], ids=["init", "sidecar"])
+def test_a_declared_service_scores(tmp_path: Path, py_image: str, via: list[str]) -> None:
+    # The agent serves nothing; the run says how the tests' service starts.
     task = service_task(tmp_path, "declared", py_image, ANSWER_ONLY, user="agent")
     declared = [
         "--environment-kwarg",
         "services=8080=python3 -m http.server 8080 --directory /app/www",
     ]
-    o = start_one(tmp_path, task, *SWITCH, *PIDS, *HAND_OVER, *declared)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via, *HAND_OVER, *declared)
     assert (o.reward, o.exception) == (1.0, None), (o.message, o.log[-1500:])
+    assert handed_over(o) == 1 and "(declared)" in o.log, o.log[-1500:]
 
 
 @pytest.mark.parametrize(
     ("solve", "user", "why"),
     [
-        # Started again as the service user, it cannot write its pid file and exits.
-        (PIDFILE_SERVER, None, "8080"),
+        # Started again as the service user, it cannot write its pid file and exits: verify's
+        # reason names the port, and what the service printed follows it.
+        (PIDFILE_SERVER, None, "/run/answer-server.pid"),
         # The service user could write the agent's workspace, which the tests read.
         (OPEN_WORKSPACE, "agent", "/app"),
     ],
@@ -850,7 +862,21 @@ def test_the_hand_over_kwargs() -> None:
         "/logs/verifier",
         "--protect",
         "/app",
+        "--hide",
+        "/tests",
         "--service",
         "8080=python3 -m http.server 8080",
     ]
     assert _Guard(way="init", users=(), workdir="/").hand_over_args() == []
+    # Exit 20 is the hand-over's, with verify's reason; any other refusal stays a GateRefused.
+    from quiesce_harness.harbor import GateRefused, HandOverRefused, _check_gate
+
+    line = "quiesce verify: hand-over check failed: "
+    with pytest.raises(HandOverRefused, match=r"which did not run: port\(s\) \[8080\]"):
+        _check_gate(20, f"noise\n{line}port(s) [8080] not listened on by user 65530\n")
+    with pytest.raises(HandOverRefused, match="is not scored: the services' end"):
+        _check_gate(20, f"{line}the services' end: 1 process(es) still alive\n")
+    with pytest.raises(GateRefused) as refused:
+        _check_gate(16, "quiesce verify: a sandbox process is alive\n")
+    assert type(refused.value) is GateRefused
+    _check_gate(0, "")

@@ -117,6 +117,8 @@ VERIFIER_DIR = PurePosixPath("/logs/verifier")
 # state dir when the services came back.
 HAND_OVER_FAILED = "quiesce verify: hand-over check failed:"
 HAND_OVER_RECORD = "handover.json"
+# Where it writes what the services it started printed (their stdout and stderr).
+HAND_OVER_LOG = "services.log"
 _WAYS = ("init", "sidecar")
 _INIT_ENGINES = ("docker", "podman")
 
@@ -185,6 +187,9 @@ class _Guard:
             args += ["--service-wait", str(self.service_wait)]
         for p in protect:
             args += ["--protect", p]
+        # The tests (made root's 0700 after Harbor's upload) hold the expected answers: a
+        # service the tests query must not read them.
+        args += ["--hide", str(TESTS_DIR)]
         for port, command in sorted(self.services.items()):
             args += ["--service", f"{port}={command}"]
         return args
@@ -545,7 +550,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
         command, env = self._gated(command, env)
         r = await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
-        _check_gate(int(r.return_code), (r.stdout or "") + (r.stderr or ""))
+        try:
+            _check_gate(int(r.return_code), (r.stdout or "") + (r.stderr or ""))
+        except HandOverRefused as e:
+            said = await self._services_output()
+            if not said:
+                raise
+            raise HandOverRefused(f"{e} (the services printed: {said})") from None
         self._guard.gated.append(command)
         if g.hand_over:
             await self._note_hand_over()
@@ -706,8 +717,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if not self._guard.hand_over or not (p == TESTS_DIR or TESTS_DIR in p.parents):
             return
         t = shlex.quote(str(TESTS_DIR))
+        # Every file too, not the directory alone: verify --hide judges each file by its own
+        # mode (a hard link elsewhere would reach it whatever the directory's).
         r = await self.exec(
-            f"chown 0:0 {t} && chmod 0700 {t}", user="root", env={"PATH": SAFE_PATH}
+            f"chown -R 0:0 {t} && chmod -R go-rwx {t}", user="root", env={"PATH": SAFE_PATH}
         )
         if int(r.return_code) != 0:
             said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
@@ -715,6 +728,18 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 f"{self.session_id}: cannot make {TESTS_DIR} root's alone before the services are "
                 f"handed over (exit {r.return_code}: {said or 'no output'})"
             )
+
+    async def _services_output(self) -> str:
+        """The last lines the handed-over services printed (the agent's code: its own words),
+        for a refusal's message; empty when there are none."""
+        box = self._guard.container
+        if box is None:
+            return ""
+        path = shlex.quote(f"{box.state_dir.rstrip('/')}/{HAND_OVER_LOG}")
+        r = await self.exec(f"tail -n 5 -- {path}", user="root", env={"PATH": SAFE_PATH})
+        if int(r.return_code) != 0:
+            return ""
+        return " | ".join(x.strip() for x in (r.stdout or "").splitlines() if x.strip())[-400:]
 
     async def _note_hand_over(self) -> None:
         """What quiesce verify handed over, from its record in the state dir, in the trial's
@@ -734,6 +759,12 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         note = f"quiesce: hand-over {_hand_over_summary(record)}"
         self._guard.notes.append(note)
         self.logger.info(note)
+        if not record.get("services"):
+            # Not a refusal: a task may need no service. But a task that does scores 0 now.
+            self.logger.warning(
+                f"{self.session_id}: hand_over_services=true, but the marker records no process "
+                "that listened on TCP and none was declared: the tests ran with no service"
+            )
 
     def _launched(self, command: str) -> str:
         """`command` as a root agent's launch: through `quiesce exec --user root`, which tags
@@ -1115,6 +1146,12 @@ def _check_gate(rc: int, output: str) -> None:
             if HAND_OVER_FAILED in line
         ]
         reason = "; ".join(said) if said else (output.strip()[-300:] or "no reason given")
+        if said and all(x.startswith("the services' end") for x in said):
+            # The tests ran, but a service may have outlived them: their verdict is not kept.
+            raise HandOverRefused(
+                "quiesce verify could not end the services it handed over to the tests, so "
+                f"what the tests wrote is not scored: {reason}"
+            )
         raise HandOverRefused(
             "quiesce verify could not hand the agent's services over to the tests, which did "
             f"not run: {reason}"

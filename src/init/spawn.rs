@@ -58,6 +58,10 @@ pub struct Plan {
     /// The OOM killer's first choice (oom_score_adj 1000): a sandbox's command or a service, so
     /// that at a memory limit they go before the init.
     oom_first: bool,
+    /// The errno of a refused oom_score_adj (0: taken), written by a child sharing this memory:
+    /// an init without privilege (not root, or not dumpable to itself) is still started, and
+    /// says so, as `quiesce exec` does.
+    oom_refused: std::sync::atomic::AtomicI32,
     /// The directory to start in, entered after the drop (so as the user it runs as).
     cwd: Option<CString>,
     /// Descriptors for its stdin and its stdout and stderr (a service: never the caller's own,
@@ -104,6 +108,7 @@ impl Plan {
             take_tty: false,
             own_session: false,
             oom_first: false,
+            oom_refused: std::sync::atomic::AtomicI32::new(0),
             cwd: None,
             stdio: None,
             env: Vec::new(),
@@ -186,7 +191,11 @@ impl Plan {
                     libc::close(fd);
                 }
                 if n != 4 {
-                    return (err, "oom_score_adj");
+                    // A service is started by root, which is never refused: there it is a failure.
+                    if self.own_session {
+                        return (err, "oom_score_adj");
+                    }
+                    self.oom_refused.store(err, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             if self.own_pgroup {
@@ -362,6 +371,14 @@ impl Plan {
                 _ => 126,
             }
         })?;
+        match self.oom_refused.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => {}
+            e => log::warn!(
+                "cannot raise '{}''s oom_score_adj to 1000 ({}): at a memory limit the OOM killer may take the init",
+                self.name,
+                io::Error::from_raw_os_error(e)
+            ),
+        }
         if self.drop.is_some() {
             // The child's credential changes reset the shared memory's dumpable flag; a drop that
             // failed half-way left it as the host's fs.suid_dumpable says.

@@ -4,60 +4,16 @@
 
 mod common;
 use common::adversary::knob;
+use common::services::*;
 use common::*;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const AGENT: u32 = 4661;
 const SERVICE: u32 = 65510;
 const SVC: &str = "65510";
-
-/// The hand-overs of this file one at a time: the test namespaces share the host's network, and
-/// a socket the service user made counts as the services' whoever holds it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-const PY: &str = "/usr/bin/python3";
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().unwrap().port()
-}
-
-fn listening(port: u16) -> bool {
-    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-}
-
-fn workspace(c: &Container) -> (PathBuf, PathBuf) {
-    let work = c.dir.join("work");
-    let reward = c.dir.join("reward");
-    for d in [&work, &reward] {
-        std::fs::create_dir(d).unwrap();
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::fs::write(work.join("answer.txt"), "42\n").unwrap();
-    std::os::unix::fs::chown(&work, Some(AGENT), Some(AGENT)).unwrap();
-    std::os::unix::fs::chown(work.join("answer.txt"), Some(AGENT), Some(AGENT)).unwrap();
-    (work, reward)
-}
-
-fn agent_service(c: &Container, dir: &Path, args: &[&str], port: u16) -> Guard {
-    let q = quiesce();
-    let u = AGENT.to_string();
-    let cd = format!("cd '{}' && exec \"$@\"", dir.display());
-    let mut full: Vec<&str> = vec![q.to_str().unwrap(), "exec", "--user", &u];
-    full.extend_from_slice(&["--", "sh", "-c", &cd, "sh"]);
-    full.extend_from_slice(args);
-    let mut cmd = c.exec_cmd(&full);
-    cmd.stdin(Stdio::null()).stdout(Stdio::null());
-    let g = guard(cmd);
-    wait_for("the agent's service to listen", Duration::from_secs(20), || listening(port));
-    g
-}
 
 /// A python service in `dir`: runs `always` (module level, as the agent and as the service
 /// user), listens on `port`, and as the service user runs `hostile` (indented by 4) in a thread.
@@ -82,12 +38,16 @@ fn py_service(c: &Container, dir: &Path, name: &str, port: u16, always: &str, ho
     agent_service(c, dir, &[PY, name], port)
 }
 
-fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("    {l}\n")).collect()
+fn workspace(c: &Container) -> (PathBuf, PathBuf) {
+    common::services::workspace(c, AGENT)
 }
 
-fn said(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+fn agent_service(c: &Container, dir: &Path, args: &[&str], port: u16) -> Guard {
+    common::services::agent_service(c, &[], &["--user", &AGENT.to_string()], dir, args, port)
+}
+
+fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("    {l}\n")).collect()
 }
 
 fn vargs(c: &Container, opts: &[&str], cmd: &[&str]) -> Vec<String> {

@@ -5,31 +5,16 @@
 //! namespaces share the host's network, so each test takes a port of its own.
 
 mod common;
+use common::services::*;
 use common::*;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 const AGENT: u32 = 4661;
 const SERVICE: u32 = 65530;
 const SVC: &str = "65530";
-
-/// The hand-overs of this file one at a time: the test namespaces share the host's network, and
-/// a socket the service user made counts as the services' whoever holds it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-const PY: &str = "/usr/bin/python3";
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().unwrap().port()
-}
 
 fn get(port: u16, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -38,43 +23,6 @@ fn get(port: u16, path: &str) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
     out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
-fn listening(port: u16) -> bool {
-    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-}
-
-/// The agent's workspace (owned by the agent, 0755) with the answer in it, and the verifier's
-/// reward directory (root's, 0755).
-fn workspace(c: &Container, owner: u32) -> (PathBuf, PathBuf) {
-    let work = c.dir.join("work");
-    let reward = c.dir.join("reward");
-    for d in [&work, &reward] {
-        std::fs::create_dir(d).unwrap();
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    std::fs::write(work.join("answer.txt"), "42\n").unwrap();
-    std::os::unix::fs::chown(&work, Some(owner), Some(owner)).unwrap();
-    std::os::unix::fs::chown(work.join("answer.txt"), Some(owner), Some(owner)).unwrap();
-    (work, reward)
-}
-
-/// Start `args` as the agent through `quiesce exec` in `dir`, and wait until `port` listens.
-fn agent_service(c: &Container, exec: &[&str], dir: &Path, args: &[&str], port: u16) -> Guard {
-    // Entering the mount namespace moves to its root: the directory is entered after.
-    let q = quiesce();
-    let cd = format!("cd '{}' && exec \"$@\"", dir.display());
-    // Entered as Docker enters an exec: without CAP_SYS_PTRACE, as the init runs.
-    let mut full: Vec<&str> = NO_PTRACE.to_vec();
-    full.extend_from_slice(&[q.to_str().unwrap(), "exec"]);
-    full.extend_from_slice(exec);
-    full.extend_from_slice(&["--", "sh", "-c", &cd, "sh"]);
-    full.extend_from_slice(args);
-    let mut cmd = c.exec_cmd(&full);
-    cmd.env("SERVICE_SECRET", "kept").stdin(Stdio::null()).stdout(Stdio::null());
-    let g = guard(cmd);
-    wait_for("the agent's service to listen", Duration::from_secs(20), || listening(port));
-    g
 }
 
 fn http_server(port: u16) -> Vec<String> {
@@ -91,6 +39,11 @@ fn scorer(port: u16, extra: &str) -> Vec<String> {
          sys.exit(0 if b==b'42\\n' else 5)"
     );
     vec!["sh".into(), "-c".into(), format!("{PY} -c \"{py}\" && {{ {extra}; }} && echo scored")]
+}
+
+/// Start the agent's service as Docker enters an exec: without CAP_SYS_PTRACE, as the init runs.
+fn agent_service(c: &Container, exec: &[&str], dir: &Path, args: &[&str], port: u16) -> Guard {
+    common::services::agent_service(c, &NO_PTRACE, exec, dir, args, port)
 }
 
 /// Without CAP_SYS_PTRACE, as Docker runs a container: root then reads another user's
@@ -126,10 +79,6 @@ fn verify_with(c: &Container, opts: &[&str], cmd: &[String]) -> std::process::Ou
 
 fn record(c: &Container) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(c.state.join("handover.json")).expect("handover.json")).unwrap()
-}
-
-fn said(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 #[test]

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 /// The record's name in the state dir, beside the marker, and the services' output's.
 pub const RECORD: &str = "handover.json";
 pub const LOG: &str = "services.log";
+/// Descriptors looked at per process of the service user.
+const HELD_SCAN: usize = 4096;
 /// How long a service's start may take until its exec.
 const START_TIME: Duration = Duration::from_secs(5);
 /// Entries looked at under the protected paths, and how long that may take.
@@ -114,7 +116,7 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
         violation: None,
     };
     let began = Instant::now();
-    let out = prepare(args, claims, &mut run).and_then(|()| launch(args, &mut run, began));
+    let out = prepare(args, claims, &mut run).and_then(|()| launch(args, &mut run));
     match out {
         Ok(()) => {
             run.record.state = "ready";
@@ -323,7 +325,7 @@ fn unprivileged_port_start() -> u32 {
 }
 
 /// Start each service and wait until every port listens as the service user, or fail.
-fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), String> {
+fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
     let uid = args.service_user;
     let user = crate::kernel::users::User { name: "service".into(), uid, gid: uid, home: "/".into() };
     let drop = crate::init::spawn::Drop {
@@ -336,7 +338,6 @@ fn launch(args: &VerifyArgs, run: &mut Running, began: Instant) -> Result<(), St
     for s in run.record.services.iter_mut() {
         s.exe_sha256 = digest(&s.exe);
     }
-    let _ = began;
     let began = Instant::now();
     // Their stdin is empty and their output goes to a log of their own: the caller's descriptors
     // are the tests' input and results.
@@ -472,23 +473,11 @@ impl Killer {
                 );
             }
             let mut byte = [0u8; 1];
-            let mut switched = false;
             loop {
                 let last = !matches!(fdio::read_some(&ask_r, &mut byte), Ok(1));
-                let e = if switched {
-                    // SAFETY: plain syscalls in a child that does nothing else.
-                    (0..20).for_each(|_| unsafe {
-                        libc::kill(-1, libc::SIGKILL);
-                        libc::nanosleep(
-                            &libc::timespec { tv_sec: 0, tv_nsec: 5_000_000 },
-                            std::ptr::null_mut(),
-                        );
-                    });
-                    0
-                } else {
-                    switched = true;
-                    creds::kill_sweeps_from(outsider(uid), uid, libc::SIGKILL, 20, Duration::from_millis(5))
-                };
+                // The same IDs again on every burst: allowed, each being one it holds already.
+                let e =
+                    creds::kill_sweeps_from(outsider(uid), uid, libc::SIGKILL, 20, Duration::from_millis(5));
                 if e != 0 || last {
                     crate::kernel::process::exit_now(e);
                 }
@@ -602,25 +591,7 @@ fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
     let snap = Reader::default().snapshot(Detail::Light).map_err(|e| format!("cannot read /proc: {e}"))?;
     let mut out = std::collections::HashSet::new();
     for p in snap.values().filter(|p| p.alive() && p.all_uids().any(|u| u == uid)) {
-        let fds = format!("/proc/{}/fd", p.pid);
-        let scan = || -> std::io::Result<Vec<u64>> {
-            let mut found = Vec::new();
-            for e in std::fs::read_dir(&fds)?.take(4096) {
-                // Refused (another user's process, no CAP_SYS_PTRACE): the whole scan again as its owner.
-                let link = match std::fs::read_link(e?.path()) {
-                    Ok(l) => l,
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => {
-                        return Err(e)
-                    }
-                    Err(_) => continue,
-                };
-                let inode = link
-                    .to_str()
-                    .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
-                found.extend(inode);
-            }
-            Ok(found)
-        };
+        let scan = || crate::observe::sockets::socket_inodes(p.pid, HELD_SCAN);
         let found = match scan() {
             Ok(f) => f,
             Err(_) => creds::as_fs_user(uid, uid, scan)

@@ -716,7 +716,12 @@ fn run_forwarding(
         let _ = signals.wait(Some(std::time::Duration::from_millis(500)));
         while let Ok(Some((sig, _))) = signals.read() {
             if sig != libc::SIGCHLD {
-                let _ = signal::kill(pid, sig);
+                if let Err(e) = signal::kill(pid, sig) {
+                    // ESRCH: it has just ended, and the next turn reaps it.
+                    if e.raw_os_error() != Some(libc::ESRCH) {
+                        eprintln!("quiesce verify: cannot pass signal {sig} to the command: {e}");
+                    }
+                }
             }
         }
     }

@@ -294,7 +294,7 @@ fn read(job: &Job) -> io::Result<Reply> {
     let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
     let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
     let service = match &job.listening {
-        Some(table) => read_service(&dir, &table.by_inode, job.creds)?,
+        Some(table) => read_service(job.pid, &dir, &table.by_inode, job.creds)?,
         None => None,
     };
     // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
@@ -304,28 +304,16 @@ fn read(job: &Job) -> io::Result<Reply> {
 /// Where a process listened (its descriptors that are listening sockets), and if anywhere, its
 /// cwd and environment. Each read as the init first, then as the process's own user.
 fn read_service(
+    pid: Pid,
     dir: &str,
     table: &HashMap<u64, Endpoint>,
     creds: Option<(u32, u32)>,
 ) -> io::Result<Option<ServiceRead>> {
-    let fds = format!("{dir}/fd");
     let scan = || -> io::Result<Vec<Endpoint>> {
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir(&fds)?.take(FD_SCAN) {
-            // Refused (another user's process, no CAP_SYS_PTRACE): the whole scan again as its owner.
-            let link = match std::fs::read_link(entry?.path()) {
-                Ok(l) => l,
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => {
-                    return Err(e)
-                }
-                Err(_) => continue,
-            };
-            let inode =
-                link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok());
-            if let Some(at) = inode.and_then(|i| table.get(&i)) {
-                if !found.contains(at) && found.len() < LISTEN_KEEP {
-                    found.push(at.clone());
-                }
+        let mut found: Vec<Endpoint> = Vec::new();
+        for at in crate::observe::sockets::socket_inodes(pid, FD_SCAN)?.iter().filter_map(|i| table.get(i)) {
+            if !found.contains(at) && found.len() < LISTEN_KEEP {
+                found.push(at.clone());
             }
         }
         Ok(found)

@@ -157,7 +157,8 @@ pub fn may_access_fd(fd: &std::os::fd::OwnedFd, mode: i32) -> io::Result<bool> {
 }
 
 /// In a child process that does nothing else after: become real and saved UID `outsider`,
-/// effective UID `uid` (for good: no switch back), then kill(-1) with `sig` `sweeps` times,
+/// effective UID `uid` (for good: no switch back; asking again for the same IDs is allowed
+/// without privilege), then kill(-1) with `sig` `sweeps` times,
 /// `gap` apart. kill(-1) reaches a process whose real or saved UID is the sender's real or
 /// effective one: every process of `uid`, none of root's, and none of `outsider`'s if it has
 /// none. And no process of `uid` may signal this one, which is neither its real nor its saved

@@ -96,6 +96,26 @@ fn from_tables() -> io::Result<(Vec<Listening>, bool)> {
     Ok((out, cut))
 }
 
+/// The inodes of the sockets among the first `limit` descriptors of process `pid`, as its
+/// /proc/PID/fd links name them (`socket:[inode]`). Err when the kernel refuses to show a link
+/// (root without CAP_SYS_PTRACE reading another user's process): the caller asks again with the
+/// process's own filesystem IDs, where it may.
+pub fn socket_inodes(pid: i32, limit: usize) -> io::Result<Vec<u64>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))?.take(limit) {
+        let link = match std::fs::read_link(entry?.path()) {
+            Ok(l) => l,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => return Err(e),
+            // Closed since the listing.
+            Err(_) => continue,
+        };
+        found.extend(
+            link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok()),
+        );
+    }
+    Ok(found)
+}
+
 /// The listening sockets of one table's text; a line that does not parse is skipped (the
 /// kernel writes these lines; a cut last line is expected).
 pub fn parse(text: &[u8], v6: bool) -> Vec<Listening> {

@@ -5,6 +5,7 @@
 
 pub mod adversary;
 pub mod pidmax;
+pub mod services;
 pub mod trace;
 
 use std::ffi::OsStr;

@@ -5,6 +5,8 @@
 //! A request believed on its word, or a client known by pid and start time alone, would sign a
 //! marker beside that child. The client is the init's own only as the kernel shows it now
 //! (`src/freeze/client.rs`): entered from outside, this binary, untraced, its pidfd held.
+//! y05 and y06 meet the two checks that only such a request, or a client run from inside,
+//! reaches: this binary run as another subcommand, and a client with a parent inside.
 mod common;
 use common::adversary::{knob, report_forged, unfollowed_exec};
 use common::*;
@@ -173,4 +175,133 @@ fn y04_a_client_after_an_unfollowed_launch_is_not_the_inits_own() {
         assert_eq!(st["state"], "quiescent", "the bare signal's freeze: {st}");
         assert!(c.live_of_uid(uid).is_empty());
     }
+}
+
+/// A container whose init logs at info level to `$D/init.log`, where the client it refuses is named.
+fn logged(uid: u32) -> Container {
+    let u = uid.to_string();
+    let mut c = Container::start_with(
+        Opts {
+            init_args: vec!["-v", "--sandbox-user", &u],
+            prefix: vec!["sh", "-c", "exec \"$@\" 2>>\"$D/init.log\"", "sh"],
+            ..Default::default()
+        },
+        &["sleep", "1000000"],
+    );
+    c.wait_published();
+    c
+}
+
+/// The init's refusals of the client process `pid`, as its log words them.
+fn refusals_of(c: &Container, pid: i32) -> Vec<String> {
+    let log = std::fs::read_to_string(c.path("init.log")).unwrap_or_default();
+    let head = format!("freeze client {pid} is not taken for the init's own: ");
+    log.lines().filter_map(|l| l.split_once(&head).map(|(_, why)| why.to_string())).collect()
+}
+
+/// A request a root process wrote, naming a process of this binary that is no client: a
+/// `quiesce exec` entered from outside, which signals the init with the freeze signal to have
+/// its launch recorded, and so claims the request. It runs this binary, from outside,
+/// untraced, with the start time the request says: only the subcommand it runs as tells it from
+/// a client, and the init must not take it for its own (where a client's identity decides, in
+/// its freeze's starting tick, t27, it would be exempt from the newcomer rule). The launch is
+/// answered before the freeze runs, and the exec may run its command before the client is
+/// checked: that round's refusal says "does not run this binary"; a round may show either, and
+/// one at least must show the subcommand.
+#[test]
+fn y05_a_forged_request_naming_this_binary_run_as_exec_gets_no_client() {
+    let uid = 4398;
+    let rounds: usize = knob("ATK_ROUNDS", 3);
+    let mut by_subcommand = 0;
+    for round in 0..rounds {
+        let c = logged(uid);
+        let launch = format!("kill -STOP $$; exec \"$Q\" exec --user {uid} -- sleep 1000000");
+        let _w = guard(c.exec_cmd(&["sh", "-c", &launch, "forged-client"]));
+        let mut x = 0;
+        wait_for("the launcher to stop itself", Duration::from_secs(10), || {
+            x = c
+                .pids()
+                .into_iter()
+                .find(|&p| {
+                    c.stat(p).is_some_and(|s| s.state == 'T' && s.ppid == 0)
+                        && c.proc_read(p, "cmdline").is_some_and(|a| a.contains("forged-client"))
+                })
+                .unwrap_or(0);
+            x > 0
+        });
+        let start = c.stat(x).expect("the launcher's stat").start_time;
+        // Named a second earlier than now, so that it sorts before the launch record it rides on.
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let id = format!("{:016x}{:08x}0000f00d", nanos - 1_000_000_000, x as u32);
+        let body = serde_json::json!({ "nonce": "forged", "request_id": id, "pid": x, "start_time": start });
+        let requests = c.state.join("requests");
+        std::fs::write(requests.join(".forging"), body.to_string()).expect("write the forged request");
+        std::fs::rename(requests.join(".forging"), requests.join(&id)).expect("place it");
+        let (host, _) = c.host_pid(x).expect("the launcher's host pid");
+        assert_eq!(unsafe { libc::kill(host, libc::SIGCONT) }, 0, "cannot continue the launcher");
+        let answer = c.state.join("results").join(format!("{id}.json"));
+        let until = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&answer).is_ok_and(|t| t.contains("quiescent") || t.contains("failed"))
+        {
+            if Instant::now() > until {
+                let log = std::fs::read_to_string(c.path("init.log")).unwrap_or_default();
+                panic!("round {round}: the forged request's freeze did not end within 60 s; the init's log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let why = refusals_of(&c, x);
+        eprintln!("round {round}: process {x}: refused {why:?}; answer {}", read(&answer).trim());
+        assert_eq!(
+            why.len(),
+            1,
+            "round {round}: process {x}, this binary run as `exec`, taken for the init's own"
+        );
+        by_subcommand += why[0].contains("runs this binary as 'exec', not as 'freeze'") as usize;
+        assert!(
+            why[0].contains("runs this binary as 'exec'") || why[0].contains("does not run this binary"),
+            "round {round}: {why:?}"
+        );
+    }
+    assert!(by_subcommand > 0, "no round checked the launcher while it still ran this binary as `exec`");
+}
+
+/// A real client started by a shell inside the container (`docker exec ctr sh -c 'quiesce freeze
+/// ...'`): it runs this binary as `freeze`, untraced, but has a parent in this namespace, which
+/// may be anyone's (a sandbox process could have started it to vouch for what it starts next).
+/// It is not the init's own; its freeze signs all the same (nothing was born during it).
+#[test]
+fn y06_a_client_with_a_parent_inside_is_not_the_inits_own() {
+    let uid = 4399;
+    let c = logged(uid);
+    let st = c.state.to_str().unwrap().to_string();
+    let q = quiesce();
+    let script = "\"$@\"; echo shell done";
+    let out = c.exec(&[
+        "sh",
+        "-c",
+        script,
+        "sh",
+        q.to_str().unwrap(),
+        "freeze",
+        "--state-dir",
+        &st,
+        "--wait",
+        "--json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The shell's own line after the client's JSON shows the client ran under it.
+    let json = text
+        .strip_suffix("shell done\n")
+        .unwrap_or_else(|| panic!("the shell did not outlive its client: {text}"));
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    assert_eq!(v["state"], "quiescent", "{json} {}", String::from_utf8_lossy(&out.stderr));
+    let log = std::fs::read_to_string(c.path("init.log")).unwrap_or_default();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("is not taken for the init's own: ") && l.contains("has a parent in this namespace")
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "the client with a parent inside was taken for the init's own:\n{log}");
 }

@@ -10,7 +10,9 @@
 //! (`init/freezing.rs`); what is left is a root agent (`--sandbox-lineage`) that makes an
 //! untagged root process of the orchestrator's write a request naming a child of its own, which
 //! the checks below refuse unless that child is this binary, started as `freeze`, from outside,
-//! untraced. No test here forges that (docs/testing.md, mutation testing).
+//! untraced. `tests/request_forgery.rs` forges one (y05: a request naming a `quiesce exec`
+//! entered from outside, which claims it with its launch's signal) and runs a real client under
+//! a shell inside (y06: a parent in this namespace); each refusal is read in the init's log.
 //!
 //! What it vouches for: nothing. A client starts no process, so one with a live child is not a
 //! client (a root process that exec'd this binary after starting a helper), and is judged like

@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The sandbox user of a container of this file; each test its own.
 fn container(uid: u32, size_kb: u32) -> Container {
@@ -382,6 +382,42 @@ fn launch_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload
     c.start_ready(c.exec_cmd(&full), &format!("{args:?} as {uid} in the memory cgroup"))
 }
 
+/// A workload entered as `uid` inside the memory cgroup as `docker exec -u` enters it: no
+/// `quiesce exec`, so nothing raised its oom_score_adj at its start.
+fn enter_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload {
+    let (enter, u, a) = (mc.enter(), uid.to_string(), adv());
+    let mut full =
+        vec!["sh", "-c", &enter, "sh", "setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a];
+    full.extend_from_slice(args);
+    c.start_ready(c.exec_cmd(&full), &format!("{args:?} entered as {uid} in the memory cgroup"))
+}
+
+/// The oom_score_adj of each live process of `uid` in the container.
+fn oom_scores(c: &Container, uid: u32) -> Vec<(i32, String)> {
+    let live = c.live_of_uid(uid);
+    live.into_iter()
+        .map(|p| (p, c.proc_read(p, "oom_score_adj").unwrap_or_default().trim().to_string()))
+        .collect()
+}
+
+/// Wait until every live process of `uid` holds oom_score_adj 1000 (bounded: a tracking
+/// refresh comes every second).
+fn wait_raised(c: &Container, uid: u32) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = oom_scores(c, uid);
+        if !seen.is_empty() && seen.iter().all(|(_, s)| s == "1000") {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "not every process of {uid} was raised within 10 s: {seen:?}\n{}",
+            log(c)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A freeze asked for from outside, as `docker kill -s USR1` asks: its final status, read in the
 /// init's mount namespace, and how long it took.
 fn bare_freeze(c: &Container) -> (serde_json::Value, Duration) {
@@ -410,8 +446,17 @@ fn bare_freeze_then(c: &Container, then: impl FnOnce()) -> (serde_json::Value, D
 /// processes needs, so the init's own charges meet the limit in the freeze.
 const ROOM: u64 = 64 << 10;
 
+/// The memory tests one at a time: each sets a limit a few pages above what its container
+/// holds, and the machine's reclaim under several at once made the init's charges miss it.
+static MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn memory_serial() -> std::sync::MutexGuard<'static, ()> {
+    MEMORY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn a_memory_limit_reached_mid_freeze_takes_the_hog_not_the_init() {
+    let _m = memory_serial();
     let name = "a_memory_limit_reached_mid_freeze_takes_the_hog_not_the_init";
     let mc = match MemCgroup::new("mem") {
         Ok(m) => m,
@@ -629,6 +674,7 @@ fn the_wall_clock_moved_an_hour_mid_freeze_leaves_proof_and_verify_truthful() {
 
 #[test]
 fn a_memory_limit_met_by_sandbox_processes_all_smaller_than_the_init_takes_them_not_the_init() {
+    let _m = memory_serial();
     // Forty hogs of 1 MiB, each smaller than the init (about 2 MB): by size alone the OOM killer
     // would take the command and then the init, ending the container. Launched through `quiesce
     // exec`, they carry oom_score_adj 1000 and go first.
@@ -648,6 +694,55 @@ fn a_memory_limit_met_by_sandbox_processes_all_smaller_than_the_init_takes_them_
     let (st, took) = bare_freeze(&c);
     let kills = mc.oom_kills() - kills;
     eprintln!("memory, small hogs: freeze {} in {took:?}, {kills} OOM kill(s)", st["state"]);
+    assert!(c.alive(), "the init died under its memory limit: {}", log(&c));
+    assert!(kills > 0, "the limit was not met during the freeze: the test tested nothing");
+    if st["state"] == "quiescent" {
+        assert!(c.live_of_uid(uid).is_empty(), "quiescent beside a live sandbox: {st}");
+    } else {
+        assert!(state_file(&c, "quiescence.jws").is_none(), "a marker beside a failed freeze: {st}");
+    }
+    mc.set_limit(None);
+}
+
+#[test]
+fn processes_entered_as_the_sandbox_user_are_made_the_oom_killers_first_choice() {
+    // `docker exec -u` with no `quiesce exec`: a tracking refresh raises each sandbox process,
+    // children forked before it included; a root process entered from outside is not touched.
+    let uid = 4262;
+    let mut c = container(uid, 2048);
+    let u = uid.to_string();
+    let root = c.launch_root(&["sleepers", "1"]);
+    let entered = ["setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &adv(), "sleepers", "5"];
+    let _w = c.start_ready(c.exec_cmd(&entered), "sleepers entered as the sandbox user");
+    assert_eq!(c.live_of_uid(uid).len(), 6, "{:?}", oom_scores(&c, uid));
+    wait_raised(&c, uid);
+    let root_score = c.proc_read(root.pid, "oom_score_adj").unwrap_or_default();
+    assert_eq!(root_score.trim(), "0", "a root process entered from outside was raised");
+    assert!(c.alive());
+}
+
+#[test]
+fn a_memory_limit_met_by_small_processes_entered_without_quiesce_exec_takes_them_not_the_init() {
+    let _m = memory_serial();
+    // As the test above with the hogs entered as `docker exec -u` enters them: the init raised
+    // them itself when its tracking refresh found them.
+    let name = "a_memory_limit_met_by_small_processes_entered_without_quiesce_exec_takes_them_not_the_init";
+    let mc = match MemCgroup::new("mem-entered") {
+        Ok(m) => m,
+        Err(e) => return skip(name, &e),
+    };
+    let uid = 4263;
+    let first = format!("echo 0 > {} && ", mc.dir.join("cgroup.procs").display());
+    let mut c = container_opts(uid, 2048, &first, Opts::default());
+    let _w = enter_in(&c, &mc, uid, &["sleepers", "300"]);
+    let _hogs = enter_in(&c, &mc, uid, &["hog", "40", "1"]);
+    wait_raised(&c, uid);
+    let (now, _) = mc.usage();
+    mc.set_limit(Some(now + ROOM));
+    let kills = mc.oom_kills();
+    let (st, took) = bare_freeze(&c);
+    let kills = mc.oom_kills() - kills;
+    eprintln!("memory, small hogs entered: freeze {} in {took:?}, {kills} OOM kill(s)", st["state"]);
     assert!(c.alive(), "the init died under its memory limit: {}", log(&c));
     assert!(kills > 0, "the limit was not met during the freeze: the test tested nothing");
     if st["state"] == "quiescent" {

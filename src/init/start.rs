@@ -297,6 +297,7 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
             seen: Default::default(),
             launchers,
             tracked_at: None,
+            oom: Default::default(),
         },
         state,
         unsynced,

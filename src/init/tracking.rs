@@ -18,6 +18,8 @@ pub struct Tracking {
     pub launchers: newcomers::Launchers,
     /// When the last tracking refresh completed; None: the last one was cut off.
     pub tracked_at: Option<Instant>,
+    /// The sandbox processes made the OOM killer's first choice so far.
+    pub oom: crate::init::oom::OomFirst,
 }
 
 /// When the next refresh is due: every interval, and on SIGCHLD at most every 100 ms.
@@ -67,6 +69,7 @@ pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool) -> bool {
         Ok(true) => {
             let tainted = t.policy.classify(&t.seen);
             t.policy.remember(&t.seen, &tainted);
+            t.oom.raise(reader.root(), &t.seen, &tainted);
             t.launchers.prune(&t.seen);
             t.tracked_at = Some(Instant::now());
             return true;

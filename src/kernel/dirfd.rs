@@ -1,7 +1,7 @@
 //! Opening and reading through a directory descriptor: openat, a directory (by a path, or by one
 //! entry following no link), a regular file for reading, the names a directory holds (getdents64
 //! on the descriptor, whatever its path leads to now), a small file whole into a reused buffer, a
-//! link's text.
+//! link's text, a few bytes written to an existing file.
 //! May use: libc, std and kernel::errno.
 
 use std::ffi::CString;
@@ -144,6 +144,22 @@ pub fn open_file_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<OwnedFd>
         Err(e) if e.raw_os_error() == Some(libc::EPERM) => open(base),
         r => r,
     }
+}
+
+/// Write `bytes` to the existing file `name` in `dir` in one write, following no link, creating
+/// nothing: for the small control files of /proc, which take a value in one write or refuse it.
+pub fn write_file_at(dir: &OwnedFd, name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
+    let flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC;
+    // SAFETY: a valid descriptor and C string; the kernel returns a new descriptor we own.
+    let fd = check(unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) } as _)?;
+    // SAFETY: the kernel just gave us this descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    // SAFETY: a valid descriptor and a buffer of that length.
+    let n = check(unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) } as _)?;
+    if n as usize != bytes.len() {
+        return Err(io::Error::other(format!("wrote {n} of {} bytes", bytes.len())));
+    }
+    Ok(())
 }
 
 /// Open the directory `name` in `dir` for listing, following no link (a C-string name): the open

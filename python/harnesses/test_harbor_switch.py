@@ -757,6 +757,15 @@ def test_an_honest_root_agent_s_server_scores_only_when_handed_over(
     )
 
 
+def test_ports_names_the_services_that_come_back(tmp_path: Path, py_image: str) -> None:
+    # ports=8080: the server on it is the one the tests get (verify --port 8080).
+    task = service_task(tmp_path, "honest-server-ports", py_image, HONEST_SERVER, user=None)
+    ports = ["--environment-kwarg", "ports=8080"]
+    on = start_one(tmp_path, task, *SWITCH, *PIDS, *ROOT, *HAND_OVER, *ports)
+    assert (on.reward, on.exception) == (1.0, None), (on.message, on.log[-1500:])
+    assert handed_over(on) == 1, on.log[-1500:]
+
+
 def test_an_honest_agent_user_s_server_scores_when_handed_over(
     tmp_path: Path, py_image: str
 ) -> None:
@@ -831,7 +840,7 @@ def test_services_without_the_hand_over_are_refused_at_start(
 
 def test_the_hand_over_kwargs() -> None:
     from quiesce_harness.errors import InstallFailed
-    from quiesce_harness.harbor import _Guard, _hand_over_settings, _parse_services
+    from quiesce_harness.harbor import _Guard, _hand_over_settings, _parse_ports, _parse_services
 
     assert _parse_services("8080=python3 -m http.server 8080; 9000 = ./api --port=9000") == {
         8080: "python3 -m http.server 8080",
@@ -842,16 +851,31 @@ def test_the_hand_over_kwargs() -> None:
     for bad in ("8080", "http=./serve", "70000=./serve", "8080=", "1=a;1=b", 8080):
         with pytest.raises(InstallFailed):
             _parse_services(bad)
-    assert _hand_over_settings(False, None, None, None) == (False, {}, None, None)
-    for off in (("services", "8080=x"), ("service_user", 65533), ("service_wait", 5)):
+    assert _parse_ports("8080, 5000,8080") == (8080, 5000)
+    assert _parse_ports([5328]) == (5328,) and _parse_ports(8080) == (8080,)
+    bad_ports: tuple[object, ...] = ("http", "0", "70000", [True], 1.5, "8080;5000")
+    for bad_port in bad_ports:
+        with pytest.raises(InstallFailed, match="is not a TCP port"):
+            _parse_ports(bad_port)
+    assert _hand_over_settings(False, None, None, None) == (False, {}, None, None, ())
+    assert _hand_over_settings(True, None, None, None, "8080")[4] == (8080,)
+    for off in (
+        ("services", "8080=x"),
+        ("service_user", 65533),
+        ("service_wait", 5),
+        ("ports", "8080"),
+    ):
         kw: dict[str, Any] = {"services": None, "service_user": None, "service_wait": None}
         kw[off[0]] = off[1]
         with pytest.raises(InstallFailed, match="hand_over_services=true"):
-            _hand_over_settings(False, kw["services"], kw["service_user"], kw["service_wait"])
+            _hand_over_settings(
+                False, kw["services"], kw["service_user"], kw["service_wait"], kw.get("ports")
+            )
     with pytest.raises(InstallFailed):
         _hand_over_settings("yes", None, None, None)
     g = _Guard(way="init", users=("agent",), hand_over=True, workdir="/app")
     g.services, g.service_wait = {8080: "python3 -m http.server 8080"}, 5
+    g.ports = (5000,)
     assert g.hand_over_args() == [
         "--hand-over",
         "--service-wait",
@@ -864,6 +888,8 @@ def test_the_hand_over_kwargs() -> None:
         "/app",
         "--hide",
         "/tests",
+        "--port",
+        "5000",
         "--service",
         "8080=python3 -m http.server 8080",
     ]

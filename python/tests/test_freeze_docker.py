@@ -19,10 +19,12 @@ import pytest
 
 from quiesce_harness import (
     GATE_EXIT_CODES,
+    HAND_OVER_EXIT,
     Container,
     ExecResult,
     FreezeFailed,
     FreezeResult,
+    HandOver,
     MarkerInvalid,
     Unreachable,
     freeze,
@@ -306,3 +308,59 @@ def test_an_image_with_no_shell_and_no_cat(client: docker.DockerClient, scratch_
         assert claims["jti"] == r.freeze_id
         done = run_verifier(c, ["/sbin/quiesce", "--version"], nonce="no-shell")
         assert done.returncode == 0 and done.stdout.startswith(b"quiesce "), done.stderr
+
+
+# The agent's service: a TCP server on 8080 that answers each connection with one line, in a
+# session of its own (it outlives the exec), as bookworm-slim's perl can run it.
+_SERVER = (
+    "setsid perl -MIO::Socket::INET -e '"
+    '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:8080", Listen => 5, ReuseAddr => 1) '
+    'or die; while ($c = $s->accept) { print $c "served\\n"; close $c }'
+    "' </dev/null >/dev/null 2>&1 &"
+)
+# The tests: what the service answers, or "down".
+_QUERY = [
+    "perl",
+    "-MIO::Socket::INET",
+    "-e",
+    '$c = IO::Socket::INET->new("127.0.0.1:8080") or do { print "down\\n"; exit 1 }; print <$c>',
+]
+
+
+def test_run_verifier_hands_the_agents_service_over(client: docker.DockerClient) -> None:
+    # The freeze kills the agent's server with the rest; with hand_over, verify starts it again
+    # as the service user, confined, and the tests reach it; without, they find it down.
+    with box(client) as b:
+        b.agent_exec(_SERVER)
+        c = Container.docker(b.name, client=client)
+        support.until(
+            lambda: c.exec(_QUERY).returncode == 0, 15, "the agent's server never answered"
+        )
+        r = freeze(c, nonce="n-h")
+        assert r.state == "quiescent" and r.marker is not None
+        down = run_verifier(c, _QUERY, nonce="n-h")
+        assert (down.returncode, down.stdout) == (1, b"down\n")
+        hand_over = HandOver(protect=["/workspace"], ports=[8080], service_wait=10)
+        served = run_verifier(c, _QUERY, nonce="n-h", hand_over=hand_over)
+        assert (served.returncode, served.stdout) == (0, b"served\n"), served.stderr
+        record = json.loads(c.read_file("/run/quiesce/handover.json"))
+        assert [s["ports"] for s in record["services"]] == [[8080]], record
+
+
+def test_a_hand_over_verify_refuses_is_exit_20(client: docker.DockerClient) -> None:
+    # A protected path the service user could write: verify refuses before any service starts.
+    with box(client) as b:
+        b.agent_exec(_SERVER)
+        c = Container.docker(b.name, client=client)
+        support.until(
+            lambda: c.exec(_QUERY).returncode == 0, 15, "the agent's server never answered"
+        )
+        assert c.exec(["sh", "-c", "mkdir -p /srv/open && chmod 0777 /srv/open"]).returncode == 0
+        r = freeze(c, nonce="n-r")
+        assert r.state == "quiescent"
+        refused = run_verifier(
+            c, ["echo", "scored"], nonce="n-r", hand_over=HandOver(protect=["/srv/open"])
+        )
+        assert refused.returncode == HAND_OVER_EXIT, refused
+        assert refused.stdout == b""
+        assert b"/srv/open" in refused.stderr, refused.stderr

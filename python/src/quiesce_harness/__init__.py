@@ -26,15 +26,17 @@ from .marker import key_id, verify_marker
 from .provider import SandboxExec, SandboxKill, SandboxUpload
 from .result import FreezeResult, Survivor
 from .sidecar import Sidecar, start_sidecar
-from .verifier import GATE_EXIT_CODES, run_verifier
+from .verifier import GATE_EXIT_CODES, HAND_OVER_EXIT, HandOver, run_verifier
 
 __all__ = [
     "GATE_EXIT_CODES",
+    "HAND_OVER_EXIT",
     "AttestationInvalid",
     "Container",
     "ExecResult",
     "FreezeFailed",
     "FreezeResult",
+    "HandOver",
     "InstallFailed",
     "MarkerInvalid",
     "QuiesceError",

@@ -58,7 +58,8 @@ once every check passed, it starts each service the signed marker records as hav
 a TCP port again, from its recorded executable, argv, cwd and environment, as an unprivileged
 user of its own (quiesce's default, 65530, or `service_user=`), waits until each port listens
 again, runs the tests, then kills every process of that user. `services=` declares start
-commands instead (or services the marker does not record). The service user must not be able
+commands instead (or services the marker does not record); `ports=8080,5000` brings back only
+the services on those ports. The service user must not be able
 to write, or own, anything the tests trust: /tests, /logs/verifier and the agent's working
 directory are passed as `--protect`, and a service user that could write there (or a service
 that does not come back) fails the trial (HandOverRefused) with quiesce verify's reason, before
@@ -99,7 +100,7 @@ from .freeze import freeze
 from .marker import verify_marker
 from .result import FreezeResult
 from .sidecar import DEFAULT_INSTALL_PATH, start_sidecar
-from .verifier import ACCEPT_ENV, GATE_EXIT_CODES, HAND_OVER_EXIT
+from .verifier import ACCEPT_ENV, GATE_EXIT_CODES, HAND_OVER_EXIT, HandOver
 
 # Where the init path mounts the binary and the key directory in the main container: paths of
 # the kit's own, which the engine creates (root's, 0755) and nothing of the image uses.
@@ -167,6 +168,7 @@ class _Guard:
     # while the tests run (`quiesce verify --hand-over`).
     hand_over: bool = False
     services: dict[int, str] = field(default_factory=dict)  # declared: port -> sh -c command
+    ports: tuple[int, ...] = ()  # only the services on these ports come back (none: all)
     service_user: int | None = None
     service_wait: int | None = None
     # Where Harbor runs the agent's commands (the task's workdir, else the image's WORKDIR),
@@ -180,19 +182,16 @@ class _Guard:
         protect = [str(TESTS_DIR), str(VERIFIER_DIR)]
         if self.workdir and self.workdir != "/" and self.workdir not in protect:
             protect.append(self.workdir)
-        args = ["--hand-over"]
-        if self.service_user is not None:
-            args += ["--service-user", str(self.service_user)]
-        if self.service_wait is not None:
-            args += ["--service-wait", str(self.service_wait)]
-        for p in protect:
-            args += ["--protect", p]
         # The tests (made root's 0700 after Harbor's upload) hold the expected answers: a
         # service the tests query must not read them.
-        args += ["--hide", str(TESTS_DIR)]
-        for port, command in sorted(self.services.items()):
-            args += ["--service", f"{port}={command}"]
-        return args
+        return HandOver(
+            protect=protect,
+            hide=[str(TESTS_DIR)],
+            services=self.services,
+            ports=self.ports,
+            service_user=self.service_user,
+            service_wait=self.service_wait,
+        ).args()
 
     @property
     def lineage(self) -> bool:
@@ -330,17 +329,49 @@ def _parse_services(value: object) -> dict[int, str]:
     return out
 
 
+def _parse_ports(value: object) -> tuple[int, ...]:
+    """`ports=` as given: a port, "PORT,PORT", or (from the command line's JSON) a list."""
+    if value is None or value == "":
+        return ()
+    items: list[object]
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, list):
+        items = list(value)
+    else:
+        items = [value]
+    out: list[int] = []
+    for v in items:
+        port = v if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(v, str) and v.isdigit():
+            port = int(v)
+        if port is None or not 1 <= port <= 65535:
+            raise InstallFailed(
+                f"ports={value!r}: {v!r} is not a TCP port (1-65535); give PORT,PORT or a JSON list"
+            )
+        if port not in out:
+            out.append(port)
+    return tuple(out)
+
+
 def _hand_over_settings(
-    hand_over: object, services: object, service_user: object, service_wait: object
-) -> tuple[bool, dict[int, str], int | None, int | None]:
-    """The hand-over kwargs checked: (on, declared services, service UID, wait seconds)."""
+    hand_over: object,
+    services: object,
+    service_user: object,
+    service_wait: object,
+    ports: object = None,
+) -> tuple[bool, dict[int, str], int | None, int | None, tuple[int, ...]]:
+    """The hand-over kwargs checked: (on, declared services, service UID, wait seconds, the
+    ports whose services come back)."""
     if not isinstance(hand_over, bool):
         raise InstallFailed(f"hand_over_services={hand_over!r}: pass true or false")
     declared = _parse_services(services)
+    named = _parse_ports(ports)
     given = [
         name
         for name, v in (
             ("services", declared or None),
+            ("ports", named or None),
             ("service_user", service_user),
             ("service_wait", service_wait),
         )
@@ -361,7 +392,7 @@ def _hand_over_settings(
 
     uid = whole("service_user", service_user, 1)
     wait = whole("service_wait", service_wait, 1)
-    return hand_over, declared, uid, wait
+    return hand_over, declared, uid, wait, named
 
 
 def _variant(wraps: str, via: str | None) -> type[QuiescedEnvironment]:
@@ -405,7 +436,9 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     left listening run again, as an unprivileged user, while the tests run; default false),
     services (with it: start commands by port, "PORT=COMMAND;PORT=COMMAND" or a JSON object),
     service_user (the UID and GID they run as; default quiesce's, 65530), service_wait (seconds
-    they may take to listen; default 30). Every other kwarg goes to `wraps`.
+    they may take to listen; default 30), ports (only the services on these ports come back,
+    "PORT,PORT" or a JSON list; default every one the marker records). Every other kwarg goes
+    to `wraps`.
     """
 
     _quiesce_way = "sidecar"
@@ -432,6 +465,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         services: str | dict[str, str] | None = None,
         service_user: int | None = None,
         service_wait: int | None = None,
+        ports: str | int | list[int] | None = None,
         **kwargs: Any,
     ) -> None:
         del wraps, via  # chose the class in __new__
@@ -439,12 +473,18 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         # Raised at start, so that Harbor records it as this trial's, not the job's.
         self._refusal: InstallFailed | None = None
         users: tuple[str, ...] = ()
-        hand_over: tuple[bool, dict[int, str], int | None, int | None] = (False, {}, None, None)
+        hand_over: tuple[bool, dict[int, str], int | None, int | None, tuple[int, ...]] = (
+            False,
+            {},
+            None,
+            None,
+            (),
+        )
         try:
             _check_task(env_dir)
             users = _sandbox_users(env_dir, sandbox_user)
             hand_over = _hand_over_settings(
-                hand_over_services, services, service_user, service_wait
+                hand_over_services, services, service_user, service_wait, ports
             )
         except InstallFailed as e:
             self._refusal = e
@@ -460,7 +500,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             accept_root=accept_root_agent is True,
         )
         g = self._guard
-        g.hand_over, g.services, g.service_user, g.service_wait = hand_over
+        g.hand_over, g.services, g.service_user, g.service_wait, g.ports = hand_over
         super().__init__(*args, **kwargs)
 
     # --- Harbor's calls -----------------------------------------------------------------------

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from .container import Container, sandbox_user_args
 from .errors import Unreachable
@@ -32,6 +33,63 @@ GATE_EXIT_CODES = {
 HAND_OVER_EXIT = 20
 
 
+@dataclass(frozen=True)
+class HandOver:
+    """`quiesce verify --hand-over` (docs/marker.md, "The hand-over"): once every check passed,
+    the services the signed marker records as having listened are started again as a user of
+    their own, waited for until they listen, and killed when the verifier ends.
+
+    protect: paths the service user must not be able to write (the tests, the reward's
+    directory, the workspace); hide: paths it must not be able to read (the tests' expected
+    answers); verify refuses (exit 20) rather than start a service that could. services: start
+    commands by port (`sh -c`, from `/` with a plain PATH), for what the marker does not
+    record or should not start as recorded; ports: only the services on these ports come back
+    (none: every recorded one). service_user: the UID and GID they run as (quiesce's default,
+    65530); service_wait: seconds each may take to listen (default 30).
+    """
+
+    protect: Sequence[str] = ()
+    hide: Sequence[str] = ()
+    services: Mapping[int, str] = field(default_factory=dict)
+    ports: Sequence[int] = ()
+    service_user: int | None = None
+    service_wait: int | None = None
+
+    def __post_init__(self) -> None:
+        for what, paths in (("protect", self.protect), ("hide", self.hide)):
+            if isinstance(paths, str):
+                raise ValueError(f"HandOver {what}={paths!r}: give a list of paths")
+            for path in paths:
+                if not path.startswith("/"):
+                    raise ValueError(f"HandOver {what}: {path!r} is not an absolute path")
+        for port in [*self.ports, *self.services]:
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise ValueError(f"HandOver: {port!r} is not a TCP port (1-65535)")
+        for port, command in self.services.items():
+            if not command.strip():
+                raise ValueError(f"HandOver services: port {port} has no command to start it with")
+        for what, v in (("service_user", self.service_user), ("service_wait", self.service_wait)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"HandOver {what}={v!r}: give a whole number of at least 1")
+
+    def args(self) -> list[str]:
+        """`quiesce verify`'s options for this hand-over."""
+        args = ["--hand-over"]
+        if self.service_user is not None:
+            args += ["--service-user", str(self.service_user)]
+        if self.service_wait is not None:
+            args += ["--service-wait", str(self.service_wait)]
+        for path in self.protect:
+            args += ["--protect", path]
+        for path in self.hide:
+            args += ["--hide", path]
+        for port in sorted(set(self.ports)):
+            args += ["--port", str(port)]
+        for port, command in sorted(self.services.items()):
+            args += ["--service", f"{port}={command.strip()}"]
+        return args
+
+
 def run_verifier(
     container: Container,
     cmd: str | Sequence[str],
@@ -41,6 +99,7 @@ def run_verifier(
     max_age_s: int | None = None,
     timeout: float | None = None,
     accept_privilege_escalation: bool = False,
+    hand_over: HandOver | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `quiesce verify [--nonce N] -- cmd` in the container and return what it did.
 
@@ -55,6 +114,9 @@ def run_verifier(
     Podman, and through a from_exec function that takes `env=`, so that the container's
     environment cannot accept it either (`kubectl exec`, and an exec function without `env`,
     set no environment: there the container's own is read).
+
+    `hand_over` gives the services the agent left running back to the verifier, confined (see
+    HandOver); exit 20 (HAND_OVER_EXIT) then says verify refused to, and why, on stderr.
 
     quiesce itself runs from its absolute path (Container.binary_path(), never looked up
     through the image's PATH), but `cmd` is the task's: it runs with the container's own
@@ -73,6 +135,8 @@ def run_verifier(
         opts += sandbox_user_args(sandbox_user)
     if max_age_s is not None:
         opts += ["--max-age", str(max_age_s)]
+    if hand_over is not None:
+        opts += hand_over.args()
     env: dict[str, str] | None = None
     if accept_privilege_escalation:
         opts.append("--accept-privilege-escalation")

@@ -69,7 +69,9 @@ pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool) -> bool {
         Ok(true) => {
             let tainted = t.policy.classify(&t.seen);
             t.policy.remember(&t.seen, &tainted);
-            t.oom.raise(reader.root(), &t.seen, &tainted);
+            if !t.oom.raise(reader.root(), &t.seen, &tainted, abort) {
+                log::debug!("raising the sandbox's oom_score_adj interrupted: the rest at the next refresh");
+            }
             t.launchers.prune(&t.seen);
             t.tracked_at = Some(Instant::now());
             return true;

@@ -17,23 +17,7 @@ const SVC: &str = "65520";
 /// A python service written by the agent into `dir`: listens on `port`, and as the service user
 /// runs `hostile` (python source, indented by 4) in a thread.
 fn py_service(c: &Container, dir: &Path, name: &str, port: u16, hostile: &str) -> Guard {
-    let script = format!(
-        "import os,sys,time,signal,socket,threading\n\
-         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-         s.bind(('127.0.0.1',{port})); s.listen(16)\n\
-         def hostile():\n\
-         \x20   if os.getuid() != {SERVICE}: return\n\
-         {hostile}\n\
-         threading.Thread(target=hostile,daemon=True).start()\n\
-         while True:\n\
-         \x20   try:\n\
-         \x20       a,_=s.accept(); a.close()\n\
-         \x20   except OSError: time.sleep(0.01)\n"
-    );
-    let p = dir.join(name);
-    std::fs::write(&p, script).unwrap();
-    std::os::unix::fs::chown(&p, Some(AGENT), Some(AGENT)).unwrap();
-    agent_service(c, dir, &[PY, name], port)
+    common::services::hostile_py(c, (AGENT, SERVICE), dir, name, port, "", hostile)
 }
 
 fn workspace(c: &Container) -> (PathBuf, PathBuf) {
@@ -42,10 +26,6 @@ fn workspace(c: &Container) -> (PathBuf, PathBuf) {
 
 fn agent_service(c: &Container, dir: &Path, args: &[&str], port: u16) -> Guard {
     common::services::agent_service(c, &[], &["--user", &AGENT.to_string()], dir, args, port)
-}
-
-fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("    {l}\n")).collect()
 }
 
 fn vcmd(c: &Container, opts: &[&str], cmd: &[&str]) -> Command {
@@ -72,7 +52,7 @@ fn x01_hardlink_to_a_protected_file_behind_an_unsearchable_dir() {
     let (work, reward) = workspace(&c);
     let port = free_port();
     let alias = c.dir.join("alias");
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "while True:\n    try: open('{}','w').write('1337\\n')\n    except OSError as e: pass\n    time.sleep(0.01)",
         alias.display()
     ));
@@ -116,7 +96,7 @@ fn x02_symlinked_directory_inside_the_protected_tree_is_not_walked() {
     let (work, reward) = workspace(&c);
     let port = free_port();
     let out_dir = c.dir.join("outside");
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "while True:\n    try: open('{}/answer.txt','w').write('1337\\n')\n    except OSError: pass\n    time.sleep(0.01)",
         out_dir.display()
     ));
@@ -156,7 +136,7 @@ fn x03_service_rewrites_verifys_stdout_file_in_the_protected_dir() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
-    let hostile = indent(
+    let hostile = common::services::indent(
         "while True:\n    try:\n        os.ftruncate(1,0); os.lseek(1,0,0); os.write(1,b'== 12 passed in 0.1s (forged) ==\\n')\n    except OSError: pass\n    time.sleep(0.01)",
     );
     let _svc = py_service(&c, &work, "serve.py", port, &hostile);
@@ -187,7 +167,7 @@ fn x04_service_steals_the_test_script_from_stdin() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
-    let hostile = indent("while True:\n    if not os.read(0, 65536): break");
+    let hostile = common::services::indent("while True:\n    if not os.read(0, 65536): break");
     let _svc = py_service(&c, &work, "serve.py", port, &hostile);
     let (code, st) = c.freeze("x04");
     assert_eq!(code, 0, "freeze: {st}");
@@ -416,7 +396,7 @@ fn x09_a_service_listens_on_ports_it_was_not_recorded_with() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let (port, squat) = (free_port(), free_port());
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "t=socket.socket(); t.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); t.bind(('0.0.0.0',{squat})); t.listen(4)\n\
          while True: time.sleep(1)"
     ));

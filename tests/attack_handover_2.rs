@@ -18,24 +18,7 @@ const SVC: &str = "65510";
 /// A python service in `dir`: runs `always` (module level, as the agent and as the service
 /// user), listens on `port`, and as the service user runs `hostile` (indented by 4) in a thread.
 fn py_service(c: &Container, dir: &Path, name: &str, port: u16, always: &str, hostile: &str) -> Guard {
-    let script = format!(
-        "import os,sys,time,signal,socket,threading\n\
-         {always}\n\
-         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
-         s.bind(('127.0.0.1',{port})); s.listen(16)\n\
-         def hostile():\n\
-         \x20   if os.getuid() != {SERVICE}: return\n\
-         {hostile}\n\
-         threading.Thread(target=hostile,daemon=True).start()\n\
-         while True:\n\
-         \x20   try:\n\
-         \x20       a,_=s.accept(); a.close()\n\
-         \x20   except OSError: time.sleep(0.01)\n"
-    );
-    let p = dir.join(name);
-    std::fs::write(&p, script).unwrap();
-    std::os::unix::fs::chown(&p, Some(AGENT), Some(AGENT)).unwrap();
-    agent_service(c, dir, &[PY, name], port)
+    common::services::hostile_py(c, (AGENT, SERVICE), dir, name, port, always, hostile)
 }
 
 fn workspace(c: &Container) -> (PathBuf, PathBuf) {
@@ -44,10 +27,6 @@ fn workspace(c: &Container) -> (PathBuf, PathBuf) {
 
 fn agent_service(c: &Container, dir: &Path, args: &[&str], port: u16) -> Guard {
     common::services::agent_service(c, &[], &["--user", &AGENT.to_string()], dir, args, port)
-}
-
-fn indent(s: &str) -> String {
-    s.lines().map(|l| format!("    {l}\n")).collect()
 }
 
 fn vargs(c: &Container, opts: &[&str], cmd: &[&str]) -> Vec<String> {
@@ -84,7 +63,7 @@ fn y01_symlink_chain_through_a_writable_directory() {
     let (work, reward) = workspace(&c);
     let port = free_port();
     let (pubd, safe) = (c.dir.join("pub"), c.dir.join("safe"));
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "import shutil\nwhile True:\n    try:\n        os.unlink('{p}/d')\n    except OSError: pass\n    try:\n        os.mkdir('{p}/d'); open('{p}/d/answer.txt','w').write('1337\\n')\n    except OSError: pass\n    time.sleep(0.01)",
         p = pubd.display()
     ));
@@ -159,7 +138,7 @@ fn y03_a_listener_in_flight_is_held_by_no_one() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let (port, squat) = (free_port(), free_port());
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "t=socket.socket(); t.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); t.bind(('0.0.0.0',{squat})); t.listen(4)\n\
          a,b=socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n\
          socket.send_fds(a,[b'x'],[t.fileno()]); t.close()\n\
@@ -197,7 +176,7 @@ fn y04_a_grandchild_outlives_a_verify_killed_with_sigkill() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
-    let hostile = indent(
+    let hostile = common::services::indent(
         "if os.fork()==0:\n    os.setsid()\n    if os.fork()==0:\n        while True: time.sleep(1)\n    os._exit(0)",
     );
     let _svc = py_service(&c, &work, "serve.py", port, "", &hostile);
@@ -238,7 +217,7 @@ fn y05_a_full_pids_cgroup_leaves_the_services_alive_past_verify() {
     let c = sandbox(AGENT, &[]);
     let (work, reward) = workspace(&c);
     let port = free_port();
-    let hostile = indent(
+    let hostile = common::services::indent(
         "time.sleep(1.5)\nwhile True:\n    try:\n        p=os.fork()\n    except OSError:\n        time.sleep(0.0005); continue\n    if p==0:\n        while True: time.sleep(1)",
     );
     let _svc = py_service(&c, &work, "serve.py", port, "", &hostile);
@@ -388,7 +367,7 @@ fn y08_the_recorded_digest_is_not_what_ran() {
         &format!("mkdir -m 755 {d} && cp {PY} {b} && chmod 777 {b}", d = bdir.display(), b = bbin.display()),
     );
     // A rewrites B's executable into a script, the moment it runs as the service user.
-    let hostile = indent(&format!(
+    let hostile = common::services::indent(&format!(
         "open('{b}','wb').write(b'#!/bin/sh\\necho ran-as-$(id -u) > {p}\\nexec {PY} \"$@\"\\n')",
         b = bbin.display(),
         p = pwned.display()

@@ -382,14 +382,19 @@ fn launch_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload
     c.start_ready(c.exec_cmd(&full), &format!("{args:?} as {uid} in the memory cgroup"))
 }
 
-/// A workload entered as `uid` inside the memory cgroup as `docker exec -u` enters it: no
-/// `quiesce exec`, so nothing raised its oom_score_adj at its start.
-fn enter_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload {
+/// `args` entered as `uid` inside the memory cgroup as `docker exec -u` enters it: no `quiesce
+/// exec`, so nothing raised its oom_score_adj at its start.
+fn enter_in_cmd(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> std::process::Command {
     let (enter, u, a) = (mc.enter(), uid.to_string(), adv());
     let mut full =
         vec!["sh", "-c", &enter, "sh", "setpriv", "--reuid", &u, "--regid", &u, "--clear-groups", &a];
     full.extend_from_slice(args);
-    c.start_ready(c.exec_cmd(&full), &format!("{args:?} entered as {uid} in the memory cgroup"))
+    c.exec_cmd(&full)
+}
+
+/// `enter_in_cmd`'s workload, once it says it is ready.
+fn enter_in(c: &Container, mc: &MemCgroup, uid: u32, args: &[&str]) -> Workload {
+    c.start_ready(enter_in_cmd(c, mc, uid, args), &format!("{args:?} entered as {uid} in the memory cgroup"))
 }
 
 /// The oom_score_adj of each live process of `uid` in the container.
@@ -742,24 +747,7 @@ fn a_memory_limit_met_by_small_processes_entered_without_quiesce_exec_takes_them
     let (now, _) = mc.usage();
     mc.set_limit(Some(now + ROOM));
     let kills = mc.oom_kills();
-    let (enter, u, a) = (mc.enter(), uid.to_string(), adv());
-    let one_more = [
-        "sh",
-        "-c",
-        &enter,
-        "sh",
-        "setpriv",
-        "--reuid",
-        &u,
-        "--regid",
-        &u,
-        "--clear-groups",
-        &a,
-        "hog",
-        "1",
-        "1",
-    ];
-    let mut more = c.exec_cmd(&one_more);
+    let mut more = enter_in_cmd(&c, &mc, uid, &["hog", "1", "1"]);
     more.env("ADV_READY", c.path("ready-one-more"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());

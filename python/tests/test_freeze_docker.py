@@ -327,15 +327,19 @@ _QUERY = [
 ]
 
 
+def _serving(b: Box, client: docker.DockerClient) -> Container:
+    """The box's container once the agent's server answers on 8080."""
+    b.agent_exec(_SERVER)
+    c = Container.docker(b.name, client=client)
+    support.until(lambda: c.exec(_QUERY).returncode == 0, 15, "the agent's server never answered")
+    return c
+
+
 def test_run_verifier_hands_the_agents_service_over(client: docker.DockerClient) -> None:
     # The freeze kills the agent's server with the rest; with hand_over, verify starts it again
     # as the service user, confined, and the tests reach it; without, they find it down.
     with box(client) as b:
-        b.agent_exec(_SERVER)
-        c = Container.docker(b.name, client=client)
-        support.until(
-            lambda: c.exec(_QUERY).returncode == 0, 15, "the agent's server never answered"
-        )
+        c = _serving(b, client)
         r = freeze(c, nonce="n-h")
         assert r.state == "quiescent" and r.marker is not None
         down = run_verifier(c, _QUERY, nonce="n-h")
@@ -350,11 +354,7 @@ def test_run_verifier_hands_the_agents_service_over(client: docker.DockerClient)
 def test_a_hand_over_verify_refuses_is_exit_20(client: docker.DockerClient) -> None:
     # A protected path the service user could write: verify refuses before any service starts.
     with box(client) as b:
-        b.agent_exec(_SERVER)
-        c = Container.docker(b.name, client=client)
-        support.until(
-            lambda: c.exec(_QUERY).returncode == 0, 15, "the agent's server never answered"
-        )
+        c = _serving(b, client)
         assert c.exec(["sh", "-c", "mkdir -p /srv/open && chmod 0777 /srv/open"]).returncode == 0
         r = freeze(c, nonce="n-r")
         assert r.state == "quiescent"

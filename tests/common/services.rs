@@ -68,6 +68,43 @@ pub fn agent_service(
     g
 }
 
+/// A python service written by the agent (`agent`) into `dir` and started through `quiesce
+/// exec`: it runs `always` at module level (as the agent, and again as the service user),
+/// listens on `port`, and as `service` runs `hostile` (python, indented by 4) in a thread.
+pub fn hostile_py(
+    c: &Container,
+    (agent, service): (u32, u32),
+    dir: &Path,
+    name: &str,
+    port: u16,
+    always: &str,
+    hostile: &str,
+) -> Guard {
+    let script = format!(
+        "import os,sys,time,signal,socket,threading\n\
+         {always}\n\
+         s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('127.0.0.1',{port})); s.listen(16)\n\
+         def hostile():\n\
+         \x20   if os.getuid() != {service}: return\n\
+         {hostile}\n\
+         threading.Thread(target=hostile,daemon=True).start()\n\
+         while True:\n\
+         \x20   try:\n\
+         \x20       a,_=s.accept(); a.close()\n\
+         \x20   except OSError: time.sleep(0.01)\n"
+    );
+    let p = dir.join(name);
+    std::fs::write(&p, script).unwrap();
+    std::os::unix::fs::chown(&p, Some(agent), Some(agent)).unwrap();
+    agent_service(c, &[], &["--user", &agent.to_string()], dir, &[PY, name], port)
+}
+
+/// Python source indented by 4, for a function body.
+pub fn indent(s: &str) -> String {
+    s.lines().map(|l| format!("    {l}\n")).collect()
+}
+
 /// stdout and stderr of a command, for a failing assertion's message.
 pub fn said(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))

@@ -763,6 +763,53 @@ class Container:
             )
         return path
 
+    def check_way_in(self) -> None:
+        """Refuse, naming the fix, a `binary` that a process in the container could redirect.
+
+        The orchestrator's every exec of `binary` (the freeze client, `quiesce verify`, `quiesce
+        exec`) runs as root: whoever can rename a directory on its path, or replace the file,
+        runs its own code there, untagged. Only a read-only file bind mount at a path whose one
+        directory is `/` is fixed: the file is a mount point (rename and unlink give EBUSY),
+        `/` cannot be renamed, and mounting over it needs CAP_SYS_ADMIN, which the engines'
+        default capability set lacks. Read from the engine's record (Docker, Compose, Podman):
+        nothing the container says is believed. InstallFailed otherwise; for kubectl and
+        from_exec sandboxes, whose mounts the kit cannot read, InstallFailed too.
+        """
+        from pathlib import PurePosixPath
+
+        from .errors import InstallFailed
+
+        fix = (
+            "mount the binary read-only at a path in / (e.g. -v /usr/local/bin/quiesce:"
+            "/quiesce:ro, beside the engine's --init if it injects it) and pass binary='/quiesce'"
+        )
+        if self.engine in ("kubectl", "exec"):
+            raise InstallFailed(
+                f"{self.name}: the kit cannot read a {self.engine} sandbox's mounts, so it cannot "
+                f"tell whether {self.binary!r} is a path the sandbox could redirect: {fix}"
+            )
+        path = PurePosixPath(self.binary)
+        if not path.is_absolute() or str(path.parent) != "/" or path.name in ("", ".", ".."):
+            where = "looked up by name" if not path.is_absolute() else f"under {path.parent}"
+            raise InstallFailed(
+                f"{self.name}: quiesce is reached at {self.binary!r} ({where}), through a "
+                "directory a root (or setuid) process in the container can rename and replace: "
+                + fix
+            )
+        mounts = [m for m in self.inspect().get("Mounts") or [] if isinstance(m, dict)]
+        found = [m for m in mounts if m.get("Destination") == self.binary]
+        if not found:
+            raise InstallFailed(
+                f"{self.name}: {self.binary} is a file of the image, not a mount, which root in "
+                f"the container can replace: {fix}"
+            )
+        m = found[-1]
+        if m.get("Type") != "bind" or m.get("RW") is not False:
+            raise InstallFailed(
+                f"{self.name}: {self.binary} is a {'writable ' if m.get('RW') else ''}"
+                f"{m.get('Type') or '?'} mount, not a read-only bind mount of the binary: {fix}"
+            )
+
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
         """A file's content through `cat` in the container; Unreachable when it cannot be read."""
         r = self.exec(["cat", path], timeout=timeout)

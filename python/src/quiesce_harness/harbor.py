@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
 import shlex
@@ -102,9 +103,14 @@ from .result import FreezeResult
 from .sidecar import DEFAULT_INSTALL_PATH, start_sidecar
 from .verifier import ACCEPT_ENV, GATE_EXIT_CODES, HAND_OVER_EXIT, HandOver
 
-# Where the init path mounts the binary and the key directory in the main container: paths of
-# the kit's own, which the engine creates (root's, 0755) and nothing of the image uses.
-INIT_BINARY = "/run/quiesce-harbor/quiesce"
+# Where the init path mounts the binary in the main container: a read-only file bind mount whose
+# one directory is `/`. Every exec of the orchestrator's runs this path as root, so nothing in
+# the container may redirect it: the file is a mount point (rename, unlink: EBUSY), `/` cannot
+# be renamed, and a mount over it needs CAP_SYS_ADMIN, which Docker's and Podman's default set
+# lacks. Under /run a root agent (or one that may write /run) renames the directory and plants
+# its own file there (docs/threat-model.md, "The way in"). Container.check_way_in() checks it.
+INIT_BINARY = "/quiesce"
+# The key directory: read by the init alone, at its start, so its parent may be any of the kit's.
 INIT_KEY_DIR = "/run/quiesce-harbor-key"
 # Where the gate finds the marker's public key with a root agent: copied in after the freeze.
 GATE_KEY = "/run/quiesce-harbor-gate.pub"
@@ -122,6 +128,13 @@ HAND_OVER_RECORD = "handover.json"
 HAND_OVER_LOG = "services.log"
 _WAYS = ("init", "sidecar")
 _INIT_ENGINES = ("docker", "podman")
+# The argv an exec runs instead of the image's `bash -c COMMAND` (the command string it replaces,
+# and the argv): set by QuiescedEnvironment.exec around one exec, read where the init path
+# builds `docker compose exec`, so that quiesce's argv, not the image's bash, is what the engine
+# starts (_ComposeInit._run_docker_compose_command).
+_INSTEAD: contextvars.ContextVar[tuple[str, list[str]] | None] = contextvars.ContextVar(
+    "quiesce_harbor_instead", default=None
+)
 
 
 class QuiesceNotOn(QuiesceError):
@@ -516,13 +529,14 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             )
         if self._guard.lineage and not self._guard.accept_root:
             # As `verify --accept-root-agent`: what a root agent can still do beside the proof
-            # (run its code in front of Harbor's later commands through the image's bash) is
-            # accepted by name, never by default.
+            # (replace the image's tools, which the tests run as root after the freeze, in
+            # the same container) is accepted by name, never by default.
             raise InstallFailed(
                 f"{self.session_id}: the task names no agent user, so its agent is root, which can "
-                "run code in front of Harbor's later commands through the image's bash "
+                "replace the image's tools that the tests then run as root in the same container "
                 "(docs/threat-model.md, Root agents): set `[agent] user` in task.toml, or accept "
-                "it with --environment-kwarg accept_root_agent=true"
+                "it with --environment-kwarg accept_root_agent=true (and run the tests where the "
+                'agent never ran: environment_mode = "separate")'
             )
         self._guard.loop = asyncio.get_running_loop()
         await super().start(force_build)
@@ -573,11 +587,20 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     ) -> Any:
         g = self._guard
         who = self._resolve_user(user)
+        instead: list[str] | None = None
         if g.lineage and g.started and g.frozen is None and g.gate is None and user is None:
             # A root agent's command (the phase's default user, which is the image's): a
             # sandbox launch, tagged before it runs. Harbor's own commands name their user.
             g.agent_ran = True
-            command = self._launched(command)
+            instead = self._launched(command)
+        elif g.lineage and g.agent_ran and (g.gate is None or user is not None):
+            # Harbor's own root commands once a root agent ran: the image's bash and tools may
+            # be the agent's now, so they run tagged too. What a replaced tool leaves behind is
+            # the sandbox's: the freeze kills it before the marker, and the gate's live probe
+            # refuses one started after the freeze.
+            instead = self._launched(command)
+            if "PATH" not in (env or {}):
+                env = {**(env or {}), "PATH": SAFE_PATH}
         elif g.started and who is not None and str(who) not in ("root", "0"):
             g.agent_ran = True
         elif g.agent_ran and "PATH" not in (env or {}):
@@ -587,9 +610,10 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             # agent's making outlives the freeze.
             env = {**(env or {}), "PATH": SAFE_PATH}
         if g.gate is None or user is not None:
-            return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
-        command, env = self._gated(command, env)
-        r = await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+            return await self._exec_argv(command, instead, cwd, env, timeout_sec, user)
+        argv, env = self._gated(command, env)
+        command = "exec " + shlex.join(argv)
+        r = await self._exec_argv(command, argv, cwd, env, timeout_sec, user)
         try:
             _check_gate(int(r.return_code), (r.stdout or "") + (r.stderr or ""))
         except HandOverRefused as e:
@@ -601,6 +625,27 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if g.hand_over:
             await self._note_hand_over()
         return r
+
+    async def _exec_argv(
+        self,
+        command: str,
+        instead: list[str] | None,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_sec: int | None,
+        user: str | int | None,
+    ) -> Any:
+        """Harbor's exec of `command`; with `instead`, the init path runs that argv in place of
+        the image's `bash -c` (the sidecar path, whose engine's exec the kit does not build,
+        runs `exec ARGV` through that bash)."""
+        if instead is None:
+            return await super().exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        text = "exec " + shlex.join(instead)
+        token = _INSTEAD.set((text, instead))
+        try:
+            return await super().exec(text, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        finally:
+            _INSTEAD.reset(token)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         self._refuse_tests_unfrozen(target_path)
@@ -806,18 +851,18 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
                 "that listened on TCP and none was declared: the tests ran with no service"
             )
 
-    def _launched(self, command: str) -> str:
+    def _launched(self, command: str) -> list[str]:
         """`command` as a root agent's launch: through `quiesce exec --user root`, which tags
-        it (and all it starts) as the sandbox's before it runs, or does not run it."""
+        it (and all it starts) as the sandbox's before it runs, or does not run it. The argv
+        the engine starts: quiesce first, the image's bash only after the tag."""
         box = self._guard.container
         if box is None:
             raise Unreachable(f"{self.session_id}: quiesce is not running: the agent cannot start")
-        argv = box.quiesce(
+        return box.quiesce(
             "exec", "--sandbox-lineage", "--user", "root", "--", "bash", "-c", command
         )
-        return "exec " + shlex.join(argv)
 
-    def _gated(self, command: str, env: dict[str, str] | None) -> tuple[str, dict[str, str]]:
+    def _gated(self, command: str, env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
         g = self._guard
         box = g.container
         if box is None or g.gate is None:  # verifier_gate opens only after a freeze
@@ -852,7 +897,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         inner = f"PATH={shlex.quote(task_path)}; export PATH\n(\n{command}\n); exit 0"
         argv = box.quiesce("verify", *opts, "--", "/bin/bash", "-c", inner)
         accept = "1" if g.accept_setuid else "0"
-        return "exec " + shlex.join(argv), {**(env or {}), ACCEPT_ENV: accept, "PATH": SAFE_PATH}
+        return argv, {**(env or {}), ACCEPT_ENV: accept, "PATH": SAFE_PATH}
 
     # --- the sidecar path ---------------------------------------------------------------------
 
@@ -910,6 +955,8 @@ class _ComposeInit:
         return paths
 
     async def _run_docker_compose_command(self, command: list[str], *a: Any, **k: Any) -> Any:
+        if command[:1] == ["exec"]:
+            command = _with_argv(command, _INSTEAD.get())
         # Harbor 0.25.0's DockerEnvironment.start builds or pulls the image, then runs `up`
         # once: the override is written just before it, from the merged file and the image.
         if command[:1] != ["up"]:
@@ -1047,7 +1094,26 @@ class _ComposeInit:
                 f"{self.session_id}: quiesce is not the main container's init with this "
                 f"trial's key ({logs.decode(errors='replace').strip() or 'no log'})"
             )
+        # The way in as the engine made it: a Compose file of the task's that mounts over it
+        # (or a Harbor that merges files otherwise) fails the trial here, before the agent.
+        await asyncio.to_thread(box.check_way_in)
         g.container = box
+
+
+def _with_argv(command: list[str], instead: tuple[str, list[str]] | None) -> list[str]:
+    """`docker compose exec ... main bash -c TEXT` with `bash -c TEXT` replaced by the argv the
+    kit meant to run, so that nothing of the image runs before it; unchanged without one.
+    Harbor 0.25.0's DockerEnvironment._compose_exec ends its argv with the service and the
+    platform's shell wrapper: a Harbor that builds it otherwise runs nothing (QuiesceNotOn)."""
+    if instead is None:
+        return command
+    text, argv = instead
+    if command[-3:] != ["bash", "-c", text] or command[-4:-3] != ["main"]:
+        raise QuiesceNotOn(
+            "this Harbor's exec does not end with `main bash -c COMMAND`, so quiesce's argv "
+            "cannot be put in place of the image's bash: pin harbor==0.25.0 or update quiesce"
+        )
+    return [*command[:-3], *argv]
 
 
 def _read_through_engine(box: Container, path: str) -> str | None:

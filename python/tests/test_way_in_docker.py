@@ -1,0 +1,194 @@
+"""The way in, on the real engine: which path to quiesce a process in the container can redirect.
+
+Every exec of the orchestrator's (the freeze client, `quiesce verify`, a tagged launch) runs its
+path as root. Under /run (the Harbor switch's layout before) a root exec, or a sandbox user
+who may write /run, renames the directory above the read-only mount and plants a file of its
+own there; a read-only file bind mount at a path in / is a mount point that nothing without
+CAP_SYS_ADMIN can rename, unlink or mount over. Container.check_way_in() refuses the first and
+takes the second. And a root agent's tagged launch must start with quiesce's argv: through the
+image's `bash -c`, a bash the agent rewrote runs first, untagged, and its daemon outlives a
+quiescent freeze.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import tempfile
+import time
+from collections.abc import Iterator
+
+import docker
+import docker.errors
+import pytest
+from docker.models.containers import Container as DockerContainer
+
+from quiesce_harness import Container, freeze
+from quiesce_harness.errors import InstallFailed
+
+import support
+
+OLD = "/run/quiesce-harbor/quiesce"
+FIXED = "/quiesce"
+FORGED = "#!/bin/sh\necho forged\n"
+# rename, unlink and a bind mount over /quiesce, and a rename of /, from a root exec with
+# Docker's default capabilities; each errno. (SYS_mount by the architecture's number.)
+PROBE = (
+    "my ($s, $d, $t) = (q{/evil}, q{/quiesce}, q{});"
+    "my $nr = `uname -m` =~ /aarch64/ ? 40 : 165;"
+    'print rename(q{/quiesce}, q{/q2}) ? "rename ok\n" : "rename: $!\n";'
+    'print unlink(q{/quiesce}) ? "unlink ok\n" : "unlink: $!\n";'
+    'print rename(q{/}, q{/r2}) ? "rename / ok\n" : "rename /: $!\n";'
+    'print syscall($nr, $s, $d, $t, 4096, 0) == 0 ? "mount ok\n" : "mount: $!\n";'
+)
+PLANT = (
+    "mv /run/quiesce-harbor /run/.real && mkdir /run/quiesce-harbor && "
+    f"printf '%s' '{FORGED}' > {OLD} && chmod 755 {OLD}"
+)
+
+
+@contextlib.contextmanager
+def mounted(
+    client: docker.DockerClient, command: list[str], entrypoint: list[str] | None = None
+) -> Iterator[DockerContainer]:
+    """debian:bookworm-slim with the binary read-only at the old path and at /, and a file of
+    its own writable at /quiesce-rw; removed on exit."""
+    bin_ = str(support.need_binary())
+    rw = tempfile.NamedTemporaryFile(prefix="qhk-wayin-")  # noqa: SIM115 (closed below)
+    ctr = support.run_container(
+        client,
+        "debian:bookworm-slim",
+        command,
+        kind="wayin-",
+        volumes=[f"{bin_}:{OLD}:ro", f"{bin_}:{FIXED}:ro", f"{rw.name}:/quiesce-rw:rw"],
+        entrypoint=entrypoint,
+    )
+    try:
+        yield ctr
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            ctr.remove(force=True)
+        rw.close()
+
+
+def run(ctr: DockerContainer, argv: list[str], user: str = "0") -> tuple[int, str]:
+    rc, out = ctr.exec_run(argv, user=user)
+    assert isinstance(out, bytes)
+    return int(rc or 0), out.decode(errors="replace")
+
+
+def sh(ctr: DockerContainer, script: str, user: str = "0") -> tuple[int, str]:
+    return run(ctr, ["/bin/sh", "-c", script], user)
+
+
+def test_a_root_exec_redirects_a_path_under_run_and_cannot_touch_a_mount_in_root(
+    client: docker.DockerClient,
+) -> None:
+    with mounted(client, ["sleep", "infinity"]) as ctr:
+        box = Container.docker(str(ctr.id), binary=FIXED, client=client)
+        box.check_way_in()
+        rc, out = sh(ctr, PLANT)
+        assert rc == 0, out
+        rc, out = run(ctr, [OLD, "--version"])
+        assert out.strip() == "forged", out
+        for binary, said in (
+            (OLD, "under /run/quiesce-harbor"),
+            ("/sbin/docker-init", "under /sbin"),
+            ("quiesce", "looked up by name"),
+            ("/quiesce-rw", "writable bind mount"),
+            ("/bin", "not a mount"),
+        ):
+            with pytest.raises(InstallFailed, match=said) as e:
+                Container.docker(str(ctr.id), binary=binary, client=client).check_way_in()
+            assert "-v /usr/local/bin/quiesce:/quiesce:ro" in str(e.value)
+        # The fixed path: a mount point (EBUSY), in / (which cannot be renamed), and no mount
+        # over it without CAP_SYS_ADMIN (each call's errno as the kernel gave it).
+        rc, out = sh(ctr, f"echo x > /evil && perl -e {shlex.quote(PROBE)}")
+        assert out.splitlines() == [
+            "rename: Device or resource busy",
+            "unlink: Device or resource busy",
+            "rename /: Device or resource busy",
+            "mount: Operation not permitted",
+        ], out
+        rc, out = run(ctr, [FIXED, "--version"])
+        assert rc == 0 and out.startswith("quiesce"), out
+
+
+def test_a_sandbox_user_who_may_write_run_redirects_a_path_under_run_not_one_in_root(
+    client: docker.DockerClient,
+) -> None:
+    # OpenShift-style: /run 0775 root:root, the agent a UID the image does not know, which
+    # Docker puts in group 0 (as the Harbor switch's sandbox_user=4242).
+    with mounted(client, ["sleep", "infinity"]) as ctr:
+        rc, out = sh(ctr, "chmod 0775 /run")
+        assert rc == 0, out
+        rc, out = sh(ctr, "id -g", user="4242")
+        assert out.strip() == "0", out
+        rc, out = sh(ctr, PLANT, user="4242")
+        assert rc == 0, out
+        rc, out = run(ctr, [OLD, "--version"])
+        assert out.strip() == "forged", out
+        rc, out = sh(ctr, f"mv {FIXED} /q2 || rm -f {FIXED} || echo x > {FIXED}", user="4242")
+        assert rc != 0, out
+        rc, out = run(ctr, [FIXED, "--version"])
+        assert rc == 0 and out.startswith("quiesce"), out
+
+
+# A root agent's first launch rewrites the image's bash: the real one moved aside, a wrapper in
+# its place that leaves a root daemon and then runs it.
+WRAP = (
+    "mv /bin/bash /bin/bash.real && printf '%s' "
+    '\'#!/bin/bash.real\nsetsid /bin/sh -c "while :; do sleep 0.05; done" qhk-wrapped-daemon '
+    '</dev/null >/dev/null 2>&1 &\nexec /bin/bash.real "$@"\n\' > /bin/bash && chmod 755 /bin/bash'
+)
+LAUNCH = [FIXED, "exec", "--sandbox-lineage", "--user", "root", "--"]
+
+
+def daemons(client: docker.DockerClient, ctr: DockerContainer) -> int:
+    """Live processes of the wrapper's daemon, by `docker top` (no exec)."""
+    top = client.api.top(str(ctr.id), ps_args="-o pid,stat,args")
+    return sum(
+        1
+        for p in top["Processes"] or []
+        if "qhk-wrapped-daemon" in p[-1] and not p[1].startswith("Z")
+    )
+
+
+@pytest.mark.parametrize("form", ["argv", "bash -c"])
+def test_a_rewritten_bash_runs_before_the_tag_only_through_the_images_bash(
+    client: docker.DockerClient, form: str
+) -> None:
+    # The Harbor switch's layout with a root agent: the init defines the sandbox by lineage.
+    with mounted(
+        client,
+        ["sleep", "infinity"],
+        entrypoint=[FIXED, "--sandbox-lineage", "--"],
+    ) as ctr:
+        support.until(
+            lambda: run(ctr, ["test", "-e", "/run/quiesce/sandbox.json"])[0] == 0,
+            15,
+            "the init never published sandbox.json",
+        )
+        rc, out = run(ctr, [*LAUNCH, "bash", "-c", WRAP])
+        assert rc == 0, out
+        cmd = "echo second command"
+        if form == "argv":
+            # The switch's launch now: quiesce is what the engine starts.
+            argv = [*LAUNCH, "bash", "-c", cmd]
+        else:
+            # Before: the launch handed to Harbor as a string for the image's `bash -c`.
+            argv = ["bash", "-c", "exec " + " ".join(LAUNCH) + f" bash -c '{cmd}'"]
+        rc, out = run(ctr, argv)
+        assert rc == 0, out
+        support.until(lambda: daemons(client, ctr) >= 1, 10, "the wrapper left no daemon")
+        r = freeze(Container.docker(str(ctr.id), binary=FIXED, client=client), "wayin", 30)
+        assert r.quiescent, r
+        time.sleep(0.2)
+        if form == "argv":
+            # Tagged with the launch: the freeze killed it before it signed.
+            assert daemons(client, ctr) == 0, "the daemon outlived a quiescent freeze"
+            assert r.killed >= 1, r
+        else:
+            # What the switch did before: the first bash untagged root, its daemon alive
+            # beside a genuine marker (the one the tagged bash left was killed).
+            assert daemons(client, ctr) == 1

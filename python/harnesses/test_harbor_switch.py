@@ -307,6 +307,67 @@ def test_a_root_agent_that_needs_root_scores_with_the_switch(
     assert (o.reward, o.exception) == (1.0, None), (o.message, o.log[-1500:])
 
 
+# A root agent that rewrites the image's bash: the real one moved aside, a wrapper in its place
+# that, each time it runs, leaves a root loop copying the expected answer once the tests arrive.
+# Before, Harbor's later `bash -c` (its root commands after the freeze) ran it untagged, and
+# the loop scored beside a genuine marker. Now every exec of the switch's after the agent's
+# first starts with quiesce's argv: the loop is the sandbox's, and the gate's live probe finds
+# it alive before the tests run.
+WRAPPER = (
+    "#!/bin/bash.real\n"
+    "setsid /bin/sh -c 'for i in $(seq 1200); do [ -e /tests/expected.txt ] && "
+    "cp /tests/expected.txt /app/answer.txt; sleep 0.05; done' </dev/null >/dev/null 2>&1 &\n"
+    'exec /bin/bash.real "$@"\n'
+)
+BASH_REWRITER = (
+    "#!/bin/sh\nset -e\nmv /bin/bash /bin/bash.real\n"
+    f"printf '%s' {shlex.quote(WRAPPER)} > /bin/bash\nchmod 755 /bin/bash\n"
+)
+
+
+def test_a_root_agent_s_rewritten_bash_runs_nothing_untagged_before_the_tests(
+    tmp_path: Path, images: dict[str, str]
+) -> None:
+    task = make_task(tmp_path, "bash-rewriter", images["plain"], BASH_REWRITER, user=None)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *ROOT)
+    assert o.reward in (None, 0.0), (o.message, o.log[-1500:])
+    assert o.exception == "GateRefused" and "a sandbox process is alive" in o.message, o
+
+
+def test_the_init_path_runs_quiesce_s_argv_in_place_of_the_image_s_bash() -> None:
+    # The argv the init path hands Compose for an exec the switch made (Harbor 0.25.0's
+    # `exec [-w D] [-e K=V] [-u U] main bash -c TEXT`), without and with one to run instead.
+    import asyncio
+
+    from quiesce_harness import harbor as hb
+
+    ran: list[list[str]] = []
+
+    class Compose:
+        async def _run_docker_compose_command(self, command: list[str], *a: Any, **k: Any) -> None:
+            ran.append(command)
+
+    class Init(hb._ComposeInit, Compose):
+        pass
+
+    text = "exec /quiesce exec -- bash -c true"
+    argv = [hb.INIT_BINARY, "exec", "--", "bash", "-c", "true"]
+    given = ["exec", "-w", "/app", "-u", "root", "main", "bash", "-c", text]
+
+    async def go(instead: tuple[str, list[str]] | None, command: list[str]) -> None:
+        token = hb._INSTEAD.set(instead)
+        try:
+            await Init()._run_docker_compose_command(command)
+        finally:
+            hb._INSTEAD.reset(token)
+
+    asyncio.run(go(None, given))
+    asyncio.run(go((text, argv), given))
+    assert ran == [given, ["exec", "-w", "/app", "-u", "root", "main", *argv]]
+    with pytest.raises(hb.QuiesceNotOn):
+        asyncio.run(go((text, argv), ["exec", "main", "sh", "-c", text]))
+
+
 def test_a_root_agent_is_refused_on_the_sidecar_path(
     tmp_path: Path, images: dict[str, str]
 ) -> None:

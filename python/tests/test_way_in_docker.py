@@ -192,3 +192,37 @@ def test_a_rewritten_bash_runs_before_the_tag_only_through_the_images_bash(
             # What the switch did before: the first bash untagged root, its daemon alive
             # beside a genuine marker (the one the tagged bash left was killed).
             assert daemons(client, ctr) == 1
+
+
+def test_run_verifier_checks_the_marker_against_the_kept_key_before_anything_runs(
+    client: docker.DockerClient,
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from quiesce_harness import run_verifier
+    from quiesce_harness.errors import MarkerInvalid
+
+    with support.box(client) as b:
+        c = Container.docker(b.id, client=client)
+        # Read before the agent's first command, and kept outside.
+        kept = c.read_file("/run/quiesce/signing.pub").decode()
+        r = freeze(c, "kept-1", 30)
+        assert r.quiescent and r.marker, r
+        other = (
+            Ed25519PrivateKey.generate()
+            .public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        # The key a rewritten state dir would hold: refused here, and nothing ran inside.
+        with pytest.raises(MarkerInvalid) as e:
+            run_verifier(c, "touch /tmp/ran", r.nonce, public_key=other, marker=r.marker)
+        assert e.value.check == "key", e.value
+        with pytest.raises(MarkerInvalid):
+            run_verifier(c, "touch /tmp/ran", r.nonce, public_key=kept)
+        assert c.exec(["test", "-e", "/tmp/ran"]).returncode == 1
+        done = run_verifier(c, "touch /tmp/ran", r.nonce, public_key=kept, marker=r.marker)
+        assert done.returncode == 0, done
+        assert c.exec(["test", "-e", "/tmp/ran"]).returncode == 0

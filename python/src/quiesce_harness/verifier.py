@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .container import Container, sandbox_user_args
-from .errors import Unreachable
+from .errors import MarkerInvalid, Unreachable
+from .marker import verify_marker
 
 # Set in the verifier's exec so that the container's environment (an image's ENV) cannot accept
 # what the caller did not: `quiesce verify` reads this variable as --accept-privilege-escalation.
@@ -100,6 +101,8 @@ def run_verifier(
     timeout: float | None = None,
     accept_privilege_escalation: bool = False,
     hand_over: HandOver | None = None,
+    public_key: str | bytes | None = None,
+    marker: str | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `quiesce verify [--nonce N] -- cmd` in the container and return what it did.
 
@@ -124,10 +127,31 @@ def run_verifier(
     an image whose PATH starts with a directory the sandbox user can write (a workspace venv)
     runs the sandbox user's file of that name as the verifier: give an absolute command, or
     an image whose PATH holds root's directories only.
+
+    `public_key` (the init's key as kept outside the container: one you made and mounted, or
+    the `signing.pub` read before the agent's first command) with `marker` (what freeze()
+    returned): the marker is checked here first, with verify_marker against that key, the
+    nonce and the container's identity, and MarkerInvalid is raised before anything runs in
+    the container. `quiesce verify` inside checks the marker against the state dir's key, which
+    a root process of the container (a root agent, a setuid helper) could rewrite; checked
+    outside first, a replaced gate gains nothing: it can only refuse what was proven.
     """
     argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
         raise ValueError("run_verifier: empty command")
+    if public_key is not None:
+        if not marker:
+            raise MarkerInvalid(
+                "format", "run_verifier was given a public key but no marker: pass freeze()'s"
+            )
+        verify_marker(
+            marker,
+            public_key,
+            nonce=nonce,
+            max_age_s=max_age_s,
+            container=container,
+            accept_privilege_escalation=accept_privilege_escalation,
+        )
     opts: list[str] = []
     if nonce is not None:
         opts += ["--nonce", nonce]

@@ -9,8 +9,11 @@
 stay as they are; its task.toml names the agent's user (`[agent] user`), or the run does
 (`--environment-kwarg sandbox_user=NAME`). A task that names none (or names root), as
 Terminal-Bench's are written, has a root agent: the init then defines the sandbox by lineage
-alone (`--sandbox-lineage`), every agent command runs through `quiesce exec --user root`, and
-the marker is checked accepting a root agent (docs/threat-model.md, "Root agents"). That needs
+alone (`--sandbox-lineage`), every agent command, and every root command of Harbor's after the
+first, runs through `quiesce exec --user root` as the exec's argv (the image's bash only after
+the tag), and the marker is checked accepting a root agent (docs/threat-model.md, "Root
+agents"). What remains is accepted by name: the tests run the image's tools, which a root agent
+may have replaced (`environment_mode = "separate"` runs them where it never ran). That needs
 the init path (the sidecar cannot follow a root agent) and `--environment-kwarg
 accept_root_agent=true`: what a root agent can still do beside the proof is accepted by name.
 
@@ -18,8 +21,9 @@ QuiescedEnvironment wraps the environment the run would have used (`--environmen
 wraps=daytona`, default docker; every other kwarg goes to it):
 
 - docker and podman: quiesce is the main container's init. The image is not rebuilt: a Compose
-  override Harbor merges last mounts the kit's static binary read-only, puts it in front of the
-  service's own ENTRYPOINT and CMD (read from the merged Compose file and the image), and sets
+  override Harbor merges last mounts the kit's static binary read-only at /quiesce (a mount point
+  in /, which nothing in the container can redirect; checked from the engine's record at start),
+  puts it in front of the service's own ENTRYPOINT and CMD (read from the merged Compose file and the image), and sets
   no-new-privileges and a pids limit. The signing key is made here, on the host, and mounted
   read-only (root's, 0400): its public half never leaves this process, so a marker is checked
   against a key the sandbox never held.

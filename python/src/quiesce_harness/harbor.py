@@ -23,8 +23,8 @@ wraps=daytona`, default docker; every other kwarg goes to it):
 - docker and podman: quiesce is the main container's init. The image is not rebuilt: a Compose
   override Harbor merges last mounts the kit's static binary read-only at /quiesce (a mount point
   in /, which nothing in the container can redirect; checked from the engine's record at start),
-  puts it in front of the service's own ENTRYPOINT and CMD (read from the merged Compose file and the image), and sets
-  no-new-privileges and a pids limit. The signing key is made here, on the host, and mounted
+  puts it in front of the service's own ENTRYPOINT and CMD (read from the merged Compose file
+  and the image), and sets no-new-privileges and a pids limit. The signing key is made here, on the host, and mounted
   read-only (root's, 0400): its public half never leaves this process, so a marker is checked
   against a key the sandbox never held.
 - any other environment (and docker with `via=sidecar`): `quiesce sidecar`, put in and started

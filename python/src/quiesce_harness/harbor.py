@@ -24,9 +24,9 @@ wraps=daytona`, default docker; every other kwarg goes to it):
   override Harbor merges last mounts the kit's static binary read-only at /quiesce (a mount point
   in /, which nothing in the container can redirect; checked from the engine's record at start),
   puts it in front of the service's own ENTRYPOINT and CMD (read from the merged Compose file
-  and the image), and sets no-new-privileges and a pids limit. The signing key is made here, on the host, and mounted
-  read-only (root's, 0400): its public half never leaves this process, so a marker is checked
-  against a key the sandbox never held.
+  and the image), and sets no-new-privileges and a pids limit. The signing key is made here, on
+  the host, and mounted read-only (root's, 0400): its public half never leaves this process, so
+  a marker is checked against a key the sandbox never held.
 - any other environment (and docker with `via=sidecar`): `quiesce sidecar`, put in and started
   through the environment's own upload_file and exec, as root, before the agent's first command;
   the public key it prints at its start is kept here.

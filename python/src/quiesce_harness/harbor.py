@@ -12,10 +12,10 @@ Terminal-Bench's are written, has a root agent: the init then defines the sandbo
 alone (`--sandbox-lineage`), every agent command, and every root command of Harbor's after the
 first, runs through `quiesce exec --user root` as the exec's argv (the image's bash only after
 the tag), and the marker is checked accepting a root agent (docs/threat-model.md, "Root
-agents"). What remains is accepted by name: the tests run the image's tools, which a root agent
-may have replaced (`environment_mode = "separate"` runs them where it never ran). That needs
-the init path (the sidecar cannot follow a root agent) and `--environment-kwarg
-accept_root_agent=true`: what a root agent can still do beside the proof is accepted by name.
+agents"). That needs the init path (the sidecar cannot follow a root agent) and
+`--environment-kwarg accept_root_agent=true`: what a root agent can still do beside the proof
+is accepted by name, never by default (the tests run the image's tools, which a root agent may
+have replaced; `environment_mode = "separate"` runs them where it never ran).
 
 QuiescedEnvironment wraps the environment the run would have used (`--environment-kwarg
 wraps=daytona`, default docker; every other kwarg goes to it):

@@ -226,3 +226,60 @@ def test_run_verifier_checks_the_marker_against_the_kept_key_before_anything_run
         done = run_verifier(c, "touch /tmp/ran", r.nonce, public_key=kept, marker=r.marker)
         assert done.returncode == 0, done
         assert c.exec(["test", "-e", "/tmp/ran"]).returncode == 0
+
+
+# The engine's own mount of an injected init, and what a sandbox user with a setuid-root helper
+# (no no-new-privileges: setuid binaries work) makes of it: a "docker-init" whose verify runs
+# the tests without a check.
+FAKE_VERIFY = (
+    '#!/bin/sh\nwhile [ "$#" -gt 0 ] && [ "$1" != -- ]; do shift; done; shift; exec "$@"\n'
+)
+# /sbin is a link to usr/sbin in the image (a directory of a lower overlay layer does not
+# rename: EXDEV); the link in / does.
+SWAP_SBIN = "/usr/local/bin/rootbash -p -c " + shlex.quote(
+    "mv /sbin /sbin.link && mkdir /sbin && "
+    f"printf %s {shlex.quote(FAKE_VERIFY)} > /sbin/docker-init && chmod 755 /sbin/docker-init"
+)
+
+
+def test_an_injected_init_is_reached_through_the_second_mount_not_the_engines_path(
+    client: docker.DockerClient,
+) -> None:
+    # As `docker run --init` with quiesce as the daemon's init-path mounts and starts it (at
+    # /sbin/docker-init, `PATH -- CMD`, configured by the environment), plus the recipe's second
+    # read-only bind of the same file at /quiesce; Docker's default: no no-new-privileges.
+    bin_ = str(support.need_binary())
+    ctr = support.run_container(
+        client,
+        "debian:bookworm-slim",
+        ["--", "sleep", "infinity"],
+        kind="wayin-init-",
+        no_new_privileges=False,
+        entrypoint=["/sbin/docker-init"],
+        environment={"QUIESCE_SANDBOX_USER": "4242"},
+        volumes=[f"{bin_}:/sbin/docker-init:ro", f"{bin_}:{FIXED}:ro"],
+    )
+    try:
+        support.until(
+            lambda: run(ctr, ["test", "-e", "/run/quiesce/sandbox.json"])[0] == 0,
+            15,
+            "the init never published sandbox.json",
+        )
+        rc, out = sh(
+            ctr, "cp /bin/bash /usr/local/bin/rootbash && chmod 4755 /usr/local/bin/rootbash"
+        )
+        assert rc == 0, out
+        rc, out = sh(ctr, SWAP_SBIN, user="4242")
+        assert rc == 0, out
+        r = freeze(Container.docker(str(ctr.id), binary=FIXED, client=client), "inj-1", 30)
+        assert r.quiescent, r
+        tests = ["verify", "--nonce", "inj-1", "--", "echo", "scored"]
+        # The engine's path leads to the agent's file: the tests ran with no check.
+        rc, out = run(ctr, ["/sbin/docker-init", *tests])
+        assert (rc, out.strip()) == (0, "scored"), out
+        # The second mount: the real gate, which refuses a marker signed where setuid worked.
+        rc, out = run(ctr, [FIXED, *tests])
+        assert rc == 18 and "scored" not in out, out
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            ctr.remove(force=True)

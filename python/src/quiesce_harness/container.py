@@ -107,8 +107,11 @@ class Container:
     """The container whose init (or sidecar) is quiesce. Make one with
     Container.docker/podman/compose/kubectl, or Container.from_exec for any other sandbox.
 
-    `binary` is quiesce's path inside the container: `quiesce` when it is in the image,
-    `/sbin/docker-init` (Docker) or `/run/podman-init` (Podman) when the engine injects it.
+    `binary` is quiesce's path inside the container: `quiesce` when it is in the image, and
+    `/quiesce` where the binary is bound there read-only (`-v HOST_BINARY:/quiesce:ro`, beside
+    an engine's injected init too: not the engine's `/sbin/docker-init` or `/run/podman-init`,
+    whose directory a root or setuid process in the container can rename and replace);
+    check_way_in() checks that from the engine's record.
     A relative one is looked for once in Docker's default PATH (_BINARY_DIRS), never the
     image's PATH, and used only where the file and every directory above it are root's and
     writable by root alone (binary_path()); the kit's other execs run with SAFE_PATH (exec()).

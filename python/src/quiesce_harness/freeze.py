@@ -159,7 +159,8 @@ def _freeze(container: Container, nonce: str | None, timeout: float, again: bool
     if r.returncode == 127:
         raise Unreachable(
             f"{container.name}: quiesce not found at {container.binary!r} in the container "
-            f"({r.text}); pass binary= (e.g. /sbin/docker-init when the engine injects it)"
+            f"({r.text}); pass binary= (e.g. /quiesce, the binary bound read-only there beside "
+            "the engine's injected init: docs/threat-model.md, The way in)"
         )
     status = _json(r)
     if status is None or r.returncode not in (0, 1):

@@ -96,6 +96,7 @@ from harbor.verifier.verifier import Verifier
 from .binary import binary_path
 from .container import SAFE_PATH, Container, sandbox_user_args
 from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
+from .extras import need
 from .freeze import freeze
 from .marker import verify_marker
 from .result import FreezeResult
@@ -978,6 +979,9 @@ class _ComposeInit:
 
     async def _write_override(self) -> None:
         g = self._guard
+        # The key made below and the check of the init (_check_init) need both extras.
+        need("cryptography", "crypto", "the Harbor switch")
+        need("docker", "docker", "the Harbor switch")
         main = await self._merged_main()
         image = await self._main_image(main)
         info = json.loads(await self._engine("image", "inspect", image))[0]

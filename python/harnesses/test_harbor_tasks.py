@@ -231,3 +231,20 @@ def test_force_build_runs_the_built_image_not_the_prebuilt_one(
     )
     found, _ = job(tmp_path, tasks, 2, *SWITCH, *PIDS, "--force-build")
     assert_job(found, 2)
+
+
+def test_the_built_image_is_the_one_compose_names_for_main() -> None:
+    from quiesce_harness.errors import InstallFailed
+    from quiesce_harness.harbor import _built_image_name
+
+    # Compose lists main's dependencies' images too, and its warnings share Harbor's output.
+    out = (
+        'time="2026-12-06T03:58:43Z" level=warning msg="the attribute `version` is obsolete"\n'
+        "qhk-plain\nt1__abc__env-worker\nt1__abc__env-main\n"
+    )
+    assert _built_image_name(out, "t1__abc__env", "t1") == "t1__abc__env-main"
+    assert _built_image_name("t1__abc__env_main\n", "t1__abc__env", "t1") == "t1__abc__env_main"
+    # Neither default name (another Compose's rule), or both: refused, not guessed.
+    for said in ("other-main\n", "", "t1__abc__env-main\nt1__abc__env_main\n"):
+        with pytest.raises(InstallFailed, match="docker_image"):
+            _built_image_name(said, "t1__abc__env", "t1")

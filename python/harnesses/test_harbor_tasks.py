@@ -8,6 +8,7 @@ case needs. Every way a task names its environment, through `harbor run`, hostil
 - the task's own docker-compose.yaml, with services beside main;
 - a read-only root (with the volumes the task then needs): it starts, and is refused before the
   tests, since /tests cannot be made anew there;
+- the template's own default, a separate verifier built from tests/Dockerfile (honest only);
 - `[environment]` limits (cpus, memory_mb).
 
 The Dockerfile's ENTRYPOINT (and the prebuilt image's, a different one) writes which image
@@ -98,6 +99,24 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return t
 
 
+@pytest.fixture(scope="module")
+def separate_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`harbor tasks init`'s default: the verifier in an environment of its own, built from
+    tests/Dockerfile."""
+    root = tmp_path_factory.mktemp("separate")
+    exe = str(Path(sys.executable).with_name("harbor"))
+    p = subprocess.run(
+        [exe, "tasks", "init", "demo/task", "-p", str(root), "--no-pytest"],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    t = root / "task"
+    assert p.returncode == 0 and (t / "tests" / "Dockerfile").exists(), p
+    assert 'environment_mode = "separate"' in (t / "task.toml").read_text()
+    return t
+
+
 def _section(toml: str, name: str, lines: str) -> str:
     """task.toml with `lines` added at the top of its `[name]` section."""
     head = f"[{name}]\n"
@@ -127,6 +146,16 @@ def task(
     toml = _section(toml, "agent", 'user = "agent"\n')
     if environment:
         toml = _section(toml, "environment", environment)
+    verifier_image = t / "tests" / "Dockerfile"
+    if verifier_image.exists():
+        # The separate verifier's environment: its own image, of its own ENTRYPOINT, and the
+        # agent's answer carried over as an artifact.
+        assert toml.startswith('schema_version = "1.4"\nartifacts = []\n'), toml
+        toml = toml.replace("artifacts = []", 'artifacts = ["/app/answer.txt"]', 1)
+        text = verifier_image.read_text()
+        rest = text.split("\n", 1)[1] if "\n" in text else ""
+        verifier_image.write_text(f"FROM {base}\n{_marking_entrypoint('verifier')}{rest}\n")
+        entry = "verifier"
     (t / "task.toml").write_text(toml)
     dockerfile = t / "environment" / "Dockerfile"
     text = dockerfile.read_text()
@@ -172,12 +201,15 @@ def _pair(template: Path, root: Path, case: str, base: str, **kw: str) -> None:
     task(template, root, f"honest/{case}", base, HONEST, **kw)
 
 
-CASES = ("dockerfile", "prebuilt", "compose", "readonly", "limits")
+CASES = ("dockerfile", "prebuilt", "compose", "readonly", "limits", "separate")
 
 
 @pytest.fixture(scope="module")
 def one_job(
-    template: Path, base: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    template: Path,
+    separate_template: Path,
+    base: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, list[Outcome]]:
     """Every case but --force-build in one `harbor run` with the switch: its trials by case."""
     tmp = tmp_path_factory.mktemp("job")
@@ -195,14 +227,26 @@ def one_job(
     _pair(template, tasks, "compose", plain, compose=SERVICES.format(plain=plain))
     _pair(template, tasks, "readonly", plain, compose=READ_ONLY)
     _pair(template, tasks, "limits", plain, environment="cpus = 1\nmemory_mb = 512\n")
+    # The template as it comes: a separate verifier. Honest only: no process of the agent's
+    # environment meets the tests there.
+    task(separate_template, tasks, "honest/separate", plain, HONEST)
     found, wall = job(tmp, tasks, 5, *SWITCH, *PIDS)
     print(f"\nharbor run of {len(found)} trials at -n 5: {wall:.1f} s")
     return {c: [o for o in found if o.task.endswith(f"/{c}")] for c in CASES}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "readonly"])
+@pytest.mark.parametrize("case", [c for c in CASES if c not in ("readonly", "separate")])
 def test_a_task_as_its_author_writes_it(one_job: dict[str, list[Outcome]], case: str) -> None:
     assert_job(one_job[case], 2)
+
+
+def test_the_template_s_separate_verifier_runs_under_quiesce_too(
+    one_job: dict[str, list[Outcome]],
+) -> None:
+    [o] = one_job["separate"]
+    assert (o.reward, o.exception) == (1.0, None), (o.message, o.log[-1500:])
+    # Both environments, each built from its own Dockerfile, had quiesce as main's init.
+    assert o.log.count("quiesce: the main service runs") == 2, o.log[-3000:]
 
 
 def test_a_read_only_root_starts_and_is_refused_before_the_tests(

@@ -1103,10 +1103,10 @@ def _built_image_name(output: str, project: str, session: str) -> str:
     names = [n for n in (f"{project}-main", f"{project}_main") if n in listed]
     if len(names) != 1:
         raise InstallFailed(
-            f"{session}: Compose names the main service's built image none of "
-            f"{project}-main, {project}_main ({output.strip()[-300:] or 'no output'}): give "
-            "the main service an image (task.toml's docker_image, or image: in the task's "
-            "docker-compose.yaml)"
+            f"{session}: Compose lists not exactly one of {project}-main, {project}_main "
+            f"as the main service's built image ({output.strip()[-300:] or 'no output'}): "
+            "give the main service an image (task.toml's docker_image, or image: in the "
+            "task's docker-compose.yaml)"
         )
     return names[0]
 

@@ -16,8 +16,6 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-
 from .errors import AttestationInvalid
 from .marker import _no_duplicates, key_id, load_public_key, same_text, shown
 
@@ -102,6 +100,9 @@ def verify_attestation(
     if not mine:
         raise AttestationInvalid("key", "no signature by this key: no keyid is its kid")
     sig = _b64(mine[0].get("sig"), "sig")
+    # A key was loaded (load_public_key named the extra were cryptography missing).
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(sig, pae(PAYLOAD_TYPE, body))
     except InvalidSignature:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .container import Container
 from .errors import FreezeFailed, MarkerInvalid, Unreachable
+from .extras import MissingExtra
 from .freeze import freeze
 from .marker import verify_marker
 from .result import FreezeResult
@@ -135,5 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     v.set_defaults(func=_verify)
     a = p.parse_args(argv)
-    rc: int = a.func(a)
+    try:
+        rc: int = a.func(a)
+    except MissingExtra as e:
+        # One line naming the extra to install, not an ImportError's traceback.
+        print(f"quiesce_harness: {e}", file=sys.stderr)
+        return 2
     return rc

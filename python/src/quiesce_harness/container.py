@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import Unreachable
+from .extras import need
 from .provider import SandboxExec, SandboxKill, SandboxUpload, settle
 
 if TYPE_CHECKING:
     import docker as docker_sdk
+
+
+def _sdk() -> None:
+    """The Docker SDK is there, which a container reached through the Docker engine needs."""
+    need("docker", "docker", "a container reached through the Docker engine")
+
 
 Engine = Literal["docker", "podman", "compose", "kubectl", "exec"]
 # The state dir the init and its clients use when given none; a Container with another one
@@ -280,6 +287,7 @@ class Container:
 
     def _docker(self) -> docker_sdk.DockerClient:
         if self._client is None:
+            _sdk()
             import docker as docker_sdk
 
             try:
@@ -291,6 +299,7 @@ class Container:
 
     def _docker_id(self) -> str:
         """The Docker container's id (a compose service resolved to its container)."""
+        _sdk()
         import docker as docker_sdk
 
         if self.engine == "docker":
@@ -443,6 +452,7 @@ class Container:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         del timeout  # see below
+        _sdk()
         import docker as docker_sdk
         import requests
 
@@ -555,6 +565,7 @@ class Container:
         import posixpath
         import tarfile
 
+        _sdk()
         import docker as docker_sdk
         import requests
 
@@ -601,6 +612,7 @@ class Container:
             self._exec_kill(sig, 1, "PID 1")
             return
         if self.engine in ("docker", "compose"):
+            _sdk()
             import docker as docker_sdk
 
             cid = self._docker_id()
@@ -648,6 +660,7 @@ class Container:
     def inspect(self) -> dict[str, Any]:
         """The engine's record of the container (Docker, Compose, Podman)."""
         if self.engine in ("docker", "compose"):
+            _sdk()
             import docker as docker_sdk
 
             try:

@@ -101,6 +101,7 @@ from harbor.verifier.verifier import Verifier
 from .binary import binary_path
 from .container import SAFE_PATH, Container, sandbox_user_args
 from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
+from .extras import need
 from .freeze import freeze
 from .marker import verify_marker
 from .result import FreezeResult
@@ -1005,12 +1006,35 @@ class _ComposeInit:
             raise InstallFailed(f"{self.session_id}: the merged Compose file has no main service")
         return main
 
+    async def _main_image(self, main: dict[str, Any]) -> str:
+        """The image `up` runs as the main container: the one the Compose files name, else the
+        one Compose built and named itself (a task with a Dockerfile only, or --force-build:
+        Harbor 0.25.0's build file gives `build:` and no `image:`)."""
+        image = main.get("image")
+        if isinstance(image, str) and image:
+            return image
+        if not main.get("build"):
+            raise InstallFailed(
+                f"{self.session_id}: the main service names no image and builds none: give it "
+                "an image (task.toml's docker_image) or a Dockerfile"
+            )
+        from harbor.environments.docker.docker import _sanitize_docker_compose_project_name
+
+        # Compose names it PROJECT-main (Compose 1 named it PROJECT_main): the name its own
+        # `config --images main` gives (among main's dependencies' images), not a guess.
+        r = await super()._run_docker_compose_command(  # type: ignore[misc]
+            ["config", "--images", "main"]
+        )
+        project = _sanitize_docker_compose_project_name(self.session_id)
+        return _built_image_name(str(r.stdout or ""), project, self.session_id)
+
     async def _write_override(self) -> None:
         g = self._guard
+        # The key made below and the check of the init (_check_init) need both extras.
+        need("cryptography", "crypto", "the Harbor switch")
+        need("docker", "docker", "the Harbor switch")
         main = await self._merged_main()
-        image = main.get("image")
-        if not isinstance(image, str) or not image:
-            raise InstallFailed(f"{self.session_id}: the main service names no image")
+        image = await self._main_image(main)
         info = json.loads(await self._engine("image", "inspect", image))[0]
         cfg = info.get("Config") or {}
         arch = str(info.get("Architecture") or "")
@@ -1139,6 +1163,22 @@ def _read_through_engine(box: Container, path: str) -> str | None:
         member = tar.next()
         f = tar.extractfile(member) if member is not None and member.isfile() else None
         return f.read(64 * 1024).decode(errors="replace") if f is not None else None
+
+
+def _built_image_name(output: str, project: str, session: str) -> str:
+    """The name Compose gave main's built image: the one of its default names that
+    `docker compose config --images main` lists (with main's dependencies' images, and any
+    warning Compose printed, which has blanks in it)."""
+    listed = {line.strip() for line in output.splitlines()}
+    names = [n for n in (f"{project}-main", f"{project}_main") if n in listed]
+    if len(names) != 1:
+        raise InstallFailed(
+            f"{session}: Compose lists not exactly one of {project}-main, {project}_main "
+            f"as the main service's built image ({output.strip()[-300:] or 'no output'}): "
+            "give the main service an image (task.toml's docker_image, or image: in the "
+            "task's docker-compose.yaml)"
+        )
+    return names[0]
 
 
 def _alias(arch: str) -> str:

@@ -17,13 +17,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from .errors import MarkerInvalid
+from .extras import need
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from .container import Container
 
 # The default of `quiesce verify --max-age`, and its allowance for a clock ahead of ours.
@@ -101,6 +100,10 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
 def load_public_key(public_key_pem: str | bytes) -> Ed25519PublicKey:
     """An Ed25519 SPKI PEM public key (`signing.pub`); anything else raises MarkerInvalid."""
     data = public_key_pem.encode() if isinstance(public_key_pem, str) else public_key_pem
+    need("cryptography", "crypto", "a marker's signature check")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as e:
@@ -112,6 +115,8 @@ def load_public_key(public_key_pem: str | bytes) -> Ed25519PublicKey:
 
 def key_id(key: Ed25519PublicKey) -> str:
     """The RFC 7638 JWK thumbprint the init puts in the header's `kid`."""
+    from cryptography.hazmat.primitives import serialization
+
     x = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     x64 = base64.urlsafe_b64encode(x).rstrip(b"=").decode("ascii")
     jwk = '{"crv":"Ed25519","kty":"OKP","x":"' + x64 + '"}'
@@ -170,6 +175,8 @@ def verify_marker(
         raise MarkerInvalid("key", "signed by another key: the marker's kid is not this key's")
     if len(signature) != 64:
         raise MarkerInvalid("format", f"the signature is {len(signature)} bytes, Ed25519's is 64")
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"))
     except InvalidSignature:

@@ -24,14 +24,15 @@ binary between its copy and its run: such a path is refused (InstallFailed). The
 resolved once (`pwd -P` of its directory), checked, and from then on only the resolved one is
 used (the copy, its run, the sidecar's start, `sc.binary` and `sc.container`'s binary), so a
 link on the way that the sandbox user planted and re-points later redirects nothing; the state
-dir likewise. A copy that is already there with the same sha256, root's and no link, is kept. The copy goes in through the container's own
-(Docker's archive API, which reaches no tmpfs: there the start is refused, naming a volume;
-`podman cp`, a from_exec upload_fn), else through an exec of
-`sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256, or the size where the
-image has no sha256sum) and run once with --version before the sidecar starts. The sandbox
-needs /bin/sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do), found
-through the fixed PATH the install script sets (SAFE_PATH), never the image's: every exec the
-kit makes here has an absolute argv[0] and runs nothing of a directory the sandbox user owns.
+dir likewise. A copy that is already there with the same sha256, root's and no link, is
+kept. The copy goes in through the container's own (Docker's archive API, which reaches no
+tmpfs: there the start is refused, naming a volume; `podman cp`, a from_exec upload_fn),
+else through an exec of `sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256,
+or the size where the image has no sha256sum) and run once with --version before the sidecar
+starts. The sandbox needs /bin/sh, mkdir, stat, chmod, chown and mv for that (Debian's and
+BusyBox's do), found through the fixed PATH the install script sets (SAFE_PATH), never the
+image's: every exec the kit makes here has an absolute argv[0] and runs nothing of a directory
+the sandbox user owns.
 """
 
 from __future__ import annotations
@@ -298,9 +299,9 @@ def _state_dir(container: Container, state_dir: str, user: str | None, deadline:
     said = _lines(r)
     if "unsafe" in said:
         raise InstallFailed(
-            f"{container.name}: the state dir {state_dir} is not safe for quiesce: "
-            f"{said['unsafe']} (it and every directory above it must be root's and writable by "
-            "root alone, or the sandbox user could move it away): pass another state_dir"
+            f"{container.name}: quiesce's state dir {state_dir} is not safe: {said['unsafe']} "
+            "(it and every directory above it must be root's and writable by root alone, or "
+            "the sandbox user could move it away): pass another state_dir="
         )
     if r.returncode != 0 or "dir" not in said:
         raise InstallFailed(
@@ -491,7 +492,9 @@ def _mount_of(
 
 def _check_noexec(container: Container, path: str, mount: tuple[str, set[str], str] | None) -> None:
     if mount is not None and "noexec" in mount[1]:
-        raise InstallFailed(f"{container.name}: {path} is on {mount[0]}, mounted noexec: {_NOEXEC_FIX}")
+        raise InstallFailed(
+            f"{container.name}: {path} is on {mount[0]}, mounted noexec: {_NOEXEC_FIX}"
+        )
 
 
 def _check_reachable(

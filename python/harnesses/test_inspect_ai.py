@@ -87,35 +87,47 @@ def run_tests() -> Any:
 KEY_IN = "/etc/quiesce-signing.key"
 
 
-def kept_key(tmp_path: Path) -> tuple[Path, str]:
-    """A key pair the orchestrator made and keeps: the private key file (0600, root's) that
-    each service's init signs with, and the public PEM that stays here."""
+def keygen(where: Path) -> tuple[Path, str]:
+    """A key pair the orchestrator makes and keeps: the private key file, and the public PEM."""
     import subprocess
 
-    keys = tmp_path / "keys"
-    subprocess.run([str(support.binary()), "keygen", "--out", str(keys)], check=True, timeout=30)
-    return keys / "signing.key", (keys / "signing.pub").read_text()
+    subprocess.run([str(support.binary()), "keygen", "--out", str(where)], check=True, timeout=30)
+    return where / "signing.key", (where / "signing.pub").read_text()
+
+
+@pytest.fixture
+def keyed(
+    client: docker.DockerClient, task_image: str, tmp_path: Path
+) -> Iterator[tuple[str, str]]:
+    """task_image whose init signs with a key of the orchestrator's (baked in, root's, 0600:
+    Inspect refuses a read-only host mount on Docker 20.10), and that key's public PEM."""
+    import contextlib
+
+    ctx = tmp_path / "keyed"
+    _, pub = keygen(ctx)  # the build context: its signing.key goes into the image
+    (ctx / "Dockerfile").write_text(
+        f"FROM {task_image}\nCOPY signing.key {KEY_IN}\n"
+        f"RUN chown 0:0 {KEY_IN} && chmod 0600 {KEY_IN}\n"
+        f'ENTRYPOINT ["/sbin/quiesce", "--sandbox-user", "agent", "--signing-key", "{KEY_IN}", '
+        '"--"]\nCMD ["sleep", "infinity"]\n'
+    )
+    tag = f"{task_image}-keyed"
+    client.images.build(path=str(ctx), tag=tag, rm=True, labels={support.LABEL: "1"})
+    yield tag, pub
+    with contextlib.suppress(docker.errors.DockerException):
+        client.images.remove(tag)
 
 
 def accuracy_of(
-    tmp_path: Path,
-    image: str,
-    score: Any,
-    key: Path,
-    *,
-    services: int = 1,
-    where: str | None = None,
+    tmp_path: Path, image: str, score: Any, *, services: int = 1, where: str | None = None
 ) -> Any:
-    """One sample of a forger left in sandbox `where`; `services` of the image, each with
-    quiesce as its init signing with `key`, all sharing the workspace (a named volume)."""
+    """One sample of a forger left in sandbox `where`; `services` of the image (quiesce its
+    init), all sharing the workspace (a named volume)."""
     compose = tmp_path / "compose.yaml"
     text = "services:\n"
     for name in ["default", "other"][:services]:
         text += (
-            f"  {name}:\n    image: {image}\n"
-            f"    entrypoint: [/sbin/quiesce, --sandbox-user, agent, --signing-key, {KEY_IN}, --]\n"
-            f"    command: [sleep, infinity]\n"
-            f"    volumes: [work:/workspace, {key}:{KEY_IN}:ro]\n"
+            f"  {name}:\n    image: {image}\n    volumes: [work:/workspace]\n"
             f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
             f"    security_opt:\n      - {support.SECURITY_OPT}\n"
         )
@@ -133,16 +145,15 @@ def accuracy_of(
 
 
 def test_inspect_own_eval_scores_the_forged_verdict(tmp_path: Path, task_image: str) -> None:
-    key, _ = kept_key(tmp_path)
-    log = accuracy_of(tmp_path, task_image, run_tests(), key)
+    log = accuracy_of(tmp_path, task_image, run_tests())
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 1.0
 
 
-def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: str) -> None:
-    key, pub = kept_key(tmp_path)
+def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, keyed: tuple[str, str]) -> None:
+    image, pub = keyed
     res: list[FreezeResult] = []
-    log = accuracy_of(tmp_path, task_image, quiesced(run_tests(), public_key=pub, results=res), key)
+    log = accuracy_of(tmp_path, image, quiesced(run_tests(), public_key=pub, results=res))
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     [r] = res
@@ -151,33 +162,39 @@ def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: 
     assert support.unverified_claims(r.marker)["setuid"] is False
 
 
-def test_quiesced_freezes_every_service_of_the_sample(tmp_path: Path, task_image: str) -> None:
+def test_quiesced_freezes_every_service_of_the_sample(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
     # The forger lives in the second service and writes the workspace both share: a freeze of
     # the default sandbox alone leaves it writing while the scorer reads (accuracy 1.0).
-    key, pub = kept_key(tmp_path)
+    image, pub = keyed
     res: list[FreezeResult] = []
     scorer = quiesced(run_tests(), public_key=pub, results=res)
-    log = accuracy_of(tmp_path, task_image, scorer, key, services=2, where="other")
+    log = accuracy_of(tmp_path, image, scorer, services=2, where="other")
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     assert len(res) == 2 and all(r.state == "quiescent" for r in res)
     assert sum(r.killed for r in res) >= 1
 
 
-def test_quiesced_checks_each_marker_against_the_kept_key(tmp_path: Path, task_image: str) -> None:
+def test_quiesced_checks_each_marker_against_the_kept_key(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
     # Another key than the one the inits sign with: every marker fails the check, no score.
-    key, _ = kept_key(tmp_path)
-    _, other = kept_key(tmp_path / "another")
-    log = accuracy_of(tmp_path, task_image, quiesced(run_tests(), public_key=other), key)
+    image, _ = keyed
+    _, other = keygen(tmp_path / "another")
+    log = accuracy_of(tmp_path, image, quiesced(run_tests(), public_key=other))
     assert log.status == "error"
     assert "signed by another key" in (log.error.message if log.error else ""), log.error
 
 
-def test_no_answer_from_the_init_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:
+def test_no_answer_from_the_init_is_an_error_not_a_score(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
     # quiesce looked for where it is not: no freeze, and Inspect records the sample's error.
-    key, pub = kept_key(tmp_path)
+    image, pub = keyed
     scorer = quiesced(run_tests(), public_key=pub, binary="/nowhere/quiesce")
-    log = accuracy_of(tmp_path, task_image, scorer, key)
+    log = accuracy_of(tmp_path, image, scorer)
     assert log.status == "error"
     assert "/nowhere/quiesce" in (log.error.message if log.error else ""), log.error
 

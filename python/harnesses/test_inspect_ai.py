@@ -64,9 +64,11 @@ def engine_check(client: docker.DockerClient) -> Iterator[None]:
 
 
 @solver
-def leave_forger() -> Any:
+def leave_forger(where: str | None = None) -> Any:
+    """The forger left as the agent in sandbox `where` (the default one when None)."""
+
     async def solve(state: Any, generate: Any) -> Any:
-        await sandbox().exec(["sh", "-c", FORGER], user="agent")
+        await sandbox(where).exec(["sh", "-c", FORGER], user="agent")
         return state
 
     return solve
@@ -82,18 +84,59 @@ def run_tests() -> Any:
     return score
 
 
-def accuracy_of(tmp_path: Path, image: str, score: Any) -> Any:
-    compose = tmp_path / "compose.yaml"
-    compose.write_text(
-        f"services:\n  default:\n    image: {image}\n"
-        f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
-        f"    security_opt:\n      - {support.SECURITY_OPT}\n"
+KEY_IN = "/etc/quiesce-signing.key"
+
+
+def keygen(where: Path) -> tuple[Path, str]:
+    """A key pair the orchestrator makes and keeps: the private key file, and the public PEM."""
+    import subprocess
+
+    subprocess.run([str(support.binary()), "keygen", "--out", str(where)], check=True, timeout=30)
+    return where / "signing.key", (where / "signing.pub").read_text()
+
+
+@pytest.fixture
+def keyed(
+    client: docker.DockerClient, task_image: str, tmp_path: Path
+) -> Iterator[tuple[str, str]]:
+    """task_image whose init signs with a key of the orchestrator's (baked in, root's, 0600:
+    Inspect refuses a read-only host mount on Docker 20.10), and that key's public PEM."""
+    import contextlib
+
+    ctx = tmp_path / "keyed"
+    _, pub = keygen(ctx)  # the build context: its signing.key goes into the image
+    (ctx / "Dockerfile").write_text(
+        f"FROM {task_image}\nCOPY signing.key {KEY_IN}\n"
+        f"RUN chown 0:0 {KEY_IN} && chmod 0600 {KEY_IN}\n"
+        f'ENTRYPOINT ["/sbin/quiesce", "--sandbox-user", "agent", "--signing-key", "{KEY_IN}", '
+        '"--"]\nCMD ["sleep", "infinity"]\n'
     )
+    tag = f"{task_image}-keyed"
+    client.images.build(path=str(ctx), tag=tag, rm=True, labels={support.LABEL: "1"})
+    yield tag, pub
+    with contextlib.suppress(docker.errors.DockerException):
+        client.images.remove(tag)
+
+
+def accuracy_of(
+    tmp_path: Path, image: str, score: Any, *, services: int = 1, where: str | None = None
+) -> Any:
+    """One sample of a forger left in sandbox `where`; `services` of the image (quiesce its
+    init), all sharing the workspace (a named volume)."""
+    compose = tmp_path / "compose.yaml"
+    text = "services:\n"
+    for name in ["default", "other"][:services]:
+        text += (
+            f"  {name}:\n    image: {image}\n    volumes: [work:/workspace]\n"
+            f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
+            f"    security_opt:\n      - {support.SECURITY_OPT}\n"
+        )
+    compose.write_text(text + "volumes:\n  work: {}\n")
 
     t = Task(
         name=f"qhk_{uuid.uuid4().hex[:8]}",
         dataset=[Sample(input="Write 42 to /workspace/answer.txt", target="42")],
-        solver=leave_forger(),
+        solver=leave_forger(where),
         scorer=score,
         sandbox=("docker", str(compose)),
     )
@@ -107,9 +150,10 @@ def test_inspect_own_eval_scores_the_forged_verdict(tmp_path: Path, task_image: 
     assert log.results.scores[0].metrics["accuracy"].value == 1.0
 
 
-def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: str) -> None:
+def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, keyed: tuple[str, str]) -> None:
+    image, pub = keyed
     res: list[FreezeResult] = []
-    log = accuracy_of(tmp_path, task_image, quiesced(run_tests(), results=res))
+    log = accuracy_of(tmp_path, image, quiesced(run_tests(), public_key=pub, results=res))
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
     [r] = res
@@ -118,11 +162,41 @@ def test_quiesced_scorer_scores_what_the_tests_said(tmp_path: Path, task_image: 
     assert support.unverified_claims(r.marker)["setuid"] is False
 
 
-def test_no_answer_from_the_init_is_an_error_not_a_score(tmp_path: Path, task_image: str) -> None:
-    # quiesce looked for where it is not: Unreachable, and Inspect records the sample's error.
-    log = accuracy_of(tmp_path, task_image, quiesced(run_tests(), binary="/nowhere/quiesce"))
+def test_quiesced_freezes_every_service_of_the_sample(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
+    # The forger lives in the second service and writes the workspace both share: a freeze of
+    # the default sandbox alone leaves it writing while the scorer reads (accuracy 1.0).
+    image, pub = keyed
+    res: list[FreezeResult] = []
+    scorer = quiesced(run_tests(), public_key=pub, results=res)
+    log = accuracy_of(tmp_path, image, scorer, services=2, where="other")
+    assert log.status == "success"
+    assert log.results.scores[0].metrics["accuracy"].value == 0.0
+    assert len(res) == 2 and all(r.state == "quiescent" for r in res)
+    assert sum(r.killed for r in res) >= 1
+
+
+def test_quiesced_checks_each_marker_against_the_kept_key(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
+    # Another key than the one the inits sign with: every marker fails the check, no score.
+    image, _ = keyed
+    _, other = keygen(tmp_path / "another")
+    log = accuracy_of(tmp_path, image, quiesced(run_tests(), public_key=other))
     assert log.status == "error"
-    assert "Unreachable" in (log.error.message if log.error else "")
+    assert "signed by another key" in (log.error.message if log.error else ""), log.error
+
+
+def test_no_answer_from_the_init_is_an_error_not_a_score(
+    tmp_path: Path, keyed: tuple[str, str]
+) -> None:
+    # quiesce looked for where it is not: no freeze, and Inspect records the sample's error.
+    image, pub = keyed
+    scorer = quiesced(run_tests(), public_key=pub, binary="/nowhere/quiesce")
+    log = accuracy_of(tmp_path, image, scorer)
+    assert log.status == "error"
+    assert "/nowhere/quiesce" in (log.error.message if log.error else ""), log.error
 
 
 # --- The switch: `inspect eval` of an unchanged task, with and without INSPECT_REQUIRED_HOOKS.
@@ -168,11 +242,11 @@ class PlainRaise(Hooks):
 @solver
 def steps():
     async def solve(state, generate):
-        for cmd, user in state.metadata["steps"]:
+        for cmd, user, *where in state.metadata["steps"]:  # where: a sandbox's name
             if user == "@write_file":  # Inspect's own write_file (its execs run as root)
                 await sandbox().write_file(cmd, "42\\n")
                 continue
-            r = await sandbox().exec(["sh", "-c", cmd], user=user)
+            r = await sandbox(*where).exec(["sh", "-c", cmd], user=user)
             if r.returncode != 0:
                 raise RuntimeError(f"step {{cmd!r}}: exit {{r.returncode}}: {{r.stderr}}")
         return state
@@ -351,6 +425,39 @@ def test_switch_on_with_the_user_named(tmp_path: Path, task_image: str) -> None:
     assert score_of(s["hostile"]) == INCORRECT
     assert score_of(s["pid1"]) == INCORRECT
     assert_refused(s["rootforger"], "rootforger", f"set {hook.ROOT_SETTING}=1")
+
+
+def two_services(path: Path, image: str) -> str:
+    """compose_file's service twice, `default` and `other`, sharing the workspace (a named
+    volume): what one writes the other's scorer reads."""
+    text = "services:\n"
+    for name in ("default", "other"):
+        text += (
+            f"  {name}:\n    image: {image}\n    entrypoint: [tail, -f, /dev/null]\n"
+            f"    init: true\n    volumes: [work:/workspace]\n"
+            f"    pids_limit: {support.PIDS_LIMIT}\n    network_mode: none\n"
+            f"    security_opt:\n      - {support.SECURITY_OPT}\n"
+        )
+    path.write_text(text + "volumes:\n  work: {}\n")
+    return path.name
+
+
+@pytest.mark.usefixtures("inspect_engine")
+def test_switch_on_freezes_every_service_of_the_sample(tmp_path: Path, task_image: str) -> None:
+    # The forger lives in the second service and writes the workspace the scorer reads in the
+    # first: every sandbox is frozen, each marker checked, before the scorer runs.
+    compose = two_services(tmp_path / "two.yaml", task_image)
+    samples: list[tuple[str, list[Any], str]] = [
+        ("hostile", [[FORGER, "agent", "other"]], compose),
+        ("honest", [[HONEST, "agent"]], compose),
+    ]
+    log = inspect_eval(tmp_path, samples, SWITCH | {"QUIESCE_SANDBOX_USER": "agent"})
+    s = by_id(log)
+    assert score_of(s["hostile"]) == INCORRECT
+    assert score_of(s["honest"]) == CORRECT
+    infos = [e.data for e in s["hostile"].events if e.event == "info" and e.source == "quiesce"]
+    assert sorted(i["sandbox"] for i in infos) == ["default", "other"], infos
+    assert all(i["state"] == "quiescent" for i in infos) and sum(i["killed"] for i in infos) >= 1
 
 
 # --- A task whose compose service runs the agent as its `user:`: the container's PID 1 is the

@@ -279,9 +279,16 @@ def test_the_install_checks(tmp_path: Path) -> None:
         "23 22 0:22 / /run rw,nosuid,nodev,noexec - tmpfs tmpfs rw\n"
         "24 22 0:23 / /run/quiesce\\040bin rw - tmpfs tmpfs rw\n"
     )
-    assert _mount_options(info, "/run/quiesce-bin") == ("/run", {"rw", "nosuid", "nodev", "noexec"})
-    assert _mount_options(info, "/run/quiesce bin/x") == ("/run/quiesce bin", {"rw"})
-    assert _mount_options(info, "/usr/local") == ("/", {"rw", "relatime"})
+    assert _mount_options(info, "/run/quiesce-bin") == (
+        "/run",
+        {"rw", "nosuid", "nodev", "noexec"},
+        "tmpfs",
+    )
+    assert _mount_options(info, "/run/quiesce bin/x") == ("/run/quiesce bin", {"rw"}, "tmpfs")
+    assert _mount_options(info, "/usr/local") == ("/", {"rw", "relatime"}, "overlay")
+    # Optional fields before the separator (shared:N, master:N) are not the type.
+    vol = "25 22 254:0 /v/_data /opt/q rw,relatime master:1 - ext4 /dev/vda rw\n"
+    assert _mount_options(info + vol, "/opt/q/quiesce") == ("/opt/q", {"rw", "relatime"}, "ext4")
     f = tmp_path / "q"
     f.write_bytes(b"\x7fELF" + bytes(14) + (183).to_bytes(2, "little"))
     from quiesce_harness import InstallFailed

@@ -373,3 +373,99 @@ def test_the_sidecar_in_a_podman_container(quiesce_bin: Path) -> None:
         assert (done.returncode, done.stdout) == (0, b"scored\n"), done.stderr
     finally:
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+def agent_sh(b: Box, script: str) -> None:
+    """A shell script run as the sandbox user, to its end (it must succeed)."""
+    rc, out = b.ctr.exec_run(["sh", "-c", script], user=UID)
+    assert rc == 0, out
+
+
+# The sandbox user's look-alike: it leaves a mark of whoever ran it, then runs the real one,
+# so that the freeze it fronts still answers as quiesce would.
+LOOKALIKE = '#!/bin/sh\ntouch "/tmp/evil/ran-as-$(id -u)"\nexec /usr/local/sbin/quiesce "$@"\n'
+
+
+def test_a_link_on_the_way_is_resolved_once_and_never_followed_again(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    # The sandbox user plants links in /tmp (its sticky 1777) before the start: one to a
+    # directory of root's for the binary, one for the state dir. The kit resolves each,
+    # checks the resolved directory, and runs only that; re-pointing the links afterwards at
+    # directories of the user's own redirects nothing: no exec of the kit's runs its file.
+    with plain_box(client) as b:
+        c = Container.docker(b.name, client=client)
+        agent_sh(b, "ln -s /usr/local/sbin /tmp/quiesce-bin && ln -s /run /tmp/qs")
+        sc = start_sidecar(
+            c, UID, binary=quiesce_bin, install_path="/tmp/quiesce-bin/quiesce",
+            state_dir="/tmp/qs/quiesce-sc",
+        )  # fmt: skip
+        assert (sc.binary, sc.container.binary) == ("/usr/local/sbin/quiesce",) * 2
+        assert (sc.state_dir, sc.container.state_dir) == ("/run/quiesce-sc",) * 2
+        launch(b, sc.binary, "setsid-writer")
+        support.until(lambda: b.agents() >= 1, 30, "the writer never ran")
+        agent_sh(
+            b,
+            f"mkdir -p /tmp/evil /tmp/evil-state/quiesce-sc && printf '%s' '{LOOKALIKE}' "
+            "> /tmp/evil/quiesce && chmod 755 /tmp/evil/quiesce "
+            "&& ln -sfn /tmp/evil /tmp/quiesce-bin && ln -sfn /tmp/evil-state /tmp/qs",
+        )
+        assert c.exec(["readlink", "/tmp/quiesce-bin"]).stdout == b"/tmp/evil\n"
+        r = freeze(sc.container, nonce="sc-link")
+        assert r.state == "quiescent" and r.killed >= 1 and r.marker is not None
+        verify_marker(r.marker, sc.public_key, nonce="sc-link", container=sc.container)
+        done = run_verifier(sc.container, ["sh", "-c", "echo scored"], nonce="sc-link")
+        assert (done.returncode, done.stdout) == (0, b"scored\n"), done.stderr
+        ran = c.exec(["sh", "-c", "ls /tmp/evil | grep ran-as || true"]).stdout
+        assert ran == b"", f"the sandbox user's look-alike ran: {ran!r}"
+        # A link to a directory the sandbox user owns is refused, naming the fix.
+        agent_sh(b, "mkdir -p /tmp/mine && ln -s /tmp/mine /tmp/qb")
+        with pytest.raises(InstallFailed, match=r"/tmp/mine owner 1000 .* another install_path"):
+            start_sidecar(c, UID, binary=quiesce_bin, install_path="/tmp/qb/quiesce")
+        with pytest.raises(InstallFailed, match=r"/tmp/mine owner 1000 .* another state_dir"):
+            start_sidecar(c, UID, binary=quiesce_bin, state_dir="/tmp/qb/state")
+
+
+def test_a_copy_there_that_is_not_roots_alone_is_replaced(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    # The same binary, but the sandbox user's to write (an image that handed it over): it could
+    # rewrite it between the check and the run, so the kit puts a copy of root's in its place.
+    with plain_box(client, workspace=False) as b:
+        c = Container.docker(b.name, client=client)
+        path = "/usr/local/sbin/quiesce"
+        _install(c, quiesce_bin, None, path, "0", time.monotonic() + 60)
+        assert c.exec(["chown", UID, path]).returncode == 0
+        sc = start_sidecar(c, UID, binary=quiesce_bin, install_path=path)
+        assert sc.binary == path
+        assert c.exec(["stat", "-c", "%u %a", path]).stdout == b"0 755\n"
+
+
+def test_a_tmpfs_docker_cannot_copy_into_is_refused_and_a_volume_works(
+    client: docker.DockerClient, quiesce_bin: Path
+) -> None:
+    # A read-only root file system with `--tmpfs /run:exec`: Docker's archive API, the kit's
+    # copy for Docker, does not reach a tmpfs (the engine answers 404), so the start refuses,
+    # naming a volume; on a named volume (0755, root's, exec-able) it installs and freezes.
+    vol = f"{PREFIX}sc-vol-{uuid.uuid4().hex[:8]}"
+    run: dict[str, Any] = {"read_only": True, "tmpfs": {"/run": "exec"}, "workspace": False}
+    try:
+        with plain_box(client, **run) as b:
+            c = Container.docker(b.name, client=client)
+            with pytest.raises(InstallFailed, match=r"on /run, a tmpfs, .* named volume"):
+                start_sidecar(c, UID, binary=quiesce_bin)
+            assert b.pids() == 1
+        volumes = {vol: {"bind": "/opt/quiesce-bin", "mode": "rw"}}
+        with plain_box(client, volumes=volumes, **run) as b:
+            c = Container.docker(b.name, client=client)
+            sc = start_sidecar(c, UID, binary=quiesce_bin, install_path="/opt/quiesce-bin/quiesce")
+            assert sc.state_dir == "/run/quiesce"
+            cmd = [sc.binary, "exec", "--user", UID, "--", "sleep", "1000"]
+            b.client.api.exec_start(b.client.api.exec_create(b.id, cmd)["Id"], detach=True)
+            support.until(lambda: UID in live_uids(b), 30, "the sandbox user's sleep never ran")
+            r = freeze(sc.container, nonce="sc-volume")
+            assert r.state == "quiescent" and r.killed >= 1 and r.marker is not None
+            verify_marker(r.marker, sc.public_key, nonce="sc-volume", container=sc.container)
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            client.volumes.get(vol).remove(force=True)

@@ -109,7 +109,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,6 +201,8 @@ class _Quiesce:
     container: Container
     public_key: str
     how: str  # "sidecar" or "init"
+    # verify_marker's accept_privilege_escalation: the setting, unless quiesced() was told.
+    accept_setuid: bool = field(default_factory=lambda: os.environ.get(SETUID_SETTING) == "1")
 
 
 @dataclass
@@ -265,7 +267,7 @@ def _named(e: Exception) -> str:
 def _setting_hint(e: Exception) -> str:
     """The kit's messages name its keyword arguments; through Inspect they are settings."""
     text = str(e)
-    if "install_path=" in text:
+    if "install_path=" in text or "state_dir=" in text:
         return f" (through Inspect: set {INSTALL_SETTING} and {STATE_SETTING})"
     if "PID 1" in text and "sandbox UID" in text:
         return (
@@ -326,7 +328,7 @@ def _freeze_checked(g: _Guard, q: _Quiesce) -> tuple[FreezeResult, dict[str, Any
         q.public_key,
         nonce=r.nonce,
         container=q.container,
-        accept_privilege_escalation=os.environ.get(SETUID_SETTING) == "1",
+        accept_privilege_escalation=q.accept_setuid,
     )
     return r, claims
 
@@ -466,12 +468,12 @@ async def _refreeze(guard: _Guard, cmd: list[str]) -> None:
         raise QuiesceRefused(guard.failure)
 
 
-def _container_of(name: str, env: Any) -> Container:
+def _container_of(name: str, env: Any, binary: str = "quiesce") -> Container:
     from .adapters.inspect_ai import sandbox_container
     from .errors import Unreachable
 
     try:
-        return sandbox_container(env)
+        return sandbox_container(env, binary=binary)
     except Unreachable:
         raise QuiesceRefused(
             f"sandbox {name!r} is {type(getattr(env, '_sandbox', env)).__name__}: the hook "
@@ -528,7 +530,45 @@ async def _guard_sandboxes(sample: _Sample) -> None:
             await guard.start(users)
 
 
-async def _freeze_sandbox(g: _Guard) -> None:
+async def _freeze_all(guards: list[_Guard]) -> list[FreezeResult]:
+    """Freeze every sandbox of a sample, each marker checked against its kept key; the
+    results in order, or QuiesceRefused at the first that does not hold."""
+    return [await _freeze_sandbox(g) for g in guards]
+
+
+async def freeze_sample(
+    public_key: str | Mapping[str, str], *, binary: str = "quiesce", accept_setuid: bool = False
+) -> list[FreezeResult]:
+    """adapters.inspect_ai.quiesced()'s freeze, from inside a scorer: every sandbox of the
+    running sample (every service of its compose project), each through the quiesce that is
+    its init, its marker checked against `public_key` (one PEM for all, or one per sandbox
+    name), the key the orchestrator kept, never one read back from the sandbox. The hook's
+    own freeze (_freeze_all); QuiesceRefused, naming the sandbox, when any does not hold."""
+    from inspect_ai.util._sandbox.context import sandbox_environments_context_var
+
+    envs = sandbox_environments_context_var.get(None) or {}
+    if not envs:
+        raise QuiesceRefused("the sample has no sandbox to freeze")
+    guards = []
+    for name, env in envs.items():
+        key = public_key if isinstance(public_key, str) else public_key.get(name)
+        if key is None:
+            raise QuiesceRefused(
+                f"sandbox {name!r}: no public key given for it: pass public_key= one PEM for "
+                f"every sandbox, or a mapping with one for {name!r} (the key its quiesce signs "
+                "with, kept outside the sandbox)"
+            )
+        try:
+            load_public_key(key)
+        except QuiesceError as e:
+            raise QuiesceRefused(f"sandbox {name!r}: the public key given: {e}") from None
+        c = _container_of(name, env, binary)
+        guard = _Guard(name, c, quiesce=_Quiesce(c, key, "init", accept_setuid))
+        guards.append(guard)
+    return await _freeze_all(guards)
+
+
+async def _freeze_sandbox(g: _Guard) -> FreezeResult:
     """Freeze one sandbox and check its marker; QuiesceRefused unless both hold."""
     from inspect_ai.log._transcript import transcript
 
@@ -561,6 +601,7 @@ async def _freeze_sandbox(g: _Guard) -> None:
         },
         source="quiesce",
     )
+    return r
 
 
 # --- The init path: a service whose container runs as the sandbox user ---------------------
@@ -875,8 +916,7 @@ class QuiesceHooks(Hooks):  # type: ignore[misc]
         try:
             if sample.failure is not None:
                 raise QuiesceRefused(sample.failure)
-            for g in sample.guards:
-                await _freeze_sandbox(g)
+            await _freeze_all(sample.guards)
         except Exception as e:
             sample.failure = _refusal(e)
             raise QuiesceRefused(sample.failure) from None

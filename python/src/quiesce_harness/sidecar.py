@@ -20,14 +20,19 @@ The binary goes to `install_path`, by default /run/quiesce-bin/quiesce: a direct
 kit's own (no file of the image is replaced), root's and 0755 (nothing in it is secret, and
 only root may write there), usually on the container's writable layer. Every directory from
 it up to / must be root's and writable by root alone, else the sandbox user could swap the
-binary between its copy and its run: such a path is refused (InstallFailed). A copy that is
-already there with the same sha256 is kept. The copy goes in through the container's own
-(Docker's archive API, `podman cp`, a from_exec upload_fn), else through an exec of
-`sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256, or the size where the
-image has no sha256sum) and run once with --version before the sidecar starts. The sandbox
-needs /bin/sh, mkdir, stat, chmod, chown and mv for that (Debian's and BusyBox's do), found
-through the fixed PATH the install script sets (SAFE_PATH), never the image's: every exec the
-kit makes here has an absolute argv[0] and runs nothing of a directory the sandbox user owns.
+binary between its copy and its run: such a path is refused (InstallFailed). The path is
+resolved once (`pwd -P` of its directory), checked, and from then on only the resolved one is
+used (the copy, its run, the sidecar's start, `sc.binary` and `sc.container`'s binary), so a
+link on the way that the sandbox user planted and re-points later redirects nothing; the state
+dir likewise. A copy that is already there with the same sha256, root's and no link, is
+kept. The copy goes in through the container's own (Docker's archive API, which reaches no
+tmpfs: there the start is refused, naming a volume; `podman cp`, a from_exec upload_fn),
+else through an exec of `sh -c 'cat > PATH'` with the file on stdin; it is checked (sha256,
+or the size where the image has no sha256sum) and run once with --version before the sidecar
+starts. The sandbox needs /bin/sh, mkdir, stat, chmod, chown and mv for that (Debian's and
+BusyBox's do), found through the fixed PATH the install script sets (SAFE_PATH), never the
+image's: every exec the kit makes here has an absolute argv[0] and runs nothing of a directory
+the sandbox user owns.
 """
 
 from __future__ import annotations
@@ -63,12 +68,15 @@ _ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64":
 # ELF e_machine of each.
 _ELF_MACHINE = {62: "x86_64", 183: "aarch64"}
 
-# Run as root with the install path, then "check" or "place". check: refuse the directory
-# unless it (made where missing, and only under a safe one) and every directory above it
-# (links resolved) are root's and writable by root alone; print `writable yes` where this
-# user can write in it, `dir REAL` and, for a file already there, `have SUM`. place: move the
-# uploaded `.NAME.new` into place as a copy root makes (root's, 0755), print `have SUM` and
-# `ran CODE` of its --version. SUM is `sha256:HEX`, or `size:N` where there is no sha256sum.
+# Run as root with the install path, then "check" or "place" (or a state dir, then "where").
+# check: refuse the directory unless it (made where missing, and only under a safe one) and
+# every directory above it (links resolved) are root's and writable by root alone; print
+# `writable yes` where this user can write in it, `dir REAL` (links resolved: the kit uses no
+# other from then on) and, for a file already there that is no link and root's alone to write,
+# `have SUM`. place: move the uploaded `.NAME.new` into place as a copy root makes (root's,
+# 0755), print `have SUM` and `ran CODE` of its --version. where: the same check of the path's
+# deepest existing directory, making nothing; print `dir REAL`. SUM is `sha256:HEX`, or
+# `size:N` where there is no sha256sum.
 _SCRIPT = (
     f"PATH={SAFE_PATH}; export PATH\n"
     + r"""
@@ -109,10 +117,21 @@ check)
     mkdir -p "$d" || exit 3
     real=$(cd "$d" && pwd -P) || exit 3
     safe "$real"
-    p=$d/.${f##*/}.probe
+    # From here on only the resolved path: no link of the given one is followed again.
+    f=${real%/}/${f##*/}
+    p=${real%/}/.${f##*/}.probe
     if (: > "$p") 2>/dev/null; then rm -f "$p"; echo "writable yes"; fi
     echo "dir $real"
-    if [ -f "$f" ]; then sum "$f"; fi
+    # A file there counts only when it is no link and root's alone to write; else it is
+    # replaced by a copy of root's.
+    if [ -f "$f" ] && [ ! -L "$f" ]; then
+        s=$(stat -c '%u %a' "$f") || exit 3
+        set -- $s
+        case $1:$2 in
+        0:*[2367]? | 0:*[2367]) ;;
+        0:*) sum "$f" ;;
+        esac
+    fi
     ;;
 place)
     t=$d/.${f##*/}.new
@@ -125,6 +144,17 @@ place)
     sum "$f"
     "$f" --version >/dev/null
     echo "ran $?"
+    ;;
+where)
+    # $1 itself, made by no one here: its deepest existing directory, resolved and checked as
+    # above, and the rest of the path below it, which only root can make there.
+    e=$f
+    while [ ! -e "$e" ]; do e=${e%/*}; [ -n "$e" ] || e=/; done
+    real=$(cd "$e" && pwd -P) || exit 3
+    safe "$real"
+    rest=${f#"$e"}
+    rest=${rest#/}
+    if [ -n "$rest" ]; then echo "dir ${real%/}/$rest"; else echo "dir $real"; fi
     ;;
 esac
 """
@@ -189,19 +219,22 @@ def start_sidecar(
         raise ValueError("start_sidecar: no sandbox user given: name at least one")
     deadline = time.monotonic() + timeout
     as_user = container.root_user if user is None else user
-    _install(container, binary, arch, install_path, as_user, deadline)
+    # Both paths as resolved and checked: a link on the way to either (one the sandbox user
+    # planted in /tmp) is never followed again, so re-pointing it later redirects nothing.
+    path = _install(container, binary, arch, install_path, as_user, deadline)
+    state = _state_dir(container, state_dir, as_user, deadline)
     argv = [
-        install_path,
+        path,
         "sidecar",
         *sandbox_user_args(users),
         "--state-dir",
-        state_dir,
+        state,
         *extra_args,
     ]
     r = container.exec(argv, user=as_user, timeout=_left(deadline, "the sidecar's start"))
     if not r.started:
         raise Unreachable(f"{container.name}: the sidecar's exec could not start ({r.text})")
-    sc = _sidecar(container, install_path, r)
+    sc = _sidecar(container, path, r)
     _check_guards(sc, users)
     return sc
 
@@ -228,8 +261,9 @@ def _install(
     install_path: str,
     user: str | None,
     deadline: float,
-) -> None:
-    """quiesce at install_path in the sandbox, checked, and shown to run there."""
+) -> str:
+    """quiesce at install_path in the sandbox, checked, and shown to run there; its path with
+    every link resolved, the only one the kit runs from then on."""
     if not install_path.startswith("/") or install_path.endswith("/"):
         raise InstallFailed(f"install_path {install_path!r}: give an absolute path to a file")
     want_arch = _sandbox_arch(container, arch, user, deadline)
@@ -238,6 +272,9 @@ def _install(
     _check_elf(local, data, want_arch)
     want = f"sha256:{hashlib.sha256(data).hexdigest()}"
     real_dir, have, writable = _check_dir(container, install_path, user, deadline)
+    path = posixpath.join(real_dir, posixpath.basename(install_path))
+    mount = _mount_of(container, real_dir, user, deadline)
+    _check_noexec(container, path, mount)
     if have not in (want, f"size:{len(data)}"):
         # None there, or another build (replaced: a running sidecar keeps its own file).
         if not writable:
@@ -245,8 +282,33 @@ def _install(
                 f"{container.name}: cannot write in {posixpath.dirname(install_path)}: "
                 f"{_WRITABLE_FIX}"
             )
-        _place(container, local, install_path, want, len(data), user, deadline)
-    _check_exec(container, install_path, real_dir, user, deadline)
+        _check_reachable(container, path, mount)
+        _place(container, local, path, want, len(data), user, deadline)
+    _check_exec(container, path, user, deadline)
+    return path
+
+
+def _state_dir(container: Container, state_dir: str, user: str | None, deadline: float) -> str:
+    """The sidecar's state dir with every link resolved, it (where it is already there) and
+    every directory above it root's and writable by root alone (the install's own check):
+    else the sandbox user could move it away, or re-point a link on its way, and answer in
+    quiesce's place. The sidecar makes what is missing."""
+    if not state_dir.startswith("/"):
+        raise InstallFailed(f"state_dir {state_dir!r}: give an absolute path")
+    r = _script(container, state_dir.rstrip("/") or "/", "where", user, deadline)
+    said = _lines(r)
+    if "unsafe" in said:
+        raise InstallFailed(
+            f"{container.name}: quiesce's state dir {state_dir} is not safe: {said['unsafe']} "
+            "(it and every directory above it must be root's and writable by root alone, or "
+            "the sandbox user could move it away): pass another state_dir="
+        )
+    if r.returncode != 0 or "dir" not in said:
+        raise InstallFailed(
+            f"{container.name}: cannot check the state dir {state_dir} "
+            f"({r.text or f'exit {r.returncode}'}): {_WRITABLE_FIX}"
+        )
+    return said["dir"]
 
 
 def _left(deadline: float, what: str) -> float:
@@ -392,37 +454,67 @@ def _place(
         )
 
 
-def _mount_options(mountinfo: str, path: str) -> tuple[str, set[str]] | None:
-    """The mount point holding `path` and its per-mount options, from /proc/self/mountinfo."""
-    best: tuple[str, set[str]] | None = None
+def _mount_options(mountinfo: str, path: str) -> tuple[str, set[str], str] | None:
+    """The mount point holding `path`, its per-mount options and its file system type, from
+    /proc/self/mountinfo."""
+    best: tuple[str, set[str], str] | None = None
     for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) < 6:
             continue
         point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
         inside = path == point or path.startswith(point.rstrip("/") + "/")
+        # The optional fields end at "-"; the file system type follows it.
+        sep = fields.index("-", 6) if "-" in fields[6:-1] else -1
+        fstype = fields[sep + 1] if sep > 0 else ""
         if inside and (best is None or len(point) >= len(best[0])):
-            best = (point, set(fields[5].split(",")))
+            best = (point, set(fields[5].split(",")), fstype)
     return best
 
 
-def _check_exec(
-    container: Container, path: str, real_dir: str, user: str | None, deadline: float
-) -> None:
-    """quiesce runs from `path`: not on a noexec mount, and its --version answers."""
-    noexec_fix = (
-        "pass install_path= on an exec-able mount (a --tmpfs mount is noexec unless given "
-        "exec: `--tmpfs /run:exec`)"
-    )
+_NOEXEC_FIX = (
+    "pass install_path= on an exec-able mount (a --tmpfs mount is noexec unless given "
+    "exec: `--tmpfs /run:exec`; on Docker a named volume, `-v quiesce-bin:/opt/quiesce-bin`)"
+)
+
+
+def _mount_of(
+    container: Container, real_dir: str, user: str | None, deadline: float
+) -> tuple[str, set[str], str] | None:
+    """The mount that holds the install directory (None where mountinfo cannot be read)."""
     r = container.exec(
         ["cat", "/proc/self/mountinfo"], user=user, timeout=_left(deadline, "the mounts")
     )
-    if r.started and r.returncode == 0:
-        found = _mount_options(r.stdout.decode("utf-8", "replace"), real_dir)
-        if found is not None and "noexec" in found[1]:
-            raise InstallFailed(
-                f"{container.name}: {path} is on {found[0]}, mounted noexec: {noexec_fix}"
-            )
+    if not r.started or r.returncode != 0:
+        return None
+    return _mount_options(r.stdout.decode("utf-8", "replace"), real_dir)
+
+
+def _check_noexec(container: Container, path: str, mount: tuple[str, set[str], str] | None) -> None:
+    if mount is not None and "noexec" in mount[1]:
+        raise InstallFailed(
+            f"{container.name}: {path} is on {mount[0]}, mounted noexec: {_NOEXEC_FIX}"
+        )
+
+
+def _check_reachable(
+    container: Container, path: str, mount: tuple[str, set[str], str] | None
+) -> None:
+    """Docker's archive API (the copy's way in for Docker and Compose) writes the container's
+    own layer and its volumes, never a tmpfs mounted in it: a copy there would fail with the
+    engine's bare 404, or land under the tmpfs, where nothing runs it."""
+    if container.engine not in ("docker", "compose") or mount is None or mount[2] != "tmpfs":
+        return
+    raise InstallFailed(
+        f"{container.name}: {path} is on {mount[0]}, a tmpfs, which Docker's archive API "
+        "cannot copy into: pass install_path= on a named volume mounted in the container "
+        "(`-v quiesce-bin:/opt/quiesce-bin`, install_path='/opt/quiesce-bin/quiesce'), or put "
+        "quiesce in the image"
+    )
+
+
+def _check_exec(container: Container, path: str, user: str | None, deadline: float) -> None:
+    """quiesce runs from `path`: its --version answers."""
     v = _ran(
         container,
         container.exec([path, "--version"], user=user, timeout=_left(deadline, "--version")),
@@ -432,7 +524,7 @@ def _check_exec(
         denied = "permission denied" in v.text.lower()
         raise InstallFailed(
             f"{container.name}: {path} does not run ({v.text or f'exit {v.returncode}'})"
-            + (f": {noexec_fix}" if denied else "")
+            + (f": {_NOEXEC_FIX}" if denied else "")
         )
 
 

@@ -1,26 +1,32 @@
-"""Inspect AI: a scorer wrapper that freezes the sample's sandbox before the scorer reads it.
+"""Inspect AI: a scorer wrapper that freezes the sample's sandboxes before the scorer reads them.
 
     from inspect_ai.scorer import includes
     from quiesce_harness.adapters.inspect_ai import quiesced
 
-    Task(dataset=..., solver=..., scorer=quiesced(includes()), sandbox="docker")
+    Task(dataset=..., solver=..., scorer=quiesced(includes(), public_key=PEM), sandbox="docker")
 
-The wrapper freezes the sandbox of the sample (`sandbox()` by default, or `sandbox_name`),
-then calls the wrapped scorer. A freeze that is not `quiescent` raises, and Inspect records the
-sample as an error: no score. The sandbox image must run quiesce as its init. Inspect's docker
-sandbox is a Compose project: the container is found through the project's labels.
+The wrapper freezes every sandbox of the sample (every service of its Compose project, found
+through the project's labels), each through the quiesce that is its init, and checks each
+marker against `public_key` (verify_marker) before it calls the wrapped scorer: a writer left
+in any service (one that shares a volume with the one the scorer reads) is ended, or the
+sample is an error, no score. The freeze is the hook's own (quiesce_harness.inspect_ai).
+
+`public_key` is the key quiesce signs with, kept outside the sandbox: the orchestrator makes
+it (`quiesce keygen`) and starts each service's init with `--signing-key` (the private key
+file root's, 0600). One PEM for every sandbox, or a mapping from sandbox name to PEM. A key
+read back from the sandbox at scoring time would be whatever root there wrote.
 
 For a task left as it is (its image, sandbox and scorer unchanged), the kit's hook does this
-with one setting, INSPECT_REQUIRED_HOOKS=quiesce_harness/freeze: see quiesce_harness.inspect_ai.
+with one setting, INSPECT_REQUIRED_HOOKS=quiesce_harness/freeze, and reads each quiesce's key
+before the agent runs: see quiesce_harness.inspect_ai.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from ..container import Container
-from ..freeze import freeze
 from ..result import FreezeResult
 
 
@@ -46,16 +52,19 @@ def sandbox_container(env: Any, *, binary: str = "quiesce") -> Container:
 def quiesced(
     inner: Any,
     *,
-    sandbox_name: str | None = None,
+    public_key: str | Mapping[str, str],
     binary: str = "quiesce",
-    timeout: float = 30.0,
+    accept_privilege_escalation: bool = False,
     results: list[FreezeResult] | None = None,
 ) -> Any:
-    """Wrap a Scorer: freeze the sample's sandbox, then score. Keeps the scorer's metrics."""
+    """Wrap a Scorer: freeze every sandbox of the sample and check each marker against
+    `public_key`, then score. Keeps the scorer's metrics. `accept_privilege_escalation` is
+    verify_marker's (a service without no-new-privileges); `results` collects each freeze."""
     from inspect_ai._util.registry import registry_info
     from inspect_ai.scorer import scorer
     from inspect_ai.scorer._scorer import scorer_metrics
-    from inspect_ai.util import sandbox
+
+    from ..inspect_ai import freeze_sample
 
     info = registry_info(inner)
     metrics = scorer_metrics(inner)
@@ -63,10 +72,11 @@ def quiesced(
     @scorer(metrics=metrics, name=f"quiesced_{info.name.split('/')[-1]}")  # type: ignore[untyped-decorator]
     def wrapper() -> Any:
         async def score(state: Any, target: Any) -> Any:
-            c = sandbox_container(sandbox(sandbox_name), binary=binary)
-            r = await asyncio.to_thread(freeze, c, None, timeout)
+            done = await freeze_sample(
+                public_key, binary=binary, accept_setuid=accept_privilege_escalation
+            )
             if results is not None:
-                results.append(r)
+                results.extend(done)
             return await inner(state, target)
 
         return score

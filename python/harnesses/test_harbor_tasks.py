@@ -6,8 +6,7 @@ case needs. Every way a task names its environment, through `harbor run`, hostil
 - a prebuilt docker_image beside the Dockerfile: Harbor runs the prebuilt one;
 - --force-build over that prebuilt one: Harbor builds the Dockerfile instead;
 - the task's own docker-compose.yaml, with services beside main;
-- a read-only root (with the volumes the task then needs): it starts, and is refused before the
-  tests, since /tests cannot be made anew there;
+- a read-only root (a tmpfs /run and the volumes the task then needs);
 - the template's own default, a separate verifier built from tests/Dockerfile (honest only);
 - `[environment]` limits (cpus, memory_mb).
 
@@ -185,14 +184,15 @@ SERVICES = """services:
     build: .
     entrypoint: ["sleep", "infinity"]
 """
-# A read-only root, and what a task on one needs writable: the init's state dir (/run), the
-# agent's workspace, /tmp, and /solution and /tests for Harbor's uploads. Volumes, not tmpfs:
-# Harbor's uploads and the kit's check of the init go through the engine's archive API, which
-# does not reach into a tmpfs.
+# A read-only root, and what a task on one needs writable: the init's state dir (/run, a tmpfs
+# as the init's refusal on a read-only /run advises), the agent's workspace, /tmp, /logs (Harbor
+# makes its directories there), and /solution and /tests for Harbor's uploads (volumes: its
+# uploads go through the engine's archive API, which does not reach into a tmpfs).
 READ_ONLY = """services:
   main:
     read_only: true
-    volumes: [/run, /tmp, /solution, /tests, /app]
+    tmpfs: [/run]
+    volumes: [/tmp, /logs, /solution, /tests, /app]
 """
 
 
@@ -249,17 +249,10 @@ def test_the_template_s_separate_verifier_runs_under_quiesce_too(
     assert o.log.count("quiesce: the main service runs") == 2, o.log[-3000:]
 
 
-def test_a_read_only_root_starts_and_is_refused_before_the_tests(
-    one_job: dict[str, list[Outcome]],
-) -> None:
-    # The init runs on it (the agent ran, the freeze came), but the tests need /tests made anew,
-    # root's, after the freeze, on a root that is read-only: nothing is scored, and the trial
-    # names why.
-    found = one_job["readonly"]
-    assert len(found) == 2, found
-    for o in found:
-        assert o.reward is None and o.exception == "QuiesceNotOn", o
-        assert "/tests no mount" in o.message, o.message
+def test_a_read_only_root_scores_as_any_other(one_job: dict[str, list[Outcome]]) -> None:
+    # The init's key read from a tmpfs /run (the archive API does not reach it), and /tests, a
+    # volume there, emptied and made root's after the freeze instead of made anew.
+    assert_job(one_job["readonly"], 2)
 
 
 def test_force_build_runs_the_built_image_not_the_prebuilt_one(

@@ -760,16 +760,29 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             # Handed-over services run beside the tests: they must not read what the tests
             # expect (a service could serve it back), so the tests are root's alone then.
             mode = "0700" if self._guard.hand_over else "0755"
-            steps += [f"rm -rf -- {t}", f"mkdir -m {mode} -- {t}", f"chown 0:0 {t}"]
+            steps += [
+                f"if [ -L {t} ] || {{ [ -e {t} ] && [ ! -d {t} ]; }}; then rm -f -- {t}; fi",
+                # A directory is removed and made anew; a mount point (a read-only root's
+                # volume) cannot be removed (EBUSY): it is left emptied, and checked so.
+                f"{{ rm -rf -- {t} 2>/dev/null; mkdir -p -- {t}; }}",
+                f'[ -d {t} ] && [ ! -L {t} ] && [ -z "$(find {t} -mindepth 1 -maxdepth 1)" ]',
+                f"chown 0:0 {t}",
+                f"chmod {mode} {t}",
+            ]
         # The image's PATH may lead to the agent's files (ENV PATH=/app/.venv/bin:$PATH): bash
         # and these tools are found through the kit's fixed one.
-        r = await self.exec(" && ".join(steps), user="root", env={"PATH": SAFE_PATH})
+        # Each step names itself when it fails: a test of the shell's says nothing of its own.
+        script = "\n".join(
+            f"{{ {step}\n}} || {{ echo {shlex.quote('failed: ' + step)} >&2; exit 1; }}"
+            for step in steps
+        )
+        r = await self.exec(script, user="root", env={"PATH": SAFE_PATH})
         if int(r.return_code) != 0:
             said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
             raise QuiesceNotOn(
                 f"{self.session_id}: cannot make {VERIFIER_DIR} and {TESTS_DIR} root's and "
                 f"empty before the tests (exit {r.return_code}: {said or 'no output'}): "
-                f"{VERIFIER_DIR.parent} and / must be root's, and /tests no mount"
+                f"{VERIFIER_DIR.parent} and / must be root's"
             )
 
     def end_verification(self) -> None:
@@ -1103,13 +1116,24 @@ class _ComposeInit:
         want = g.public_key
         deadline = time.monotonic() + 30
 
+        path = f"{box.state_dir}/signing.pub"
+
         def read_key() -> str | None:
             # Through the engine's archive API: no exec, and no cat needed in the image.
-            return _read_through_engine(box, f"{box.state_dir}/signing.pub")
+            return _read_through_engine(box, path)
 
         have = None
         while time.monotonic() < deadline:
             have = await asyncio.to_thread(read_key)
+            if have is None:
+                # The archive API does not reach into a tmpfs (a read-only root's /run): the
+                # image's cat then, as root, before the agent's first command, so nothing of
+                # the agent's is on its way.
+                r = await self.exec(  # type: ignore[attr-defined]
+                    f"cat -- {shlex.quote(path)}", user="root", env={"PATH": SAFE_PATH}
+                )
+                if int(r.return_code) == 0 and (r.stdout or "").startswith("-----BEGIN"):
+                    have = r.stdout
             if have is not None:
                 break
             await asyncio.sleep(0.2)

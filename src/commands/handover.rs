@@ -9,8 +9,12 @@
 //! anything under the paths the verifier protects (its tests, the reward, the workspace), nor
 //! rename one through a parent; none of its processes may be alive. Each service must listen
 //! again, as that user, within the wait; otherwise none runs and the command does not either.
-//! What ran is written beside the marker (`handover.json`), and after the command every process
-//! of the service user is killed.
+//! Each runs in a Landlock domain made before its exec (`commands::confine`): TCP bind and
+//! connect to the services' ports only, no signal or abstract socket outside it, writes only to
+//! the temporary directories; a kernel without it refuses the hand-over. The kernel holds that
+//! for the services' whole life, so nothing is sampled while the tests run.
+//! What ran, and the domain, are written beside the marker (`handover.json`), and after the
+//! command every process of the service user is killed.
 
 use crate::cli::args::VerifyArgs;
 use crate::freeze::evidence::{Evidence, Service};
@@ -74,6 +78,8 @@ pub struct Record {
     pub ready_ms: Option<u64>,
     /// Processes of the service user killed once the command ended.
     pub stopped: Option<usize>,
+    /// The Landlock domain each service ran in; None: refused before it was made.
+    pub domain: Option<crate::commands::confine::Domain>,
 }
 
 /// The services handed over, running while the verifier does.
@@ -83,8 +89,8 @@ pub struct Running {
     children: Vec<Pid>,
     /// Started before any service: it stops them however verify ends.
     killer: Option<Killer>,
-    /// What a look while the command ran found wrong.
-    violation: Option<String>,
+    /// The domain's ruleset, open until every service has enforced it.
+    ruleset: Option<crate::kernel::landlock::Ruleset>,
 }
 
 /// Start every service and wait until each listens; Err: the line that says why none runs
@@ -109,11 +115,12 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
             reason: None,
             ready_ms: None,
             stopped: None,
+            domain: None,
         },
         dir,
         children: Vec::new(),
         killer: None,
-        violation: None,
+        ruleset: None,
     };
     let began = Instant::now();
     let out = prepare(args, claims, &mut run).and_then(|()| launch(args, &mut run));
@@ -137,31 +144,10 @@ pub fn start(args: &VerifyArgs, claims: &Claims, sandbox_uids: &[u32]) -> Result
 }
 
 impl Running {
-    /// Looked at while the command runs: a port the services took that none names (the tests'
-    /// own, taken before they bind it) fails the verdict at the end.
-    pub fn watch(&mut self) {
-        if self.violation.is_some() {
-            return;
-        }
-        let found = crate::observe::sockets::listening()
-            .map_err(|e| format!("cannot read the socket tables: {e}"))
-            .and_then(|(l, _)| no_other_port(self, &l, &held_by(self.record.user)?));
-        if let Err(e) = found {
-            self.violation = Some(e);
-        }
-    }
-
-    /// Stop every process of the service user once the command ended, and record it.
+    /// Stop every process of the service user once the command ended, and record it. No port is
+    /// looked at: the domain kept every service to its own ports for its whole life.
     pub fn end(mut self) -> Result<(), String> {
-        // Listened on while the tests ran: a port of theirs, perhaps, taken before they could.
-        let other = crate::observe::sockets::listening()
-            .map_err(|e| format!("cannot read the socket tables: {e}"))
-            .and_then(|(l, _)| no_other_port(&self, &l, &held_by(self.record.user)?));
-        let other = match self.violation.take() {
-            Some(v) => Err(v),
-            None => other,
-        };
-        let stopped = stop_all(&mut self).and_then(|n| other.map(|()| n));
+        let stopped = stop_all(&mut self);
         self.record.state = "ended";
         self.record.stopped = stopped.as_ref().ok().copied();
         if let Err(e) = &stopped {
@@ -176,6 +162,11 @@ impl Running {
 fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), String> {
     let uid = args.service_user;
     run.record.services = services(claims, &args.service, &args.port)?;
+    // Before anything else: a kernel that cannot hold the services refuses the hand-over.
+    let ports: Vec<u16> = run.record.services.iter().flat_map(|s| s.ports.iter().copied()).collect();
+    let (ruleset, domain) = crate::commands::confine::make(&ports)?;
+    run.ruleset = Some(ruleset);
+    run.record.domain = Some(domain);
     let low = unprivileged_port_start();
     if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
         return Err(format!(
@@ -349,10 +340,12 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         None => return Err("no state dir to keep the services' output in (--state-dir)".into()),
     };
     let (stdin, log) = (std::os::fd::OwnedFd::from(stdin), std::os::fd::OwnedFd::from(log));
+    let ruleset = run.ruleset.take().ok_or("the services' Landlock domain was not made")?;
     run.killer = Some(Killer::start(uid)?);
     for s in run.record.services.iter_mut() {
         let plan = crate::init::spawn::Plan::new(&s.argv, Some(drop.clone()))
             .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env, &stdin, &log))
+            .map(|p| p.confined(&ruleset))
             .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
         let pid = plan
             .spawn_forked(START_TIME)
@@ -370,7 +363,7 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         let waiting: Vec<u16> =
             run.record.services.iter().flat_map(|s| s.ports.iter().copied()).filter(|&p| !up(p)).collect();
         if waiting.is_empty() {
-            return no_other_port(run, &listening, &held);
+            return Ok(());
         }
         for (i, s) in run.record.services.iter().enumerate() {
             let Some(pid) = s.pid else { continue };
@@ -554,28 +547,6 @@ fn stop_all(run: &mut Running) -> Result<usize, String> {
     killer.finish(Instant::now() + Duration::from_secs(1));
     reap_children(&run.children);
     out
-}
-
-/// Every socket the service user listens on is one of the services' ports; another (a port the
-/// tests would bind themselves, taken before them) is a refusal.
-fn no_other_port(
-    run: &Running,
-    listening: &[crate::observe::sockets::Listening],
-    held: &std::collections::HashSet<u64>,
-) -> Result<(), String> {
-    let uid = run.record.user;
-    let ours = |p: u16| run.record.services.iter().any(|s| s.ports.contains(&p));
-    let mut other: Vec<u16> =
-        listening.iter().filter(|l| theirs(l, uid, held) && !ours(l.at.port)).map(|l| l.at.port).collect();
-    other.sort_unstable();
-    other.dedup();
-    if other.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "the service user {uid} listens on port(s) {other:?}, which no service recorded or declared: \
-         a port the tests may need; declare it with --service PORT=COMMAND"
-    ))
 }
 
 /// A socket is the services' when a process of theirs holds it, or when their user made it

@@ -2,6 +2,7 @@
 //! verifier's gate) with its hand-over of services; and sidecar, which starts an init beside a PID 1 that is not quiesce.
 //! May use every folder, init's spawn included; the init never uses them.
 
+pub mod confine;
 pub mod exec;
 pub mod freeze;
 pub mod handover;

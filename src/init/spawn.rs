@@ -71,6 +71,9 @@ pub struct Plan {
     #[allow(dead_code)]
     env: Vec<CString>,
     env_ptrs: Option<Vec<*const libc::c_char>>,
+    /// A Landlock ruleset to enforce on itself last before the exec (a service handed over):
+    /// the descriptor, open in the caller until the start.
+    landlock: Option<i32>,
 }
 
 impl Plan {
@@ -113,6 +116,7 @@ impl Plan {
             stdio: None,
             env: Vec::new(),
             env_ptrs: None,
+            landlock: None,
         })
     }
 
@@ -143,6 +147,14 @@ impl Plan {
         self.own_session = true;
         self.oom_first = true;
         Ok(self)
+    }
+
+    /// Enforce the Landlock ruleset `ruleset` (kept open by the caller until the start) on it
+    /// and all it starts, after its drop and no_new_privs, just before the exec: a start that
+    /// cannot enforce it fails.
+    pub fn confined(mut self, ruleset: &crate::kernel::landlock::Ruleset) -> Plan {
+        self.landlock = Some(ruleset.raw());
+        self
     }
 
     /// The OOM killer takes it, and all it starts, first (`oom_first`).
@@ -256,6 +268,12 @@ impl Plan {
             if let Some(dir) = &self.cwd {
                 if libc::chdir(dir.as_ptr()) != 0 {
                     return (errno(), "chdir to its recorded directory");
+                }
+            }
+            if let Some(fd) = self.landlock {
+                match crate::kernel::landlock::restrict_self(fd) {
+                    0 => {}
+                    e => return (e, "landlock_restrict_self"),
                 }
             }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the

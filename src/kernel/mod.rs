@@ -15,6 +15,7 @@
 //! - `detach`: starting a process that outlives its starter (fork, setsid, fork, exec).
 //! - `random`: random bytes.
 //! - `sockdiag`: the listening TCP sockets, from the kernel's socket-diagnostics netlink.
+//! - `landlock`: a ruleset made, its ports and paths allowed, enforced on a child before its exec.
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
@@ -31,6 +32,7 @@ pub mod errno;
 pub mod fdio;
 pub mod flock;
 pub mod ipc;
+pub mod landlock;
 pub mod pidfd;
 pub mod process;
 pub mod random;

@@ -233,3 +233,46 @@ fn d06_no_landlock_refuses_the_hand_over() {
         assert_eq!(record(&c)["state"], "failed");
     }
 }
+
+/// Not a test: what the domain adds to a hand-over, measured side by side. From verify's start
+/// to the tests' first instruction (a `date` the command runs), `QUIESCE_D07_RUNS` runs of this
+/// binary and of `QUIESCE_WITHOUT_DOMAIN` (a build without `.confined`), alternated; prints the
+/// medians. `QUIESCE_WITHOUT_DOMAIN=... cargo test --release --test handover_domain d07 -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn d07_measure_what_the_domain_adds() {
+    let _serial = serial();
+    let Some(other) = std::env::var_os("QUIESCE_WITHOUT_DOMAIN") else {
+        skip("d07", "QUIESCE_WITHOUT_DOMAIN names no binary");
+        return;
+    };
+    let runs = common::adversary::knob("QUIESCE_D07_RUNS", 10);
+    let (c, work, reward, _port, _svc) = frozen("d07", "    pass\n");
+    let ours = quiesce();
+    let mut times: [Vec<u128>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..runs * 2 {
+        let bin = if i % 2 == 0 { ours.as_os_str() } else { other.as_os_str() };
+        let st = c.state.to_str().unwrap().to_string();
+        let (w, r) = (work.to_str().unwrap(), reward.to_str().unwrap());
+        let full =
+            [bin.to_str().unwrap(), "verify", "--state-dir", &st, "--hand-over", "--service-user", SVC];
+        let mut full: Vec<&str> = full.to_vec();
+        full.extend_from_slice(&["--protect", w, "--protect", r, "--", "date", "+%s%N"]);
+        let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let out = output(&mut c.exec_cmd(&full));
+        assert!(out.status.success(), "{}", said(&out));
+        let t1: u128 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        times[i % 2].push((t1 - t0) / 1000);
+    }
+    for t in times.iter_mut() {
+        t.sort_unstable();
+    }
+    let med = |t: &Vec<u128>| t[t.len() / 2];
+    eprintln!(
+        "d07: verify's start to the tests' start, µs (median of {runs}): with the domain {}, without {}; all with {:?}, without {:?}",
+        med(&times[0]),
+        med(&times[1]),
+        times[0],
+        times[1]
+    );
+}

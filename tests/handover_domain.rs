@@ -1,4 +1,4 @@
-//! The Landlock domain the handed-over services run in (`commands::confine`), tried as the agent
+//! The Landlock domain the handed-over services run in (`commands::handover::confine`), tried as the agent
 //! (UID 4661) would on the real kernel: each service is hostile as the service user only, and
 //! says in its output (services.log) what the kernel answered, so each test shows the attempt
 //! was made. Each asserts the SAFE outcome: a failing test is an attack that works.

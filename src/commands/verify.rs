@@ -631,7 +631,7 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
         }
         return 0;
     }
-    let plan = match crate::init::spawn::Plan::new(&args.command, None) {
+    let plan = match crate::spawn::plan::Plan::new(&args.command, None) {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("quiesce verify: {e}");
@@ -653,7 +653,7 @@ fn with_services(
     args: &VerifyArgs,
     claims: &Claims,
     expected_uids: &[u32],
-    plan: &crate::init::spawn::Plan,
+    plan: &crate::spawn::plan::Plan,
 ) -> i32 {
     use crate::commands::handover;
     use crate::kernel::signal;
@@ -683,7 +683,7 @@ fn with_services(
 
 /// Start the command and wait for it, passing on every signal that ends a process; its status
 /// (128 + the signal that ended verify's wait for one that never started).
-fn run_forwarding(plan: &crate::init::spawn::Plan, signals: &crate::kernel::signal::SignalFd) -> i32 {
+fn run_forwarding(plan: &crate::spawn::plan::Plan, signals: &crate::kernel::signal::SignalFd) -> i32 {
     use crate::kernel::{reap, signal};
     // One asked for before the command started: it does not start.
     while let Ok(Some((sig, _))) = signals.read() {
@@ -691,7 +691,7 @@ fn run_forwarding(plan: &crate::init::spawn::Plan, signals: &crate::kernel::sign
             return 128 + sig;
         }
     }
-    let pid = match plan.spawn() {
+    let pid = match plan.spawn(crate::init::logging::line) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("quiesce verify: cannot start the command: {e}");

@@ -1,7 +1,7 @@
 //! The kernel: the one place that talks to it directly. Everything above reads like the contract;
 //! everything here checks the return value of the call it makes. One module per kind of call:
 //! - `errno`: a call's negative return as the io::Error of the errno it left.
-//! - `process`: this process's ids, fork and spawn_shared, exit, its prctl flags, CPUs, boot clock.
+//! - `process`: this process's ids, fork and spawn_shared, setsid, exit, its prctl flags, CPUs, boot clock.
 //! - `reap`: waitpid, for any child or one.
 //! - `signal`: names and numbers, masks and dispositions, pending signals, the signalfd, kill(2).
 //! - `pidfd`: process descriptors: open, signal, still attached, pidfs identity.
@@ -20,7 +20,7 @@
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
 //! a module here names another of this folder by its path (`crate::kernel::errno::check`).
-//! Every other folder reaches the kernel through here; the one exception is init/spawn between
+//! Every other folder reaches the kernel through here; the one exception is spawn/plan between
 //! fork and exec, where only async-signal-safe libc calls may run.
 
 pub mod capcheck;

@@ -378,8 +378,8 @@ impl Plan {
     /// failure is printed here and the child exits 127 or 126 so its status tells the same story.
     /// The child shares the init's memory until it execs (`process::spawn_shared`): what it prepares
     /// is all syscalls on this plan, made before the call, and a failure it meets is handed back
-    /// in `failed`.
-    pub fn spawn(&self) -> io::Result<Pid> {
+    /// in `failed` and said through `say` (the init's: a line that never blocks it).
+    pub fn spawn(&self, say: fn(std::fmt::Arguments)) -> io::Result<Pid> {
         let mut failed: Option<(i32, &'static str)> = None;
         let pid = process::spawn_shared(&mut || {
             let (err, step) = self.prepare_and_exec();
@@ -412,9 +412,9 @@ impl Plan {
         if let Some((err, step)) = failed {
             // The child may already have run something that stopped the output: never block.
             if step == "exec" {
-                crate::init::logging::line(format_args!("{}", self.failure(err).1));
+                say(format_args!("{}", self.failure(err).1));
             } else {
-                crate::init::logging::line(format_args!(
+                say(format_args!(
                     "quiesce: cannot run '{}': {step} failed: {}",
                     self.name,
                     io::Error::from_raw_os_error(err)

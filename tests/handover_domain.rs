@@ -82,6 +82,39 @@ fn d01_the_tests_port_bound_without_listen() {
     assert!(d["fs_write"].as_array().unwrap().iter().any(|p| p == "/tmp"), "{d}");
 }
 
+/// The same hijack through an MPTCP socket: its first subflow is a TCP socket bound to the port,
+/// and Landlock's port rules look at TCP sockets only; the services' seccomp filter refuses the
+/// socket itself.
+#[test]
+fn d08_the_tests_port_bound_through_an_mptcp_socket() {
+    let _serial = serial();
+    let tests_port = free_port();
+    let hostile = indent(&format!(
+        "try:\n    t=socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262); t.bind(('0.0.0.0',{tests_port})); t.listen(4)\n\
+         \x20   print('bound-the-tests-port', flush=True)\n\
+         except OSError as e: print('mptcp-refused', e.errno, flush=True)\n\
+         global keep; keep=locals().get('t')"
+    ));
+    let (c, work, reward, _port, _svc) = frozen("d08", &hostile);
+    let tests = format!(
+        "sleep 0.5; {PY} -c \"import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); \
+         s.bind(('127.0.0.1',{tests_port})); s.listen(4)\" && echo tests-server-up"
+    );
+    let out = hand_over(&c, &work, &reward, &[], &tests);
+    let log = services_log(&c);
+    assert!(
+        out.status.success() && said(&out).contains("tests-server-up"),
+        "ATTACK WORKED: verify exit {:?}; the tests could not bind their port {tests_port}: {}; services: {log}",
+        out.status.code(),
+        said(&out)
+    );
+    assert!(
+        log.contains(&format!("mptcp-refused {}", libc::EPROTONOSUPPORT)),
+        "the service never tried: {log}"
+    );
+    assert_eq!(record(&c)["domain"]["seccomp_refuses"][0], "socket(IPPROTO_MPTCP)");
+}
+
 /// A port no service names, listened on for a few milliseconds at a time, between any two looks
 /// a sampler could take: the kernel refuses the bind itself.
 #[test]

@@ -16,6 +16,7 @@
 //! - `random`: random bytes.
 //! - `sockdiag`: the listening TCP sockets, from the kernel's socket-diagnostics netlink.
 //! - `landlock`: a ruleset made, its ports and paths allowed, enforced on a child before its exec.
+//! - `seccomp`: the services' filter for what Landlock leaves open (MPTCP sockets, io_uring).
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
@@ -37,6 +38,7 @@ pub mod pidfd;
 pub mod process;
 pub mod random;
 pub mod reap;
+pub mod seccomp;
 pub mod signal;
 pub mod sockdiag;
 pub mod stat;

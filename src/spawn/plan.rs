@@ -74,6 +74,8 @@ pub struct Plan {
     /// A Landlock ruleset to enforce on itself last before the exec (a service handed over):
     /// the descriptor, open in the caller until the start.
     landlock: Option<i32>,
+    /// A seccomp program installed right after (the caller keeps its filter alive).
+    seccomp: Option<libc::sock_fprog>,
 }
 
 impl Plan {
@@ -117,6 +119,7 @@ impl Plan {
             env: Vec::new(),
             env_ptrs: None,
             landlock: None,
+            seccomp: None,
         })
     }
 
@@ -152,8 +155,14 @@ impl Plan {
     /// Enforce the Landlock ruleset `ruleset` (kept open by the caller until the start) on it
     /// and all it starts, after its drop and no_new_privs, just before the exec: a start that
     /// cannot enforce it fails.
-    pub fn confined(mut self, ruleset: &crate::kernel::landlock::Ruleset) -> Plan {
+    /// And the seccomp filter `filter` (kept alive by the caller until the start) after it.
+    pub fn confined(
+        mut self,
+        ruleset: &crate::kernel::landlock::Ruleset,
+        filter: &crate::kernel::seccomp::Filter,
+    ) -> Plan {
         self.landlock = Some(ruleset.raw());
+        self.seccomp = Some(filter.prog());
         self
     }
 
@@ -274,6 +283,12 @@ impl Plan {
                 match crate::kernel::landlock::restrict_self(fd) {
                     0 => {}
                     e => return (e, "landlock_restrict_self"),
+                }
+            }
+            if let Some(prog) = &self.seccomp {
+                match crate::kernel::seccomp::install(prog) {
+                    0 => {}
+                    e => return (e, "seccomp"),
                 }
             }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the

@@ -11,9 +11,13 @@
 //!   directories and to the harmless devices: a world-writable file elsewhere (a reward the
 //!   harness left writable) is not the services' to change.
 //!
+//! - a seccomp filter after it (`kernel::seccomp`): no MPTCP socket (it binds a TCP port, and
+//!   Landlock's port rules look at TCP sockets only), no io_uring, no syscall of another ABI.
+//!
 //! Where the kernel lacks any of it the hand-over is refused, never run with less.
 
 use crate::kernel::landlock::{self, Ruleset};
+use crate::kernel::seccomp::{self, Filter};
 use serde::Serialize;
 use std::os::fd::OwnedFd;
 
@@ -39,11 +43,14 @@ pub struct Domain {
     pub fs_write: Vec<String>,
     /// One domain per service: a service cannot signal, or reach the abstract sockets of, another.
     pub per_service: bool,
+    /// What the services' seccomp filter refuses: what Landlock leaves open in the TCP port
+    /// space (an MPTCP socket binds a TCP port unchecked), and the ways around a syscall filter.
+    pub seccomp_refuses: Vec<&'static str>,
 }
 
 /// The ruleset every service restricts itself with before its exec, allowing `ports`; Err: the
 /// line that names what this kernel lacks, or what failed.
-pub fn make(ports: &[u16]) -> Result<(Ruleset, Domain), String> {
+pub fn make(ports: &[u16]) -> Result<(Ruleset, Filter, Domain), String> {
     let abi = landlock::abi().map_err(|e| missing(&e))?;
     if abi < NEEDED_ABI {
         return Err(format!(
@@ -76,6 +83,13 @@ pub fn make(ports: &[u16]) -> Result<(Ruleset, Domain), String> {
             fs_write.push(p.to_string());
         }
     }
+    seccomp::available().map_err(|e| {
+        format!(
+            "the kernel takes no seccomp filter ({e}), and the services' filter keeps them from \
+             MPTCP sockets, which Landlock's port rules do not cover: hand over on a kernel built with \
+             CONFIG_SECCOMP_FILTER"
+        )
+    })?;
     let domain = Domain {
         abi,
         bind_tcp: allowed.clone(),
@@ -83,8 +97,9 @@ pub fn make(ports: &[u16]) -> Result<(Ruleset, Domain), String> {
         scopes: vec!["signal", "abstract_unix_socket"],
         fs_write,
         per_service: true,
+        seccomp_refuses: seccomp::REFUSED.to_vec(),
     };
-    Ok((rs, domain))
+    Ok((rs, Filter::services(), domain))
 }
 
 /// The line for a kernel that cannot make a domain at all.

@@ -68,8 +68,8 @@ pub struct Running {
     children: Vec<Pid>,
     /// Started before any service: it stops them however verify ends.
     killer: Option<Killer>,
-    /// The domain's ruleset, open until every service has enforced it.
-    ruleset: Option<crate::kernel::landlock::Ruleset>,
+    /// The domain's ruleset and seccomp filter, kept until every service has enforced them.
+    ruleset: Option<(crate::kernel::landlock::Ruleset, crate::kernel::seccomp::Filter)>,
 }
 
 /// Start every service and wait until each listens; Err: the line that says why none runs
@@ -143,8 +143,8 @@ fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), 
     run.record.services = services::services(claims, &args.service, &args.port)?;
     // Before anything else: a kernel that cannot hold the services refuses the hand-over.
     let ports: Vec<u16> = run.record.services.iter().flat_map(|s| s.ports.iter().copied()).collect();
-    let (ruleset, domain) = crate::commands::handover::confine::make(&ports)?;
-    run.ruleset = Some(ruleset);
+    let (ruleset, filter, domain) = crate::commands::handover::confine::make(&ports)?;
+    run.ruleset = Some((ruleset, filter));
     run.record.domain = Some(domain);
     let low = unprivileged_port_start();
     if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
@@ -200,12 +200,12 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         None => return Err("no state dir to keep the services' output in (--state-dir)".into()),
     };
     let (stdin, log) = (std::os::fd::OwnedFd::from(stdin), std::os::fd::OwnedFd::from(log));
-    let ruleset = run.ruleset.take().ok_or("the services' Landlock domain was not made")?;
+    let (ruleset, filter) = run.ruleset.take().ok_or("the services' Landlock domain was not made")?;
     run.killer = Some(Killer::start(uid)?);
     for s in run.record.services.iter_mut() {
         let plan = crate::spawn::plan::Plan::new(&s.argv, Some(drop.clone()))
             .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env, &stdin, &log))
-            .map(|p| p.confined(&ruleset))
+            .map(|p| p.confined(&ruleset, &filter))
             .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
         let pid = plan
             .spawn_forked(START_TIME)

@@ -1,7 +1,8 @@
 //! A seccomp filter for what Landlock leaves open in the TCP port space: an MPTCP socket binds a
 //! TCP port (its first subflow is a TCP socket), and Landlock's port rules look at TCP sockets
 //! only (protocol IPPROTO_TCP), so a domain that may bind no port but its own could still take
-//! any with socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP). The filter refuses such a socket, and
+//! any with socket(AF_INET, SOCK_STREAM, IPPROTO_MPTCP), and with an SMC socket where the kernel
+//! has them (its own TCP socket takes the port). The filter refuses such sockets, and
 //! io_uring (whose socket operation no syscall filter sees), and every syscall of another ABI
 //! (32-bit `socketcall`, x32).
 //! May use: libc and std only.
@@ -21,10 +22,21 @@ const X32_BIT: u32 = 0x4000_0000;
 // low 32 bits first on these little-endian machines).
 const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
+const OFF_ARG0_LOW: u32 = 16;
 const OFF_ARG2_LOW: u32 = 16 + 2 * 8;
+/// SMC sockets run a TCP socket of their own, bound to their port: AF_SMC, and AF_INET with
+/// IPPROTO_SMC (Linux 6.11).
+const AF_SMC: u32 = 43;
+const IPPROTO_SMC: u32 = 256;
 
 /// What the filter refuses, for the record.
-pub const REFUSED: &[&str] = &["socket(IPPROTO_MPTCP)", "io_uring_setup", "another syscall ABI"];
+pub const REFUSED: &[&str] = &[
+    "socket(IPPROTO_MPTCP)",
+    "socket(AF_SMC)",
+    "socket(IPPROTO_SMC)",
+    "io_uring_setup",
+    "another syscall ABI",
+];
 
 /// The filter, made before the fork so that the child only installs it.
 pub struct Filter(Vec<libc::sock_filter>);
@@ -53,11 +65,15 @@ impl Filter {
             /* 5 */ stmt(BPF_RET | BPF_K, refuse(libc::ENOSYS)),
             /* 6 */ jump(jeq, libc::SYS_io_uring_setup as u32, 0, 1),
             /* 7 */ stmt(BPF_RET | BPF_K, refuse(libc::ENOSYS)),
-            /* 8 */ jump(jeq, libc::SYS_socket as u32, 0, 3),
-            /* 9 */ stmt(ld, OFF_ARG2_LOW),
-            /* 10 */ jump(jeq, libc::IPPROTO_MPTCP as u32, 0, 1),
-            /* 11 */ stmt(BPF_RET | BPF_K, refuse(libc::EPROTONOSUPPORT)),
-            /* 12 */ stmt(BPF_RET | BPF_K, allow),
+            /* 8 */ jump(jeq, libc::SYS_socket as u32, 0, 5),
+            /* 9 */ stmt(ld, OFF_ARG0_LOW),
+            /* 10 */ jump(jeq, AF_SMC, 5, 0),
+            /* 11 */ stmt(ld, OFF_ARG2_LOW),
+            /* 12 */ jump(jeq, libc::IPPROTO_MPTCP as u32, 2, 0),
+            /* 13 */ jump(jeq, IPPROTO_SMC, 1, 0),
+            /* 14 */ stmt(BPF_RET | BPF_K, allow),
+            /* 15 */ stmt(BPF_RET | BPF_K, refuse(libc::EPROTONOSUPPORT)),
+            /* 16 */ stmt(BPF_RET | BPF_K, refuse(libc::EAFNOSUPPORT)),
         ])
     }
 

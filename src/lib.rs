@@ -16,4 +16,5 @@ mod init;
 mod kernel;
 mod marker;
 mod observe;
+mod spawn;
 mod state;

@@ -10,6 +10,7 @@ mod init;
 mod kernel;
 mod marker;
 mod observe;
+mod spawn;
 mod state;
 #[cfg(test)]
 mod tests;

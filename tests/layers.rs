@@ -38,10 +38,11 @@ fn layers_refuses_every_form_of_an_upward_use() {
     let victim = scratch.join("kernel/users.rs");
     let original = std::fs::read_to_string(&victim).unwrap();
     for (planted, named) in [
-        ("use crate::init::spawn::Plan;", "uses init/"),
-        ("use crate::{init::spawn::Plan};", "uses init/"),
-        ("use crate::{kernel::sys, init::{spawn::{self, Plan}}};", "uses init/"),
-        ("fn f() { let _ = crate::init::spawn::Plan::new; }", "uses init/"),
+        ("use crate::init::run::Config;", "uses init/"),
+        ("use crate::{init::run::Config};", "uses init/"),
+        ("use crate::{kernel::sys, init::{run::{self, Config}}};", "uses init/"),
+        ("fn f() { let _ = crate::init::run::run; }", "uses init/"),
+        ("use crate::spawn::plan::Plan;", "uses spawn/"),
         ("use crate::{\n    state,\n    commands::verify,\n};", "uses commands/"),
         ("use crate::sys;", "crate::sys, which is no folder"),
         ("pub use crate::kernel::caps;", "re-exports"),

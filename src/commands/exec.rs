@@ -2,10 +2,10 @@
 //! and recorded with the init before the command runs.
 
 use crate::cli::args::ExecArgs;
-use crate::init::spawn::{self, Plan};
 use crate::kernel::process::{self, Pid};
 use crate::kernel::users;
 use crate::observe::procs::reader::Reader;
+use crate::spawn::plan::{self, Plan};
 use crate::state::launches::Launch;
 use crate::state::requests;
 use crate::state::{dir::FreezeState, dir::StateDir, locator, published::published_in, published::Published};
@@ -67,7 +67,7 @@ pub fn exec(args: ExecArgs) -> i32 {
             return 2;
         }
     }
-    let drop = spawn::Drop { user, groups, allow_setuid: args.allow_setuid, tag: spawn::Tag::None };
+    let drop = plan::Drop { user, groups, allow_setuid: args.allow_setuid, tag: plan::Tag::None };
     match Plan::new(&args.command, Some(drop)) {
         Ok(plan) => plan.exec_in_place(),
         Err(e) => {
@@ -87,7 +87,7 @@ fn tag(args: &ExecArgs, uid: u32, published: Option<&Published>) -> Result<bool,
     // and a sandbox.json removed or rewritten must not make the next launch untagged.
     let asked = args.sandbox_lineage.then_some(crate::decide::taint::LINEAGE_TAG);
     let Some(t) = asked.or(published.and_then(|p| p.tag)) else {
-        let tagged = !args.no_lineage && spawn::tag_lineage(uid);
+        let tagged = !args.no_lineage && plan::tag_lineage(uid);
         if !args.no_lineage && !tagged {
             log::info!("audit lineage unavailable here; the init tracks this launch by history instead");
         }
@@ -105,7 +105,7 @@ fn tag(args: &ExecArgs, uid: u32, published: Option<&Published>) -> Result<bool,
              do not grant it) or give this process CAP_SETPCAP"
         )
     })?;
-    if !spawn::tag_lineage(t) {
+    if !plan::tag_lineage(t) {
         return Err(format!(
             "cannot write the lineage tag {t} to /proc/self/loginuid (already set: {}), and the init's \
              sandbox is every launch tagged with it (--sandbox-lineage): the command did not run; start \

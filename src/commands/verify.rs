@@ -631,7 +631,7 @@ pub fn run(args: VerifyArgs, expected_uids: Vec<u32>) -> i32 {
         }
         return 0;
     }
-    let plan = match crate::init::spawn::Plan::new(&args.command, None) {
+    let plan = match crate::spawn::plan::Plan::new(&args.command, None) {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("quiesce verify: {e}");
@@ -653,7 +653,7 @@ fn with_services(
     args: &VerifyArgs,
     claims: &Claims,
     expected_uids: &[u32],
-    plan: &crate::init::spawn::Plan,
+    plan: &crate::spawn::plan::Plan,
 ) -> i32 {
     use crate::commands::handover;
     use crate::kernel::signal;
@@ -671,8 +671,7 @@ fn with_services(
             return code::HANDOVER;
         }
     };
-    let mut running = running;
-    let status = run_forwarding(plan, &signals, &mut || running.watch());
+    let status = run_forwarding(plan, &signals);
     match running.end() {
         Ok(()) => status,
         Err(e) => {
@@ -684,11 +683,7 @@ fn with_services(
 
 /// Start the command and wait for it, passing on every signal that ends a process; its status
 /// (128 + the signal that ended verify's wait for one that never started).
-fn run_forwarding(
-    plan: &crate::init::spawn::Plan,
-    signals: &crate::kernel::signal::SignalFd,
-    watch: &mut dyn FnMut(),
-) -> i32 {
+fn run_forwarding(plan: &crate::spawn::plan::Plan, signals: &crate::kernel::signal::SignalFd) -> i32 {
     use crate::kernel::{reap, signal};
     // One asked for before the command started: it does not start.
     while let Ok(Some((sig, _))) = signals.read() {
@@ -696,7 +691,7 @@ fn run_forwarding(
             return 128 + sig;
         }
     }
-    let pid = match plan.spawn() {
+    let pid = match plan.spawn(crate::init::logging::line) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("quiesce verify: cannot start the command: {e}");
@@ -712,7 +707,6 @@ fn run_forwarding(
                 return code::USAGE;
             }
         }
-        watch();
         let _ = signals.wait(Some(std::time::Duration::from_millis(500)));
         while let Ok(Some((sig, _))) = signals.read() {
             if sig != libc::SIGCHLD {

@@ -13,13 +13,13 @@ use crate::init::attesting::{self, Worker};
 use crate::init::freezing::{attestation_ended, attestation_overdue, do_freeze};
 use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, Shutdown};
-use crate::init::spawn::Plan;
 use crate::init::tracking::{take_launch, track, Schedule, Tracking};
 use crate::kernel::{
     process::Pid,
     signal::{self, SignalFd},
 };
 use crate::observe::procs::reader::Reader;
+use crate::spawn::plan::Plan;
 use crate::state::dir::{StateDir, Status};
 use crate::state::requests::{self, Job};
 use ed25519_dalek::SigningKey;
@@ -113,7 +113,7 @@ pub fn run(mut cfg: Config) -> i32 {
             return 2;
         }
     };
-    let main = match cfg.plan.as_ref().map(Plan::spawn).transpose() {
+    let main = match cfg.plan.as_ref().map(|p| p.spawn(crate::init::logging::line)).transpose() {
         Ok(pid) => pid,
         Err(e) => {
             crate::init::logging::line(format_args!("quiesce: cannot start the command: {e}"));

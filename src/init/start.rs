@@ -3,7 +3,7 @@
 
 use crate::decide::{newcomers, taint};
 use crate::freeze::{self, cred, evidence};
-use crate::init::{self, logging, spawn};
+use crate::init::{self, logging};
 use crate::kernel::{capcheck, creds, process, signal, stat, users};
 use crate::observe::procs;
 use crate::state::{self, requests};
@@ -68,7 +68,7 @@ pub fn run_init(a: cli::args::InitArgs) -> i32 {
     std::env::remove_var("QUIESCE_SIGNING_KEY");
     // A command run as the sandbox's user is the sandbox's: at a memory limit it goes first.
     let sandbox_command = drop.is_some();
-    let plan = match spawn::Plan::new(&a.command, drop) {
+    let plan = match crate::spawn::plan::Plan::new(&a.command, drop) {
         Ok(p) if sandbox_command => p.own_pgroup().oom_first(),
         Ok(p) => p.own_pgroup(),
         Err(e) => return fatal(e),
@@ -119,18 +119,18 @@ fn become_subreaper(required: bool) -> Result<(), String> {
 }
 
 /// The user the command runs as (--run-as), with its groups; None: the init's own.
-fn run_as(a: &cli::args::InitArgs) -> Result<Option<spawn::Drop>, String> {
+fn run_as(a: &cli::args::InitArgs) -> Result<Option<crate::spawn::plan::Drop>, String> {
     let Some(spec) = &a.run_as else { return Ok(None) };
     let user = users::resolve(spec, &users::read_passwd()).map_err(|e| format!("--run-as: {e}"))?;
     let groups = users::groups_of(&user, &users::read_group());
     let tag = if a.sandbox_lineage {
-        spawn::Tag::Required(taint::LINEAGE_TAG)
+        crate::spawn::plan::Tag::Required(taint::LINEAGE_TAG)
     } else if a.freeze.no_lineage {
-        spawn::Tag::None
+        crate::spawn::plan::Tag::None
     } else {
-        spawn::Tag::UserUid
+        crate::spawn::plan::Tag::UserUid
     };
-    Ok(Some(spawn::Drop { user, groups, allow_setuid: a.allow_setuid, tag }))
+    Ok(Some(crate::spawn::plan::Drop { user, groups, allow_setuid: a.allow_setuid, tag }))
 }
 
 /// Does a loginuid mark a sandbox launch here? Only where quiesce is the one that writes it:
@@ -157,7 +157,7 @@ fn lineage_unavailable(off: bool, probe_uid: u32) -> Option<String> {
              session), which every process here carries"
         ));
     }
-    if !spawn::lineage_available(probe_uid) {
+    if !crate::spawn::plan::lineage_available(probe_uid) {
         return Some("lineage unavailable (no audit, or /proc/self/loginuid cannot be written here)".into());
     }
     None

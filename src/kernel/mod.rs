@@ -1,7 +1,7 @@
 //! The kernel: the one place that talks to it directly. Everything above reads like the contract;
 //! everything here checks the return value of the call it makes. One module per kind of call:
 //! - `errno`: a call's negative return as the io::Error of the errno it left.
-//! - `process`: this process's ids, fork and spawn_shared, exit, its prctl flags, CPUs, boot clock.
+//! - `process`: this process's ids, fork and spawn_shared, setsid, exit, its prctl flags, CPUs, boot clock.
 //! - `reap`: waitpid, for any child or one.
 //! - `signal`: names and numbers, masks and dispositions, pending signals, the signalfd, kill(2).
 //! - `pidfd`: process descriptors: open, signal, still attached, pidfs identity.
@@ -15,11 +15,13 @@
 //! - `detach`: starting a process that outlives its starter (fork, setsid, fork, exec).
 //! - `random`: random bytes.
 //! - `sockdiag`: the listening TCP sockets, from the kernel's socket-diagnostics netlink.
+//! - `landlock`: a ruleset made, its ports and paths allowed, enforced on a child before its exec.
+//! - `seccomp`: the services' filter for what Landlock leaves open (MPTCP sockets, io_uring).
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;
 //! a module here names another of this folder by its path (`crate::kernel::errno::check`).
-//! Every other folder reaches the kernel through here; the one exception is init/spawn between
+//! Every other folder reaches the kernel through here; the one exception is spawn/plan between
 //! fork and exec, where only async-signal-safe libc calls may run.
 
 pub mod capcheck;
@@ -31,10 +33,12 @@ pub mod errno;
 pub mod fdio;
 pub mod flock;
 pub mod ipc;
+pub mod landlock;
 pub mod pidfd;
 pub mod process;
 pub mod random;
 pub mod reap;
+pub mod seccomp;
 pub mod signal;
 pub mod sockdiag;
 pub mod stat;

@@ -1,4 +1,5 @@
-//! This process and the processes it starts: its ids, fork and the shared-memory spawn, exit, the
+//! This process and the processes it starts: its ids, fork and the shared-memory spawn, its own
+//! session (setsid), exit, the
 //! prctl flags it holds (dumpable, subreaper, parent-death signal, no_new_privs, its name), its
 //! process-count limit, the CPUs it may run on and the boot clock a process's start time is counted in.
 //! May use: libc, std and kernel::errno.
@@ -148,6 +149,13 @@ pub fn spawn_shared<F: FnMut() -> i32>(child: &mut F) -> io::Result<Pid> {
         )
     })?;
     cloned
+}
+
+/// Make this process the leader of a new session and process group, with no terminal.
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: setsid takes no arguments.
+    check(unsafe { libc::setsid() } as libc::c_long)?;
+    Ok(())
 }
 
 /// Exit now without running destructors (used in a forked child).

@@ -1285,8 +1285,9 @@ class QuiescedVerifier(Verifier):  # type: ignore[misc]
 
 
 def _hand_over_summary(record: dict[str, Any]) -> str:
-    """One line of handover.json: its state, the user, the time until every port listened, and
-    each service's ports and argv (declared ones marked)."""
+    """One line of handover.json: its state, the user, the time until every port listened, the
+    Landlock domain that confined them, and each service's ports and argv (declared ones
+    marked)."""
     parts = []
     for s in record.get("services") or []:
         if not isinstance(s, dict):
@@ -1303,6 +1304,9 @@ def _hand_over_summary(record: dict[str, Any]) -> str:
         head += f", listening in {record['ready_ms']} ms"
     if record.get("stopped") is not None:
         head += f", {record['stopped']} process(es) stopped after the tests"
+    domain = record.get("domain")
+    if isinstance(domain, dict):
+        head += f", confined (Landlock ABI {domain.get('abi')}: TCP ports {domain.get('bind_tcp')})"
     if record.get("reason"):
         head += f" ({record['reason']})"
     return head + ("; " + "; ".join(parts) if parts else "")

@@ -28,7 +28,8 @@ GATE_EXIT_CODES = {
     "process root: no no-new-privileges; or, with --require-lineage, no lineage)",
     19: "attestation missing, not this marker's, or the attested trees changed",
     20: "hand-over check failed (with --hand-over: a service did not start again or listen in "
-    "time, or the service user could write a --protect path)",
+    "time, the service user could write a --protect path, or the kernel cannot hold the "
+    "services' Landlock domain)",
 }
 # `quiesce verify --hand-over`'s refusal: the agent's services could not be handed over.
 HAND_OVER_EXIT = 20

@@ -71,6 +71,11 @@ pub struct Plan {
     #[allow(dead_code)]
     env: Vec<CString>,
     env_ptrs: Option<Vec<*const libc::c_char>>,
+    /// A Landlock ruleset to enforce on itself last before the exec (a service handed over):
+    /// the descriptor, open in the caller until the start.
+    landlock: Option<i32>,
+    /// A seccomp program installed right after (the caller keeps its filter alive).
+    seccomp: Option<libc::sock_fprog>,
 }
 
 impl Plan {
@@ -113,6 +118,8 @@ impl Plan {
             stdio: None,
             env: Vec::new(),
             env_ptrs: None,
+            landlock: None,
+            seccomp: None,
         })
     }
 
@@ -143,6 +150,20 @@ impl Plan {
         self.own_session = true;
         self.oom_first = true;
         Ok(self)
+    }
+
+    /// Enforce the Landlock ruleset `ruleset` (kept open by the caller until the start) on it
+    /// and all it starts, after its drop and no_new_privs, just before the exec: a start that
+    /// cannot enforce it fails.
+    /// And the seccomp filter `filter` (kept alive by the caller until the start) after it.
+    pub fn confined(
+        mut self,
+        ruleset: &crate::kernel::landlock::Ruleset,
+        filter: &crate::kernel::seccomp::Filter,
+    ) -> Plan {
+        self.landlock = Some(ruleset.raw());
+        self.seccomp = Some(filter.prog());
+        self
     }
 
     /// The OOM killer takes it, and all it starts, first (`oom_first`).
@@ -258,6 +279,18 @@ impl Plan {
                     return (errno(), "chdir to its recorded directory");
                 }
             }
+            if let Some(fd) = self.landlock {
+                match crate::kernel::landlock::restrict_self(fd) {
+                    0 => {}
+                    e => return (e, "landlock_restrict_self"),
+                }
+            }
+            if let Some(prog) = &self.seccomp {
+                match crate::kernel::seccomp::install(prog) {
+                    0 => {}
+                    e => return (e, "seccomp"),
+                }
+            }
             // A clean signal state: default dispositions everywhere (including any SIG_IGN the
             // init inherited), then an empty mask.
             signal::reset_all_dispositions();
@@ -360,8 +393,8 @@ impl Plan {
     /// failure is printed here and the child exits 127 or 126 so its status tells the same story.
     /// The child shares the init's memory until it execs (`process::spawn_shared`): what it prepares
     /// is all syscalls on this plan, made before the call, and a failure it meets is handed back
-    /// in `failed`.
-    pub fn spawn(&self) -> io::Result<Pid> {
+    /// in `failed` and said through `say` (the init's: a line that never blocks it).
+    pub fn spawn(&self, say: fn(std::fmt::Arguments)) -> io::Result<Pid> {
         let mut failed: Option<(i32, &'static str)> = None;
         let pid = process::spawn_shared(&mut || {
             let (err, step) = self.prepare_and_exec();
@@ -394,9 +427,9 @@ impl Plan {
         if let Some((err, step)) = failed {
             // The child may already have run something that stopped the output: never block.
             if step == "exec" {
-                crate::init::logging::line(format_args!("{}", self.failure(err).1));
+                say(format_args!("{}", self.failure(err).1));
             } else {
-                crate::init::logging::line(format_args!(
+                say(format_args!(
                     "quiesce: cannot run '{}': {step} failed: {}",
                     self.name,
                     io::Error::from_raw_os_error(err)

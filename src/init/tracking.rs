@@ -34,25 +34,26 @@ impl Schedule {
         Schedule { next: None, last: Instant::now() }
     }
 
-    /// The first refresh is done: the next one is an interval away.
-    pub(super) fn start(&mut self, interval: Option<Duration>) {
-        self.next = interval.map(|i| Instant::now() + i);
-    }
-
     /// A refresh is due at `now`; `child`: SIGCHLD came this turn.
     pub(super) fn due(&self, now: Instant, child: bool) -> bool {
         let periodic = self.next.is_some_and(|t| now >= t);
         // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
-        let on_child = child && now.duration_since(self.last) >= Duration::from_millis(100);
+        let on_child = child && now.duration_since(self.last) >= RETRY;
         periodic || on_child
     }
 
-    /// A refresh began at `now`.
-    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>) {
+    /// A refresh began at `now`; `completed`: it went through. One cut off (by a signal: a
+    /// launch record's, a freeze request's) or failed is tried again `RETRY` later, not an
+    /// interval later: a freeze within that interval would otherwise find no fresh refresh
+    /// and make its own before its stop (`look_again`).
+    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>, completed: bool) {
         self.last = now;
-        self.next = interval.map(|i| now + i);
+        self.next = interval.map(|i| now + if completed { i } else { i.min(RETRY) });
     }
 }
+
+/// How soon a cut-off refresh is tried again; SIGCHLD brings one no sooner either.
+const RETRY: Duration = Duration::from_millis(100);
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
 /// are re-read from their stat line only, which keeps the periodic cost small.
@@ -60,27 +61,46 @@ impl Schedule {
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
 /// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
 /// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
+/// `oom`: raise the newcomers' OOM scores after it (`Oom::Raise`); a freeze's own look leaves
+/// that to the next refresh (`Oom::Later`): it kills them anyway, and a pass over a thousand
+/// newcomers cost the freeze tens of milliseconds before its stop.
 /// Returns whether the refresh completed.
-pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool) -> bool {
+pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool, oom: Oom) -> bool {
     let reader = Reader::default();
+    let began = Instant::now();
     // Read into the last table's room, which stays the last complete observation until this one
     // completes: the freeze starts from it, and decides from it who may vouch.
     match reader.refresh(&mut t.seen, &[], Some(abort)) {
         Ok(true) => {
+            let read = began.elapsed();
             let tainted = t.policy.classify(&t.seen);
             t.policy.remember(&t.seen, &tainted);
-            if !t.oom.raise(reader.root(), &t.seen, &tainted, abort) {
+            let raised = Instant::now();
+            if oom == Oom::Raise && !t.oom.raise(reader.root(), &t.seen, &tainted, abort) {
                 log::debug!("raising the sandbox's oom_score_adj interrupted: the rest at the next refresh");
             }
             t.launchers.prune(&t.seen);
             t.tracked_at = Some(Instant::now());
+            log::debug!(
+                "tracking: {} processes read in {read:?}, {} sandbox, oom pass {:?}",
+                t.seen.len(),
+                tainted.len(),
+                raised.elapsed()
+            );
             return true;
         }
-        Ok(false) => log::debug!("tracking interrupted"),
+        Ok(false) => log::debug!("tracking interrupted after {:?}", began.elapsed()),
         Err(e) => log::warn!("tracking: {e}"),
     }
     t.tracked_at = None;
     false
+}
+
+/// Whether a tracking refresh raises the OOM scores of the sandbox processes it finds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Oom {
+    Raise,
+    Later,
 }
 
 /// Hold a launch record: its process is the sandbox's from its first instruction (history), and

@@ -27,13 +27,14 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
-use crate::kernel::{creds, process::Pid};
+use crate::kernel::process::Pid;
+use crate::observe::evidence as reads;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::{Reader, CMDLINE_READ};
 use crate::observe::sockets::Endpoint;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
+use std::io;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -79,13 +80,10 @@ pub struct Service {
     pub truncated: bool,
 }
 
-/// Services recorded per freeze, endpoints kept per service, bytes of one environment read and
-/// of its JSON kept, descriptors looked at per process.
+/// Services recorded per freeze, and bytes of JSON kept of one environment (what is read of
+/// each: `observe::evidence`).
 pub const MAX_SERVICES: usize = 8;
-const LISTEN_KEEP: usize = 16;
-const ENV_READ: usize = 16 << 10;
 pub const ENV_KEEP: usize = 8 << 10;
-const FD_SCAN: usize = 1024;
 
 /// How long the walk waits for one answer before it leaves the reader behind: a healthy read
 /// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
@@ -184,15 +182,7 @@ struct Reply {
     exe: Option<String>,
     /// Where it listened, its cwd and the first bytes of its environment (with whether there
     /// was more), when it listened.
-    service: Option<ServiceRead>,
-}
-
-/// Where a process listened, its cwd and the first bytes of its environment with whether there
-/// was more; each None that was not shown.
-struct ServiceRead {
-    listen: Vec<Endpoint>,
-    cwd: Option<String>,
-    env: Option<(Vec<u8>, bool)>,
+    service: Option<reads::ServiceRead>,
 }
 
 #[derive(Default)]
@@ -291,55 +281,14 @@ fn serve(jobs: mpsc::Receiver<Job>, replies: mpsc::Sender<Reply>, slot: &Slot) {
 /// Read one process. Err only when this thread's credentials could not be restored.
 fn read(job: &Job) -> io::Result<Reply> {
     let dir = format!("/proc/{}", job.pid);
-    let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
-    let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
+    let exe = reads::exe(&format!("{dir}/exe"), job.creds)?;
+    let cmdline = reads::prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
     let service = match &job.listening {
-        Some(table) => read_service(job.pid, &dir, &table.by_inode, job.creds)?,
+        Some(table) => reads::service(job.pid, &dir, &table.by_inode, job.creds)?,
         None => None,
     };
     // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
     Ok(Reply { key: (job.pid, job.start_time), cmdline, exe, service })
-}
-
-/// Where a process listened (its descriptors that are listening sockets), and if anywhere, its
-/// cwd and environment. Each read as the init first, then as the process's own user.
-fn read_service(
-    pid: Pid,
-    dir: &str,
-    table: &HashMap<u64, Endpoint>,
-    creds: Option<(u32, u32)>,
-) -> io::Result<Option<ServiceRead>> {
-    let scan = || -> io::Result<Vec<Endpoint>> {
-        let mut found: Vec<Endpoint> = Vec::new();
-        for at in crate::observe::sockets::socket_inodes(pid, FD_SCAN)?.iter().filter_map(|i| table.get(i)) {
-            if !found.contains(at) && found.len() < LISTEN_KEEP {
-                found.push(at.clone());
-            }
-        }
-        Ok(found)
-    };
-    let Some(listen) = as_owner(creds, scan)? else { return Ok(None) };
-    if listen.is_empty() {
-        return Ok(None);
-    }
-    let cwd = as_owner(creds, || std::fs::read_link(format!("{dir}/cwd")))?
-        .map(|p| p.to_string_lossy().into_owned());
-    let env = as_owner(creds, || read_prefix(&format!("{dir}/environ"), ENV_READ))?;
-    Ok(Some(ServiceRead { listen, cwd, env }))
-}
-
-/// `f` as this thread is; where the kernel refuses that (root without CAP_SYS_PTRACE reading
-/// another user's process), again with the process's own filesystem IDs. Ok(None): not shown.
-/// Err only when this thread's IDs could not be switched back.
-fn as_owner<T>(creds: Option<(u32, u32)>, f: impl Fn() -> io::Result<T>) -> io::Result<Option<T>> {
-    match f() {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
-            Some((uid, gid)) => Ok(creds::as_fs_user(uid, gid, f)?.and_then(Result::ok)),
-            None => Ok(None),
-        },
-        Err(_) => Ok(None),
-    }
 }
 
 /// What was read belongs to a target only if its pid still named it. A pid names another
@@ -368,42 +317,6 @@ fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
             e.truncated = false;
             e.unreadable = true;
         }
-    }
-}
-
-thread_local! {
-    /// One read buffer per reader thread: a fresh `limit`-sized buffer per process costs an
-    /// allocation and page faults each time with musl's allocator, which hands freed pages back.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The first `limit` bytes of a file, and whether there was more; reads no further.
-fn read_prefix(path: &str, limit: usize) -> io::Result<(Vec<u8>, bool)> {
-    let f = std::fs::File::open(path)?;
-    SCRATCH.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        buf.clear();
-        buf.reserve(limit + 1);
-        f.take(limit as u64 + 1).read_to_end(&mut buf)?;
-        let more = buf.len() > limit;
-        Ok((buf[..buf.len().min(limit)].to_vec(), more))
-    })
-}
-
-/// The exe link. Root without CAP_SYS_PTRACE (Docker's default) may not read another user's;
-/// with this thread's filesystem IDs switched to the process's own it may, if the process is
-/// dumpable. None: no exe (zombie, kernel thread), not shown, or gone.
-fn read_exe(link: &str, creds: Option<(u32, u32)>) -> io::Result<Option<String>> {
-    let lossy = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
-    match std::fs::read_link(link) {
-        Ok(p) => Ok(Some(lossy(p))),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
-            Some((uid, gid)) => {
-                Ok(creds::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
-            }
-            None => Ok(None),
-        },
-        Err(_) => Ok(None),
     }
 }
 
@@ -494,7 +407,7 @@ fn finish(t: Target, reply: Option<Reply>) -> (Evidence, Option<Service>) {
         );
         return (e, None);
     }
-    let service = r.service.map(|ServiceRead { listen, cwd, env }| {
+    let service = r.service.map(|reads::ServiceRead { listen, cwd, env }| {
         let mut truncated = false;
         let cwd = cwd.map(|c| {
             let (c, cut) = keep_str(&c, EXE_KEEP);
@@ -788,39 +701,6 @@ mod tests {
         assert!(cut && serde_json::to_string(&args).unwrap().len() <= 1000);
         // Nothing fits: nothing kept.
         assert_eq!(keep_args(b"abc", 3), (vec![], true));
-    }
-
-    #[test]
-    fn prefix_reads_stop_at_the_limit() {
-        let p = std::env::temp_dir().join(format!("quiesce-prefix-{}", std::process::id()));
-        std::fs::write(&p, vec![7u8; 10_000]).unwrap();
-        let (b, more) = read_prefix(p.to_str().unwrap(), 4096).unwrap();
-        assert_eq!((b.len(), more), (4096, true));
-        std::fs::write(&p, vec![7u8; 4096]).unwrap();
-        assert!(!read_prefix(p.to_str().unwrap(), 4096).unwrap().1);
-        std::fs::remove_file(&p).unwrap();
-    }
-
-    #[test]
-    fn filesystem_ids_switch_for_one_thread_and_come_back() {
-        let fs_line = || {
-            let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-            let uid = st.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
-            let gid = st.lines().find(|l| l.starts_with("Gid:")).unwrap().to_string();
-            (
-                uid.split_whitespace().nth(4).unwrap().to_string(),
-                gid.split_whitespace().nth(4).unwrap().to_string(),
-            )
-        };
-        std::thread::spawn(move || {
-            let inside = creds::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
-            assert_eq!(inside, ("4242".to_string(), "4343".to_string()));
-            assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
-        })
-        .join()
-        .unwrap();
-        // The process's other threads never changed.
-        assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //!
 //! Time. Reading /proc/PID/cmdline takes the target's mmap lock, which the target can make
 //! wait forever (a thread faulting on a file of its own FUSE mount while another waits in
-//! mmap()). So the reads run on a reader thread of the init, started before the command; the
+//! mmap()). So the reads run on a reader thread of the init (`freeze::readers`), started before the command; the
 //! walk waits for each answer at most `READ_WAIT` and never past its own deadline. A reader that
 //! does not answer is left where it is stuck, its target is recorded as unreadable and never
 //! read again while that reader is stuck on it, and a new reader takes the rest. At most
@@ -27,16 +27,16 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
+use crate::freeze::readers::{pool, spawn, Job, Pool, Reply, Worker, LANES, LANES_FROM, MAX_STUCK};
 use crate::kernel::process::Pid;
-use crate::observe::evidence as reads;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::{Reader, CMDLINE_READ};
+use crate::observe::procs::reader::Reader;
 use crate::observe::sockets::Endpoint;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Bytes of JSON kept of a command line, and of an executable's path.
@@ -92,13 +92,8 @@ pub const READ_WAIT: Duration = Duration::from_millis(500);
 /// The walk's share of what is left of the freeze budget, and its most.
 const WALK_SHARE: u32 = 4;
 const WALK_MAX: Duration = Duration::from_secs(2);
-/// Readers left stuck in the kernel at once; each holds a small stack.
-const MAX_STUCK: usize = 4;
 /// Reads handed to the readers ahead of the answers.
 const WINDOW: usize = 64;
-/// Readers one walk uses at most, and the targets from which it uses more than one.
-const LANES: usize = 2;
-const LANES_FROM: usize = 64;
 
 /// What the walk gathered: the entries kept, and how many did not fit the marker.
 #[derive(Debug, Default)]
@@ -165,130 +160,6 @@ impl Target {
 /// When the walk must end, given the freeze's deadline.
 pub fn walk_deadline(now: Instant, freeze_deadline: Instant) -> Instant {
     now + (freeze_deadline.saturating_duration_since(now) / WALK_SHARE).min(WALK_MAX)
-}
-
-struct Job {
-    pid: Pid,
-    start_time: u64,
-    creds: Option<(u32, u32)>,
-    /// The listening sockets by inode; None when nothing listens (no descriptor is looked at).
-    listening: Option<Arc<Listening>>,
-}
-
-struct Reply {
-    key: (Pid, u64),
-    /// The first bytes of the command line and whether there was more; None: not read.
-    cmdline: Option<(Vec<u8>, bool)>,
-    exe: Option<String>,
-    /// Where it listened, its cwd and the first bytes of its environment (with whether there
-    /// was more), when it listened.
-    service: Option<reads::ServiceRead>,
-}
-
-#[derive(Default)]
-struct SlotState {
-    /// The target the reader is reading right now.
-    current: Option<(Pid, u64)>,
-    /// The walk stopped waiting for this reader: it ends once it is back.
-    abandoned: bool,
-    done: bool,
-}
-
-/// What a reader thread and the walk share about it.
-#[derive(Default)]
-struct Slot(Mutex<SlotState>);
-
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, SlotState> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-struct Worker {
-    jobs: mpsc::Sender<Job>,
-    replies: mpsc::Receiver<Reply>,
-    slot: Arc<Slot>,
-}
-
-struct Pool {
-    workers: [Option<Worker>; LANES],
-    /// Readers left behind, still in the kernel or on their way out.
-    stuck: Vec<Arc<Slot>>,
-}
-
-static POOL: Mutex<Pool> = Mutex::new(Pool { workers: [None, None], stuck: Vec::new() });
-
-fn pool() -> MutexGuard<'static, Pool> {
-    POOL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Start the reader thread; the init does this before the command runs, so that a fork bomb
-/// at a pids limit cannot keep it from existing at freeze time.
-pub fn start() -> io::Result<()> {
-    let mut p = pool();
-    if p.workers[0].is_none() {
-        p.workers[0] = Some(spawn()?);
-    }
-    Ok(())
-}
-
-fn spawn() -> io::Result<Worker> {
-    let (jobs, jobs_rx) = mpsc::channel::<Job>();
-    let (replies_tx, replies) = mpsc::channel::<Reply>();
-    let slot = Arc::new(Slot::default());
-    let mine = slot.clone();
-    // The thread inherits the init's mask: every signal blocked.
-    std::thread::Builder::new()
-        .name("quiesce-evidence".into())
-        .stack_size(64 * 1024)
-        .spawn(move || serve(jobs_rx, replies_tx, &mine))?;
-    Ok(Worker { jobs, replies, slot })
-}
-
-fn serve(jobs: mpsc::Receiver<Job>, replies: mpsc::Sender<Reply>, slot: &Slot) {
-    for job in jobs {
-        {
-            let mut s = slot.lock();
-            if s.abandoned {
-                break;
-            }
-            s.current = Some((job.pid, job.start_time));
-        }
-        let read = read(&job);
-        {
-            let mut s = slot.lock();
-            s.current = None;
-            if s.abandoned {
-                break;
-            }
-        }
-        match read {
-            Ok(r) => {
-                if replies.send(r).is_err() {
-                    break;
-                }
-            }
-            Err(e) => {
-                // This thread's filesystem IDs may be wrong now: it must do nothing more.
-                log::error!("evidence reader: {e}; that reader stops");
-                break;
-            }
-        }
-    }
-    slot.lock().done = true;
-}
-
-/// Read one process. Err only when this thread's credentials could not be restored.
-fn read(job: &Job) -> io::Result<Reply> {
-    let dir = format!("/proc/{}", job.pid);
-    let exe = reads::exe(&format!("{dir}/exe"), job.creds)?;
-    let cmdline = reads::prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
-    let service = match &job.listening {
-        Some(table) => reads::service(job.pid, &dir, &table.by_inode, job.creds)?,
-        None => None,
-    };
-    // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
-    Ok(Reply { key: (job.pid, job.start_time), cmdline, exe, service })
 }
 
 /// What was read belongs to a target only if its pid still named it. A pid names another
@@ -407,7 +278,7 @@ fn finish(t: Target, reply: Option<Reply>) -> (Evidence, Option<Service>) {
         );
         return (e, None);
     }
-    let service = r.service.map(|reads::ServiceRead { listen, cwd, env }| {
+    let service = r.service.map(|crate::observe::evidence::ServiceRead { listen, cwd, env }| {
         let mut truncated = false;
         let cwd = cwd.map(|c| {
             let (c, cut) = keep_str(&c, EXE_KEEP);
@@ -607,8 +478,8 @@ pub fn gather(
 /// one, costs nothing more). A socket is its maker's: a process that holds one another user made
 /// (a server that bound as root and dropped to its own user) is not recognised by it, and its
 /// first process, which bound it, is.
-struct Listening {
-    by_inode: HashMap<u64, Endpoint>,
+pub(super) struct Listening {
+    pub(super) by_inode: HashMap<u64, Endpoint>,
     uids: Vec<u32>,
 }
 

@@ -8,7 +8,7 @@ use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::init::reaper::Reaper;
 use crate::init::run::Sandbox;
-use crate::init::tracking::{track, Oom};
+use crate::init::tracking::{track, Oom, Refresh};
 use crate::kernel::process::{self, Pid};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::reader::Reader;
@@ -206,7 +206,7 @@ fn look_again(sb: &mut Sandbox, id: &str) {
     };
     if stale {
         let until = Instant::now() + FRESH_LOOK;
-        if !track(&mut sb.tracking, &|| Instant::now() >= until, Oom::Later) {
+        if track(&mut sb.tracking, &|| Instant::now() >= until, Oom::Later) != Refresh::Done {
             log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
         }
     }

@@ -210,9 +210,8 @@ impl Pid1 {
                 log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
             }
             let began = Instant::now();
-            let completed =
-                track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
-            schedule.done(began, sb.settings.track_interval, completed);
+            let how = track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
+            schedule.done(began, sb.settings.track_interval, how);
         }
         Pid1 {
             reaper,
@@ -335,9 +334,8 @@ impl Pid1 {
             && self.schedule.due(now, child)
             && !signal::other_signal_pending(libc::SIGCHLD)
         {
-            let completed =
-                track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
-            self.schedule.done(now, sb.settings.track_interval, completed);
+            let how = track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
+            self.schedule.done(now, sb.settings.track_interval, how);
         }
     }
 }

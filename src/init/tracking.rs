@@ -42,13 +42,13 @@ impl Schedule {
         periodic || on_child
     }
 
-    /// A refresh began at `now`; `completed`: it went through. One cut off (by a signal: a
-    /// launch record's, a freeze request's) or failed is tried again `RETRY` later, not an
-    /// interval later: a freeze within that interval would otherwise find no fresh refresh
-    /// and make its own before its stop (`look_again`).
-    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>, completed: bool) {
+    /// A refresh began at `now` and ended as `how`. One cut off (by a signal: a launch
+    /// record's, a freeze request's) is tried again `RETRY` later, not an interval later: a
+    /// freeze within that interval would otherwise find no fresh refresh and make its own
+    /// before its stop (`look_again`). One that failed waits the interval, as before.
+    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>, how: Refresh) {
         self.last = now;
-        self.next = interval.map(|i| now + if completed { i } else { i.min(RETRY) });
+        self.next = interval.map(|i| now + if how == Refresh::Cut { i.min(RETRY) } else { i });
     }
 }
 
@@ -64,8 +64,8 @@ const RETRY: Duration = Duration::from_millis(100);
 /// `oom`: raise the newcomers' OOM scores after it (`Oom::Raise`); a freeze's own look leaves
 /// that to the next refresh (`Oom::Later`): it kills them anyway, and a pass over a thousand
 /// newcomers cost the freeze tens of milliseconds before its stop.
-/// Returns whether the refresh completed.
-pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool, oom: Oom) -> bool {
+/// Returns how the refresh ended.
+pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool, oom: Oom) -> Refresh {
     let reader = Reader::default();
     let began = Instant::now();
     // Read into the last table's room, which stays the last complete observation until this one
@@ -87,13 +87,27 @@ pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool, oom: Oom) -> boo
                 tainted.len(),
                 raised.elapsed()
             );
-            return true;
+            Refresh::Done
         }
-        Ok(false) => log::debug!("tracking interrupted after {:?}", began.elapsed()),
-        Err(e) => log::warn!("tracking: {e}"),
+        Ok(false) => {
+            log::debug!("tracking interrupted after {:?}", began.elapsed());
+            t.tracked_at = None;
+            Refresh::Cut
+        }
+        Err(e) => {
+            log::warn!("tracking: {e}");
+            t.tracked_at = None;
+            Refresh::Failed
+        }
     }
-    t.tracked_at = None;
-    false
+}
+
+/// How a tracking refresh ended: went through, cut off by `abort`, or failed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Refresh {
+    Done,
+    Cut,
+    Failed,
 }
 
 /// Whether a tracking refresh raises the OOM scores of the sandbox processes it finds.
@@ -165,5 +179,29 @@ pub(super) fn take_launch(t: &mut Tracking, l: &Launch) {
         };
         t.launchers.add_above(parent.pid, parent.start_time, l.start_time);
         cur = parent.pid;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refresh cut off by a signal is due again soon; one that went through or failed waits
+    /// the interval; with no interval none is scheduled.
+    #[test]
+    fn a_cut_refresh_is_due_again_soon() {
+        let (now, every) = (Instant::now(), Some(Duration::from_secs(1)));
+        let next = |how| {
+            let mut s = Schedule::new();
+            s.done(now, every, how);
+            s.next
+        };
+        assert_eq!(next(Refresh::Cut), Some(now + RETRY));
+        assert_eq!(next(Refresh::Done), Some(now + Duration::from_secs(1)));
+        assert_eq!(next(Refresh::Failed), Some(now + Duration::from_secs(1)));
+        let mut s = Schedule::new();
+        s.done(now, None, Refresh::Cut);
+        assert_eq!(s.next, None);
+        assert!(!s.due(now + RETRY, false) && s.due(now + RETRY, true));
     }
 }

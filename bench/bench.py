@@ -35,6 +35,12 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def spread(xs):
+    """The least and the most of a measurement's runs, as text."""
+    xs = [x for x in xs if x == x]
+    return f"[{min(xs):.0f}–{max(xs):.0f}]" if xs else "[–]"
+
+
 class Ns:
     """An init as PID 1 of a fresh PID namespace."""
 
@@ -256,32 +262,61 @@ def workload_args(kind, n):
     """The adversary's arguments for a workload of about n sandbox processes."""
     if kind == "bomb":
         return ["bomb-flat", str(BOMB_CAP)]
-    if kind == "orphaned":
+    if kind in ("orphaned", "fresh"):
         return ["orphaned", str(n)]
     if kind == "threads":
         return ["thread-procs", str(max(n // THREADS_PER_PROC, 1)), str(THREADS_PER_PROC)]
     return ["sleepers", str(n)]
 
 
-def workload_ns(kind, n, state, q=Q):
-    """A quiesce-run namespace (the init `q`) whose root command launches the agent workload."""
-    ready = os.path.join(state, "..", "ready")
-    if os.path.exists(ready):
-        os.unlink(ready)
+# How long a workload stands before the freeze is asked for: one tracking interval of the init
+# (--track-interval, 1 s) and a little, so the init has looked at it as it has long before any
+# real freeze request. The "fresh" shape asks at once, before the init has looked.
+SETTLE = 1.2
+# Tries at a workload's start, and how long each may take to be ready.
+WORKLOAD_TRIES, READY_WAIT = 3, 60
+
+
+def workload_ns(kind, n, state, q=Q, launch=None):
+    """A quiesce-run namespace (the init `q`) whose root command launches the agent workload
+    (through `q exec` unless `launch` names another way in, such as setpriv). A start that fails
+    (the launch refused, the init gone, not ready in READY_WAIT s on a loaded machine) is tried
+    again, WORKLOAD_TRIES times at most, and then fails naming the launch's own error."""
+    why = ""
+    for _ in range(WORKLOAD_TRIES):
+        ns, why = try_workload(kind, n, state, q, launch)
+        if ns is not None:
+            time.sleep(0 if kind == "fresh" else SETTLE)
+            return ns
+        print(f"bench: workload {kind} {n}: {why}; trying again", file=sys.stderr)
+    raise RuntimeError(f"workload {kind} {n} not ready after {WORKLOAD_TRIES} tries: {why}")
+
+
+def try_workload(kind, n, state, q, launch):
+    """One start: the namespace once the workload is ready, else None and why."""
+    top = os.path.dirname(state)
+    ready, err, rc = (os.path.join(top, f) for f in ("ready", "launch.err", "launch.rc"))
+    for f in (ready, err, rc):
+        if os.path.exists(f):
+            os.unlink(f)
+    if os.path.exists(state):
+        subprocess.run(["rm", "-rf", state])
     args = workload_args(kind, n)
-    cmd = f"ADV_READY={ready} {q} exec --user {UID} -- {ADV} {' '.join(args)} & exec sleep 100000"
+    via = launch or f"{q} exec --user {UID} --"
+    # The launch's exit code and error go to files: a refused launch is seen at once, by its words.
+    cmd = f"(ADV_READY={ready} {via} {ADV} {' '.join(args)} 2>{err}; echo $? >{rc}) & exec sleep 100000"
     ns = Ns([q, "--state-dir", state, "--sandbox-user", str(UID), "--", "sh", "-c", cmd])
-    deadline = time.time() + 60
+    deadline = time.time() + READY_WAIT
     while not os.path.exists(ready):
-        if time.time() > deadline or ns.p.poll() is not None:
+        done = os.path.exists(rc) and open(rc).read().strip()
+        if done or time.time() > deadline or ns.p.poll() is not None:
             ns.close()
-            raise RuntimeError(f"workload {' '.join(args)} not ready")
+            said = open(err).read().strip()[-300:] if os.path.exists(err) else ""
+            what = (f"the launch exited {done}" if done else "the init ended" if ns.p.poll() is not None
+                    else f"not ready within {READY_WAIT} s")
+            return None, what + (f" ({said})" if said else "")
         time.sleep(0.01)
-    # Ready means the last process was forked; let the fork aftermath (reparenting, first runs,
-    # the init's tracking) pass, as it has long before any real freeze request. Under the bomb,
-    # every forker spins against the cap meanwhile.
-    time.sleep(0.3)
-    return ns
+    return ns, ""
 
 
 def alive_of(ns):
@@ -304,6 +339,7 @@ def m_quiesce(ns, state):
 
 def m_quiesce_phases(ns, state, q=Q):
     """One freeze by the init `q`: converged, wall ms from outside, and the init's phases (ms)."""
+    asked = time.time()
     t = time.perf_counter()
     r = ns.enter([q, "freeze", "--state-dir", state, "--wait", "--json"], capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -311,7 +347,11 @@ def m_quiesce_phases(ns, state, q=Q):
         st = json.loads(r.stdout) if r.stdout.strip() else {}
     except ValueError:
         st = {}
-    return r.returncode == 0 and st.get("state") == "quiescent", wall * 1000, st.get("phases_ms", {})
+    phases = dict(st.get("phases_ms", {}))
+    # From the request (the client's start) to the stop's start, where the build says it.
+    if st.get("started_unix_ms"):
+        phases["started"] = st["started_unix_ms"] - asked * 1000
+    return r.returncode == 0 and st.get("state") == "quiescent", wall * 1000, phases
 
 
 def m_harness(ns, state):
@@ -391,6 +431,8 @@ SHAPES = {
     "sleepers": "sleepers under a live parent",
     "threads": f"processes of {THREADS_PER_PROC} threads each (n counts threads)",
     "bomb": f"fork bomb, every forker forking without pause, capped at {BOMB_CAP} (RLIMIT_NPROC)",
+    "fresh": "sleepers whose parent exited, the freeze asked for as soon as they are in place (before "
+             "the init's tracking has looked at them: the freeze reads every one of them in full)",
 }
 PHASES = ["stop", "walk", "kill", "probe", "total"]
 
@@ -409,7 +451,7 @@ def freeze_shapes(runs, shapes):
     the two methods alternating run by run so that both see the same machine."""
     res = {}
     for kind, n in shapes:
-        q_ms, q_wall, q_ok, f_ms, f_ok, b_ms, b_ok = [], [], 0, [], 0, [], 0
+        q_ms, q_wall, q_ok, f_ms, f_ok, b_ms, b_ok, q_started = [], [], 0, [], 0, [], 0, []
         ph = {p: [] for p in PHASES}
         bph = {p: [] for p in ("stop", "walk", "kill")}
         for _ in range(runs):
@@ -432,6 +474,7 @@ def freeze_shapes(runs, shapes):
                     if ok and "total" in phases:
                         q_ms.append(phases["total"])
                         q_wall.append(wall)
+                        q_started.append(phases.get("started", float("nan")))
                         for p in PHASES:
                             ph[p].append(phases.get(p, float("nan")))
                 elif method == "protocol":
@@ -445,13 +488,17 @@ def freeze_shapes(runs, shapes):
                     if ok:
                         f_ms.append(ms)
         r = {"runs": runs, "ok": q_ok, "floor_ok": f_ok, "median_ms": med(q_ms), "wall_ms": med(q_wall),
+             "started_ms": med(q_started), "spread": {"total": spread(q_ms), "floor": spread(f_ms),
+                                                     "wall": spread(q_wall), "started": spread(q_started)},
              "floor_ms": med(f_ms), "phases": {p: med(v) for p, v in ph.items()},
              "bare_ok": b_ok, "bare_ms": med(b_ms), "bare_phases": {p: med(v) for p, v in bph.items()}}
         r["ratio"] = r["median_ms"] / r["floor_ms"] if r["floor_ms"] > 0 else float("nan")
         r["bare_ratio"] = r["bare_ms"] / r["floor_ms"] if r["floor_ms"] > 0 else float("nan")
         res[(kind, n)] = r
         p = r["phases"]
-        print(f"  {kind:>9} {n:>5}: quiesce {r['median_ms']:7.1f} ms (wall {r['wall_ms']:.1f}) floor {r['floor_ms']:7.1f} ms "
+        print(f"  {kind:>9} {n:>5}: quiesce {r['median_ms']:7.1f} ms {r['spread']['total']} (wall {r['wall_ms']:.1f} "
+              f"{r['spread']['wall']}, started {r['started_ms']:.1f} {r['spread']['started']} after the request) "
+              f"floor {r['floor_ms']:7.1f} ms {r['spread']['floor']} "
               f"ratio {r['ratio']:.2f}  converged {q_ok}/{runs}, floor {f_ok}/{runs}  phases "
               + " / ".join(f"{p[k]:.0f}" for k in PHASES)
               + f"  bare protocol {r['bare_ms']:.1f} ms ({r['bare_ratio']:.2f}, {b_ok}/{runs}) phases "
@@ -461,18 +508,25 @@ def freeze_shapes(runs, shapes):
 
 def shapes_table(res, runs):
     L = ["## Freeze by workload shape (anchor: kernel floor, same run)", "",
-         "| shape | processes | freeze ms (in the init) | wall from outside | floor ms | × floor | converged | floor converged "
+         "| shape | processes | freeze ms (in the init) | wall from outside | request → stop ms | floor ms | × floor "
+         "| wall × floor | converged | floor converged "
          "| stop | walk | kill | probe | bare steps ms | bare × floor | bare stop / walk / kill |",
-         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for (kind, n), r in res.items():
         p, b = r["phases"], r["bare_phases"]
-        L.append(f"| {kind} | {n} | {r['median_ms']:.1f} | {r['wall_ms']:.1f} | {r['floor_ms']:.1f} | {r['ratio']:.2f} | "
+        wr = r["wall_ms"] / r["floor_ms"] if r["floor_ms"] > 0 else float("nan")
+        L.append(f"| {kind} | {n} | {r['median_ms']:.1f} {r['spread']['total']} | {r['wall_ms']:.1f} | {r['started_ms']:.1f} | "
+                 f"{r['floor_ms']:.1f} {r['spread']['floor']} | {r['ratio']:.2f} | {wr:.2f} | "
                  f"{r['ok']}/{r['runs']} | {r['floor_ok']}/{r['runs']} | "
                  + " | ".join(f"{p[k]:.0f}" for k in PHASES[:-1])
                  + f" | {r['bare_ms']:.1f} | {r['bare_ratio']:.2f} | "
                  + " / ".join(f"{b[k]:.0f}" for k in ("stop", "walk", "kill")) + " |")
     L += ["", f"Medians of {runs} runs per shape and size, freeze, floor and bare steps alternating, each in a fresh PID namespace. "
-          "The freeze's time is its own phase total (signal to `quiescent`); phases in ms.", ""]
+          "The freeze's time is its own phase total (signal to `quiescent`); in brackets the least and the most "
+          "of the runs; phases in ms. Wall from outside is `quiesce freeze --wait --json` entered with nsenter, "
+          "from its start to its answer; request → stop from the client's start to the stop's start, as the "
+          "init's status says it (`started_unix_ms`). Every shape but fresh stands "
+          f"{SETTLE} s before the request (one tracking interval: the init has looked at it).", ""]
     L += [f"- {k}: {v}." for k, v in SHAPES.items()]
     L += ["- kernel floor: one `kill(-1, SIGKILL)` from a thread switched to the UID, then polling /proc until "
           "none is alive (see below).",

@@ -138,6 +138,59 @@ fn a_run_as_command_goes_first_at_a_memory_limit() {
     assert_eq!(text.split_whitespace().collect::<Vec<_>>(), ["1000", "0"], "command, then the init");
 }
 
+/// A `quiesce exec` launch runs at SCHED_IDLE, and so does what it starts, with no way back
+/// (RLIMIT_NICE 0): under a fork bomb of it the init and a freeze client get the CPU first.
+/// `--no-idle` leaves the normal policy. The policy is read from the kernel (chrt -p), and the
+/// way back is tried as the launch itself.
+#[test]
+fn a_quiesce_exec_launch_runs_idle_and_cannot_leave_it() {
+    let q = quiesce();
+    let d = scratch("exec-idle");
+    let state = d.join("state");
+    let qs = q.to_str().unwrap();
+    let probe = "chrt -p $$; sh -c 'chrt -p $$'; if chrt -o -p 0 $$ 2>/dev/null; then echo left; else echo stayed; fi";
+    let script = format!(
+        "{qs} exec --user 4242 -- sh -c \"$P\"; echo ---; {qs} exec --user 4242 --no-idle -- sh -c \"$P\""
+    );
+    // Started with an RLIMIT_NICE that would let a thread leave SCHED_IDLE, the launch must lower
+    // it. Raising it needs CAP_SYS_RESOURCE: where root lacks that, the hard limit is what the
+    // machine gives (0 on most), and only the policy is shown.
+    let raised = Command::new("prlimit").args(["--nice=20:20", "true"]).status().is_ok_and(|s| s.success());
+    if !raised {
+        eprintln!(
+            "RLIMIT_NICE cannot be raised here (no CAP_SYS_RESOURCE): the launch's own limit is not shown"
+        );
+    }
+    let mut c = Command::new(if raised { "prlimit" } else { "env" });
+    c.args(raised.then_some("--nice=20:20"))
+        .args(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"])
+        .args([
+            qs,
+            "--sandbox-user",
+            "4242",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .env("P", probe);
+    let out = output_within(&mut c, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    let (idle, normal) = text.split_once("---").unwrap_or_else(|| panic!("{text}"));
+    let policies = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains("policy:"))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
+            .collect()
+    };
+    assert_eq!(policies(idle), ["SCHED_IDLE", "SCHED_IDLE"], "the launch, then its child: {text}");
+    assert_eq!(idle.lines().last(), Some("stayed"), "the launch left SCHED_IDLE: {text}");
+    assert_eq!(policies(normal), ["SCHED_OTHER", "SCHED_OTHER"], "--no-idle: {text}");
+}
+
 #[test]
 fn a_child_exiting_127_is_not_an_exec_failure() {
     // catatonit#5: a command that itself exits 127 is reported as its status, silently.

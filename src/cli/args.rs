@@ -277,6 +277,9 @@ pub struct ExecArgs {
     /// Cap the user's processes at N (RLIMIT_NPROC, soft and hard) for the command and all it starts
     #[arg(long, value_name = "N", env = "QUIESCE_EXEC_NPROC", value_parser = clap::value_parser!(u64).range(1..))]
     pub nproc: Option<u64>,
+    /// Run at the normal CPU policy, not SCHED_IDLE (which lets the init and root go first)
+    #[arg(long, env = "QUIESCE_EXEC_NO_IDLE", action = ArgAction::SetTrue, value_parser = boolish)]
+    pub no_idle: bool,
     #[command(flatten)]
     pub state: StateArgs,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]

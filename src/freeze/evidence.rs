@@ -8,7 +8,7 @@
 //!
 //! Time. Reading /proc/PID/cmdline takes the target's mmap lock, which the target can make
 //! wait forever (a thread faulting on a file of its own FUSE mount while another waits in
-//! mmap()). So the reads run on a reader thread of the init, started before the command; the
+//! mmap()). So the reads run on a reader thread of the init (`freeze::readers`), started before the command; the
 //! walk waits for each answer at most `READ_WAIT` and never past its own deadline. A reader that
 //! does not answer is left where it is stuck, its target is recorded as unreadable and never
 //! read again while that reader is stuck on it, and a new reader takes the rest. At most
@@ -27,15 +27,16 @@
 //! started for the walk that needs it; when it cannot be, the first takes everything.
 
 use crate::decide::taint::Reasons;
-use crate::kernel::{creds, process::Pid};
+use crate::freeze::readers::{pool, spawn, Job, Pool, Reply, Worker, LANES, LANES_FROM, MAX_STUCK};
+use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
-use crate::observe::procs::reader::{Reader, CMDLINE_READ};
+use crate::observe::procs::reader::Reader;
 use crate::observe::sockets::Endpoint;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::io;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Bytes of JSON kept of a command line, and of an executable's path.
@@ -79,13 +80,10 @@ pub struct Service {
     pub truncated: bool,
 }
 
-/// Services recorded per freeze, endpoints kept per service, bytes of one environment read and
-/// of its JSON kept, descriptors looked at per process.
+/// Services recorded per freeze, and bytes of JSON kept of one environment (what is read of
+/// each: `observe::evidence`).
 pub const MAX_SERVICES: usize = 8;
-const LISTEN_KEEP: usize = 16;
-const ENV_READ: usize = 16 << 10;
 pub const ENV_KEEP: usize = 8 << 10;
-const FD_SCAN: usize = 1024;
 
 /// How long the walk waits for one answer before it leaves the reader behind: a healthy read
 /// takes microseconds (the sandbox is stopped by then), and `MAX_STUCK` of these fit in the
@@ -94,13 +92,8 @@ pub const READ_WAIT: Duration = Duration::from_millis(500);
 /// The walk's share of what is left of the freeze budget, and its most.
 const WALK_SHARE: u32 = 4;
 const WALK_MAX: Duration = Duration::from_secs(2);
-/// Readers left stuck in the kernel at once; each holds a small stack.
-const MAX_STUCK: usize = 4;
 /// Reads handed to the readers ahead of the answers.
 const WINDOW: usize = 64;
-/// Readers one walk uses at most, and the targets from which it uses more than one.
-const LANES: usize = 2;
-const LANES_FROM: usize = 64;
 
 /// What the walk gathered: the entries kept, and how many did not fit the marker.
 #[derive(Debug, Default)]
@@ -169,179 +162,6 @@ pub fn walk_deadline(now: Instant, freeze_deadline: Instant) -> Instant {
     now + (freeze_deadline.saturating_duration_since(now) / WALK_SHARE).min(WALK_MAX)
 }
 
-struct Job {
-    pid: Pid,
-    start_time: u64,
-    creds: Option<(u32, u32)>,
-    /// The listening sockets by inode; None when nothing listens (no descriptor is looked at).
-    listening: Option<Arc<Listening>>,
-}
-
-struct Reply {
-    key: (Pid, u64),
-    /// The first bytes of the command line and whether there was more; None: not read.
-    cmdline: Option<(Vec<u8>, bool)>,
-    exe: Option<String>,
-    /// Where it listened, its cwd and the first bytes of its environment (with whether there
-    /// was more), when it listened.
-    service: Option<ServiceRead>,
-}
-
-/// Where a process listened, its cwd and the first bytes of its environment with whether there
-/// was more; each None that was not shown.
-struct ServiceRead {
-    listen: Vec<Endpoint>,
-    cwd: Option<String>,
-    env: Option<(Vec<u8>, bool)>,
-}
-
-#[derive(Default)]
-struct SlotState {
-    /// The target the reader is reading right now.
-    current: Option<(Pid, u64)>,
-    /// The walk stopped waiting for this reader: it ends once it is back.
-    abandoned: bool,
-    done: bool,
-}
-
-/// What a reader thread and the walk share about it.
-#[derive(Default)]
-struct Slot(Mutex<SlotState>);
-
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, SlotState> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-struct Worker {
-    jobs: mpsc::Sender<Job>,
-    replies: mpsc::Receiver<Reply>,
-    slot: Arc<Slot>,
-}
-
-struct Pool {
-    workers: [Option<Worker>; LANES],
-    /// Readers left behind, still in the kernel or on their way out.
-    stuck: Vec<Arc<Slot>>,
-}
-
-static POOL: Mutex<Pool> = Mutex::new(Pool { workers: [None, None], stuck: Vec::new() });
-
-fn pool() -> MutexGuard<'static, Pool> {
-    POOL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Start the reader thread; the init does this before the command runs, so that a fork bomb
-/// at a pids limit cannot keep it from existing at freeze time.
-pub fn start() -> io::Result<()> {
-    let mut p = pool();
-    if p.workers[0].is_none() {
-        p.workers[0] = Some(spawn()?);
-    }
-    Ok(())
-}
-
-fn spawn() -> io::Result<Worker> {
-    let (jobs, jobs_rx) = mpsc::channel::<Job>();
-    let (replies_tx, replies) = mpsc::channel::<Reply>();
-    let slot = Arc::new(Slot::default());
-    let mine = slot.clone();
-    // The thread inherits the init's mask: every signal blocked.
-    std::thread::Builder::new()
-        .name("quiesce-evidence".into())
-        .stack_size(64 * 1024)
-        .spawn(move || serve(jobs_rx, replies_tx, &mine))?;
-    Ok(Worker { jobs, replies, slot })
-}
-
-fn serve(jobs: mpsc::Receiver<Job>, replies: mpsc::Sender<Reply>, slot: &Slot) {
-    for job in jobs {
-        {
-            let mut s = slot.lock();
-            if s.abandoned {
-                break;
-            }
-            s.current = Some((job.pid, job.start_time));
-        }
-        let read = read(&job);
-        {
-            let mut s = slot.lock();
-            s.current = None;
-            if s.abandoned {
-                break;
-            }
-        }
-        match read {
-            Ok(r) => {
-                if replies.send(r).is_err() {
-                    break;
-                }
-            }
-            Err(e) => {
-                // This thread's filesystem IDs may be wrong now: it must do nothing more.
-                log::error!("evidence reader: {e}; that reader stops");
-                break;
-            }
-        }
-    }
-    slot.lock().done = true;
-}
-
-/// Read one process. Err only when this thread's credentials could not be restored.
-fn read(job: &Job) -> io::Result<Reply> {
-    let dir = format!("/proc/{}", job.pid);
-    let exe = read_exe(&format!("{dir}/exe"), job.creds)?;
-    let cmdline = read_prefix(&format!("{dir}/cmdline"), CMDLINE_READ).ok();
-    let service = match &job.listening {
-        Some(table) => read_service(job.pid, &dir, &table.by_inode, job.creds)?,
-        None => None,
-    };
-    // Whether the pid still named the target is settled once for the whole walk (`drop_reused`).
-    Ok(Reply { key: (job.pid, job.start_time), cmdline, exe, service })
-}
-
-/// Where a process listened (its descriptors that are listening sockets), and if anywhere, its
-/// cwd and environment. Each read as the init first, then as the process's own user.
-fn read_service(
-    pid: Pid,
-    dir: &str,
-    table: &HashMap<u64, Endpoint>,
-    creds: Option<(u32, u32)>,
-) -> io::Result<Option<ServiceRead>> {
-    let scan = || -> io::Result<Vec<Endpoint>> {
-        let mut found: Vec<Endpoint> = Vec::new();
-        for at in crate::observe::sockets::socket_inodes(pid, FD_SCAN)?.iter().filter_map(|i| table.get(i)) {
-            if !found.contains(at) && found.len() < LISTEN_KEEP {
-                found.push(at.clone());
-            }
-        }
-        Ok(found)
-    };
-    let Some(listen) = as_owner(creds, scan)? else { return Ok(None) };
-    if listen.is_empty() {
-        return Ok(None);
-    }
-    let cwd = as_owner(creds, || std::fs::read_link(format!("{dir}/cwd")))?
-        .map(|p| p.to_string_lossy().into_owned());
-    let env = as_owner(creds, || read_prefix(&format!("{dir}/environ"), ENV_READ))?;
-    Ok(Some(ServiceRead { listen, cwd, env }))
-}
-
-/// `f` as this thread is; where the kernel refuses that (root without CAP_SYS_PTRACE reading
-/// another user's process), again with the process's own filesystem IDs. Ok(None): not shown.
-/// Err only when this thread's IDs could not be switched back.
-fn as_owner<T>(creds: Option<(u32, u32)>, f: impl Fn() -> io::Result<T>) -> io::Result<Option<T>> {
-    match f() {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
-            Some((uid, gid)) => Ok(creds::as_fs_user(uid, gid, f)?.and_then(Result::ok)),
-            None => Ok(None),
-        },
-        Err(_) => Ok(None),
-    }
-}
-
 /// What was read belongs to a target only if its pid still named it. A pid names another
 /// process only once the kernel hands it out again, which moves the namespace's pid counter
 /// past it (nothing in the container may set it: see consistency). So only the pids handed out
@@ -368,42 +188,6 @@ fn drop_reused(out: &mut Gathered, since: Option<Pid>) {
             e.truncated = false;
             e.unreadable = true;
         }
-    }
-}
-
-thread_local! {
-    /// One read buffer per reader thread: a fresh `limit`-sized buffer per process costs an
-    /// allocation and page faults each time with musl's allocator, which hands freed pages back.
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The first `limit` bytes of a file, and whether there was more; reads no further.
-fn read_prefix(path: &str, limit: usize) -> io::Result<(Vec<u8>, bool)> {
-    let f = std::fs::File::open(path)?;
-    SCRATCH.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        buf.clear();
-        buf.reserve(limit + 1);
-        f.take(limit as u64 + 1).read_to_end(&mut buf)?;
-        let more = buf.len() > limit;
-        Ok((buf[..buf.len().min(limit)].to_vec(), more))
-    })
-}
-
-/// The exe link. Root without CAP_SYS_PTRACE (Docker's default) may not read another user's;
-/// with this thread's filesystem IDs switched to the process's own it may, if the process is
-/// dumpable. None: no exe (zombie, kernel thread), not shown, or gone.
-fn read_exe(link: &str, creds: Option<(u32, u32)>) -> io::Result<Option<String>> {
-    let lossy = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
-    match std::fs::read_link(link) {
-        Ok(p) => Ok(Some(lossy(p))),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)) => match creds {
-            Some((uid, gid)) => {
-                Ok(creds::as_fs_user(uid, gid, || std::fs::read_link(link))?.and_then(Result::ok).map(lossy))
-            }
-            None => Ok(None),
-        },
-        Err(_) => Ok(None),
     }
 }
 
@@ -494,7 +278,7 @@ fn finish(t: Target, reply: Option<Reply>) -> (Evidence, Option<Service>) {
         );
         return (e, None);
     }
-    let service = r.service.map(|ServiceRead { listen, cwd, env }| {
+    let service = r.service.map(|crate::observe::evidence::ServiceRead { listen, cwd, env }| {
         let mut truncated = false;
         let cwd = cwd.map(|c| {
             let (c, cut) = keep_str(&c, EXE_KEEP);
@@ -694,8 +478,8 @@ pub fn gather(
 /// one, costs nothing more). A socket is its maker's: a process that holds one another user made
 /// (a server that bound as root and dropped to its own user) is not recognised by it, and its
 /// first process, which bound it, is.
-struct Listening {
-    by_inode: HashMap<u64, Endpoint>,
+pub(super) struct Listening {
+    pub(super) by_inode: HashMap<u64, Endpoint>,
     uids: Vec<u32>,
 }
 
@@ -788,39 +572,6 @@ mod tests {
         assert!(cut && serde_json::to_string(&args).unwrap().len() <= 1000);
         // Nothing fits: nothing kept.
         assert_eq!(keep_args(b"abc", 3), (vec![], true));
-    }
-
-    #[test]
-    fn prefix_reads_stop_at_the_limit() {
-        let p = std::env::temp_dir().join(format!("quiesce-prefix-{}", std::process::id()));
-        std::fs::write(&p, vec![7u8; 10_000]).unwrap();
-        let (b, more) = read_prefix(p.to_str().unwrap(), 4096).unwrap();
-        assert_eq!((b.len(), more), (4096, true));
-        std::fs::write(&p, vec![7u8; 4096]).unwrap();
-        assert!(!read_prefix(p.to_str().unwrap(), 4096).unwrap().1);
-        std::fs::remove_file(&p).unwrap();
-    }
-
-    #[test]
-    fn filesystem_ids_switch_for_one_thread_and_come_back() {
-        let fs_line = || {
-            let st = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-            let uid = st.lines().find(|l| l.starts_with("Uid:")).unwrap().to_string();
-            let gid = st.lines().find(|l| l.starts_with("Gid:")).unwrap().to_string();
-            (
-                uid.split_whitespace().nth(4).unwrap().to_string(),
-                gid.split_whitespace().nth(4).unwrap().to_string(),
-            )
-        };
-        std::thread::spawn(move || {
-            let inside = creds::as_fs_user(4242, 4343, fs_line).unwrap().expect("the switch takes as root");
-            assert_eq!(inside, ("4242".to_string(), "4343".to_string()));
-            assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
-        })
-        .join()
-        .unwrap();
-        // The process's other threads never changed.
-        assert_eq!(fs_line(), ("0".to_string(), "0".to_string()));
     }
 
     #[test]

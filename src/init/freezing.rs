@@ -8,7 +8,7 @@ use crate::freeze;
 use crate::init::attesting::{self, Worker};
 use crate::init::reaper::Reaper;
 use crate::init::run::Sandbox;
-use crate::init::tracking::track;
+use crate::init::tracking::{track, Oom, Refresh};
 use crate::kernel::process::{self, Pid};
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs::reader::Reader;
@@ -60,6 +60,7 @@ pub(super) fn do_freeze(
         phases_ms: Default::default(),
         history: sb.tracking.policy.history.len(),
         unreaped_zombies: 0,
+        started_unix_ms: 0,
         attestation: None,
     };
     if !announce(sb, &mut status) {
@@ -77,6 +78,8 @@ pub(super) fn do_freeze(
     };
     // The freeze reads its observations into a table of its own: `sb.tracking.seen` stays the
     // last tracking refresh, which the next freeze within the interval starts from.
+    status.started_unix_ms =
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let mut out = freeze::run::run(
         &mut sb.settings.freeze,
         &mut sb.tracking.policy,
@@ -193,7 +196,9 @@ fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
 
 /// The stop starts from the last refresh: one that is older than the interval, or was cut off
 /// (a fork storm, a signal), may not have seen a sandbox process that lives now, nor where it
-/// came from. Look again first, within a bound: a storm must not hold the freeze back.
+/// came from. Look again first, within a bound: a storm must not hold the freeze back. The look
+/// raises no OOM score: the freeze kills what it would raise, and the pass cost a thousand
+/// newcomers' freeze 60 ms before its stop here (the next refresh raises what survives).
 fn look_again(sb: &mut Sandbox, id: &str) {
     let stale = match (sb.tracking.tracked_at, sb.settings.track_interval) {
         (Some(at), Some(every)) => at.elapsed() > every,
@@ -201,7 +206,7 @@ fn look_again(sb: &mut Sandbox, id: &str) {
     };
     if stale {
         let until = Instant::now() + FRESH_LOOK;
-        if !track(&mut sb.tracking, &|| Instant::now() >= until) {
+        if track(&mut sb.tracking, &|| Instant::now() >= until, Oom::Later) != Refresh::Done {
             log::warn!("freeze {id}: no fresh observation within {FRESH_LOOK:?}; starting from the last one");
         }
     }

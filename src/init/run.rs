@@ -13,7 +13,7 @@ use crate::init::attesting::{self, Worker};
 use crate::init::freezing::{attestation_ended, attestation_overdue, do_freeze};
 use crate::init::reaper::Reaper;
 use crate::init::shutdown::{remap, Shutdown};
-use crate::init::tracking::{take_launch, track, Schedule, Tracking};
+use crate::init::tracking::{take_launch, track, Oom, Schedule, Tracking};
 use crate::kernel::{
     process::Pid,
     signal::{self, SignalFd},
@@ -209,8 +209,9 @@ impl Pid1 {
             if let Err(e) = sb.state.make_durable(std::mem::take(&mut sb.unsynced)) {
                 log::error!("cannot sync the start-time files in {}: {e}", sb.state.path.display());
             }
-            track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD));
-            schedule.start(sb.settings.track_interval);
+            let began = Instant::now();
+            let how = track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
+            schedule.done(began, sb.settings.track_interval, how);
         }
         Pid1 {
             reaper,
@@ -333,8 +334,8 @@ impl Pid1 {
             && self.schedule.due(now, child)
             && !signal::other_signal_pending(libc::SIGCHLD)
         {
-            track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD));
-            self.schedule.done(now, sb.settings.track_interval);
+            let how = track(&mut sb.tracking, &|| signal::other_signal_pending(libc::SIGCHLD), Oom::Raise);
+            self.schedule.done(now, sb.settings.track_interval, how);
         }
     }
 }

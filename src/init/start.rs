@@ -2,7 +2,7 @@
 //! (state dir, key, evidence reader, credential switcher) is set up for the init's loop.
 
 use crate::decide::{newcomers, taint};
-use crate::freeze::{self, cred, evidence};
+use crate::freeze::{self, cred, readers};
 use crate::init::{self, logging};
 use crate::kernel::{capcheck, creds, process, signal, stat, users};
 use crate::observe::procs;
@@ -242,7 +242,7 @@ pub fn setup_sandbox(a: &cli::args::InitArgs, uids: Vec<u32>) -> Result<init::ru
     let timeout = cli::args::seconds("--freeze-timeout", a.freeze.freeze_timeout)?;
     let interval = cli::args::seconds("--track-interval", a.freeze.track_interval)?;
     let state = open_state(&a.state.state_dir)?;
-    evidence::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
+    readers::start().map_err(|e| format!("cannot start the evidence reader thread: {e}"))?;
     let key = signing_key(a.freeze.signing_key.as_deref())?;
     let pub_pem = marker::jws::public_pem(&key.verifying_key());
     // Synced once the command runs (init::run::run): no reader needs more than the rename.

@@ -34,25 +34,26 @@ impl Schedule {
         Schedule { next: None, last: Instant::now() }
     }
 
-    /// The first refresh is done: the next one is an interval away.
-    pub(super) fn start(&mut self, interval: Option<Duration>) {
-        self.next = interval.map(|i| Instant::now() + i);
-    }
-
     /// A refresh is due at `now`; `child`: SIGCHLD came this turn.
     pub(super) fn due(&self, now: Instant, child: bool) -> bool {
         let periodic = self.next.is_some_and(|t| now >= t);
         // Under a fork storm SIGCHLD comes constantly: refresh at most every 100 ms for it.
-        let on_child = child && now.duration_since(self.last) >= Duration::from_millis(100);
+        let on_child = child && now.duration_since(self.last) >= RETRY;
         periodic || on_child
     }
 
-    /// A refresh began at `now`.
-    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>) {
+    /// A refresh began at `now` and ended as `how`. One cut off (by a signal: a launch
+    /// record's, a freeze request's) is tried again `RETRY` later, not an interval later: a
+    /// freeze within that interval would otherwise find no fresh refresh and make its own
+    /// before its stop (`look_again`). One that failed waits the interval, as before.
+    pub(super) fn done(&mut self, now: Instant, interval: Option<Duration>, how: Refresh) {
         self.last = now;
-        self.next = interval.map(|i| now + i);
+        self.next = interval.map(|i| now + if how == Refresh::Cut { i.min(RETRY) } else { i });
     }
 }
+
+/// How soon a cut-off refresh is tried again; SIGCHLD brings one no sooner either.
+const RETRY: Duration = Duration::from_millis(100);
 
 /// Refresh the history table: remember every sandbox process seen now. Processes already seen
 /// are re-read from their stat line only, which keeps the periodic cost small.
@@ -60,27 +61,60 @@ impl Schedule {
 /// Under a fork storm the init gets a tiny share of the CPU and a refresh can take seconds, so a
 /// pending signal other than SIGCHLD interrupts it: a freeze request or SIGTERM comes first.
 /// (Only root may signal the init, so the sandbox cannot use this to starve the refresh.)
-/// Returns whether the refresh completed.
-pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool) -> bool {
+/// `oom`: raise the newcomers' OOM scores after it (`Oom::Raise`); a freeze's own look leaves
+/// that to the next refresh (`Oom::Later`): it kills them anyway, and a pass over a thousand
+/// newcomers cost the freeze tens of milliseconds before its stop.
+/// Returns how the refresh ended.
+pub(super) fn track(t: &mut Tracking, abort: &dyn Fn() -> bool, oom: Oom) -> Refresh {
     let reader = Reader::default();
+    let began = Instant::now();
     // Read into the last table's room, which stays the last complete observation until this one
     // completes: the freeze starts from it, and decides from it who may vouch.
     match reader.refresh(&mut t.seen, &[], Some(abort)) {
         Ok(true) => {
+            let read = began.elapsed();
             let tainted = t.policy.classify(&t.seen);
             t.policy.remember(&t.seen, &tainted);
-            if !t.oom.raise(reader.root(), &t.seen, &tainted, abort) {
+            let raised = Instant::now();
+            if oom == Oom::Raise && !t.oom.raise(reader.root(), &t.seen, &tainted, abort) {
                 log::debug!("raising the sandbox's oom_score_adj interrupted: the rest at the next refresh");
             }
             t.launchers.prune(&t.seen);
             t.tracked_at = Some(Instant::now());
-            return true;
+            log::debug!(
+                "tracking: {} processes read in {read:?}, {} sandbox, oom pass {:?}",
+                t.seen.len(),
+                tainted.len(),
+                raised.elapsed()
+            );
+            Refresh::Done
         }
-        Ok(false) => log::debug!("tracking interrupted"),
-        Err(e) => log::warn!("tracking: {e}"),
+        Ok(false) => {
+            log::debug!("tracking interrupted after {:?}", began.elapsed());
+            t.tracked_at = None;
+            Refresh::Cut
+        }
+        Err(e) => {
+            log::warn!("tracking: {e}");
+            t.tracked_at = None;
+            Refresh::Failed
+        }
     }
-    t.tracked_at = None;
-    false
+}
+
+/// How a tracking refresh ended: went through, cut off by `abort`, or failed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Refresh {
+    Done,
+    Cut,
+    Failed,
+}
+
+/// Whether a tracking refresh raises the OOM scores of the sandbox processes it finds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Oom {
+    Raise,
+    Later,
 }
 
 /// Hold a launch record: its process is the sandbox's from its first instruction (history), and
@@ -145,5 +179,29 @@ pub(super) fn take_launch(t: &mut Tracking, l: &Launch) {
         };
         t.launchers.add_above(parent.pid, parent.start_time, l.start_time);
         cur = parent.pid;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refresh cut off by a signal is due again soon; one that went through or failed waits
+    /// the interval; with no interval none is scheduled.
+    #[test]
+    fn a_cut_refresh_is_due_again_soon() {
+        let (now, every) = (Instant::now(), Some(Duration::from_secs(1)));
+        let next = |how| {
+            let mut s = Schedule::new();
+            s.done(now, every, how);
+            s.next
+        };
+        assert_eq!(next(Refresh::Cut), Some(now + RETRY));
+        assert_eq!(next(Refresh::Done), Some(now + Duration::from_secs(1)));
+        assert_eq!(next(Refresh::Failed), Some(now + Duration::from_secs(1)));
+        let mut s = Schedule::new();
+        s.done(now, None, Refresh::Cut);
+        assert_eq!(s.next, None);
+        assert!(!s.due(now + RETRY, false) && s.due(now + RETRY, true));
     }
 }

@@ -75,6 +75,25 @@ pub fn oom_first() -> io::Result<()> {
     std::fs::write("/proc/self/oom_score_adj", "1000")
 }
 
+/// Run this thread, and every process it starts, at the idle CPU policy (SCHED_IDLE), with no
+/// way back for them: RLIMIT_NICE goes to 0 (soft and hard) first, and then the kernel lets a
+/// thread leave SCHED_IDLE only with CAP_SYS_NICE (`can_nice`: its nice value must be within
+/// what RLIMIT_NICE allows, and 0 allows none). Lowering needs no privilege. Err names the step.
+pub fn idle_for_good() -> Result<(), String> {
+    let none = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a valid rlimit struct, read by the kernel.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NICE, &none) } as _)
+        .map_err(|e| format!("RLIMIT_NICE 0: {e}"))?;
+    // SAFETY: sched_param is plain integers (musl adds fields of its own); all zero is priority 0.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    // The system call itself: musl's sched_setscheduler is a stub that fails with ENOSYS (POSIX
+    // means the process, Linux changes one thread).
+    // SAFETY: pid 0 is this thread; a valid sched_param, read by the kernel.
+    check(unsafe { libc::syscall(libc::SYS_sched_setscheduler, 0, libc::SCHED_IDLE, &param) } as _)
+        .map(|_| ())
+        .map_err(|e| format!("SCHED_IDLE: {e}"))
+}
+
 /// Name this process (its comm, 15 bytes at most, as ps shows it).
 pub fn set_name(name: &str) -> io::Result<()> {
     let mut buf = [0u8; 16];

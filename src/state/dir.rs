@@ -55,6 +55,10 @@ pub struct Status {
     /// that never reaps holds their pids for good. They run nothing and pass the proof.
     #[serde(default)]
     pub unreaped_zombies: usize,
+    /// When the freeze's stop began, in milliseconds of the wall clock since the epoch (0: not
+    /// begun): how long after its request a freeze started is read from outside against it.
+    #[serde(default)]
+    pub started_unix_ms: u64,
     /// The attestation of the frozen trees, when paths are named: it never changes `state`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<Attestation>,

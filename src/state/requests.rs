@@ -426,6 +426,7 @@ fn refusal(request_id: &str, why: &str) -> Status {
         phases_ms: Default::default(),
         history: 0,
         unreaped_zombies: 0,
+        started_unix_ms: 0,
         attestation: None,
     }
 }

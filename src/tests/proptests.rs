@@ -132,6 +132,7 @@ fn status() -> impl Strategy<Value = Status> {
             phases_ms,
             history: killed / 3,
             unreaped_zombies: killed / 4,
+            started_unix_ms: 0,
             attestation: None,
         })
 }

@@ -283,3 +283,41 @@ def test_an_injected_init_is_reached_through_the_second_mount_not_the_engines_pa
     finally:
         with contextlib.suppress(docker.errors.DockerException):
             ctr.remove(force=True)
+
+
+# An image's environment that leads every root exec to the agent's files, as a workspace venv
+# does (PATH) and as a shell startup file there would (BASH_ENV, which every non-interactive
+# bash sources first): each runs as root would leave /tmp/ran-ROOT-<what>.
+AGENTS_ENV = {
+    "PATH": "/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "BASH_ENV": "/workspace/.bashenv",
+}
+AGENTS_FILES = (
+    "mkdir -p /workspace/bin && "
+    "echo 'touch /tmp/ran-$(id -u)-bashenv' > /workspace/.bashenv && "
+    "printf '#!/bin/sh\\ntouch /tmp/ran-$(/usr/bin/id -u)-sh\\nexec /bin/sh \"$@\"\\n' "
+    "> /workspace/bin/sh && chmod 755 /workspace/bin/sh"
+)
+
+
+def test_the_kit_s_root_execs_run_nothing_the_image_s_environment_leads_to(
+    client: docker.DockerClient,
+) -> None:
+    from quiesce_harness import run_verifier
+
+    with support.box(client, environment=AGENTS_ENV) as b:
+        rc, out = sh(b.ctr, AGENTS_FILES, user="agent")
+        assert rc == 0, out
+        # The control: an exec that inherits the image's environment sources the agent's file.
+        rc, out = run(b.ctr, ["/bin/bash", "-c", "true"])
+        assert rc == 0 and run(b.ctr, ["ls", "/tmp"])[1].split() == ["ran-0-bashenv"], out
+        run(b.ctr, ["rm", "-f", "/tmp/ran-0-bashenv"])
+        c = Container.docker(b.id, client=client)
+        # The kit's execs: a bash of its own, a bare name, the freeze client and the gate.
+        assert c.exec(["/bin/bash", "-c", "true"]).returncode == 0
+        assert c.exec(["bash", "-c", "true"]).returncode == 0
+        r = freeze(c, "env-1", 30)
+        assert r.quiescent, r
+        done = run_verifier(c, "/bin/echo scored", r.nonce)
+        assert (done.returncode, done.stdout.strip()) == (0, b"scored"), done
+        assert run(b.ctr, ["ls", "/tmp"])[1].split() == [], "a root exec read the agent's file"

@@ -40,6 +40,31 @@ DEFAULT_STATE_DIR = "/run/quiesce"
 # those to the non-root user (so `pip install` works) often enough; only the quiesce binary is
 # looked up there (_RESOLVE), and used only when it and every directory above it are root's.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# The environment every root exec of the kit's runs with, over the image's (which every exec
+# inherits): its PATH, and nothing a file the agent may write is read through before the
+# command runs. An image's ENV BASH_ENV=/app/.bashenv (ENV for a POSIX sh) makes every
+# non-interactive bash source that file first, as root; LD_PRELOAD, LD_AUDIT and
+# LD_LIBRARY_PATH load the libraries they name into every dynamic program. Empty values turn
+# each off (bash sources no empty BASH_ENV; ld.so loads nothing from an empty list).
+SAFE_ENV: Mapping[str, str] = {
+    "PATH": SAFE_PATH,
+    "BASH_ENV": "",
+    "ENV": "",
+    "LD_PRELOAD": "",
+    "LD_AUDIT": "",
+    "LD_LIBRARY_PATH": "",
+}
+
+
+def safe_env(env: Mapping[str, str] | None, *, keep_path: bool = False) -> dict[str, str]:
+    """`env` with SAFE_ENV over it; with keep_path, a PATH `env` names stays (the caller's
+    own, not the image's)."""
+    out = {**(env or {}), **SAFE_ENV}
+    if keep_path and env and "PATH" in env:
+        out["PATH"] = env["PATH"]
+    return out
+
+
 # Where a relative `binary` (the default "quiesce") is looked for: Docker's default PATH.
 _BINARY_DIRS = "/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin"
 _LOOKED_IN = ":".join(_BINARY_DIRS.split())
@@ -378,8 +403,9 @@ class Container:
 
         `env` is set in the exec's environment, over the container's (not with kubectl, nor
         with a from_exec function that takes no `env`). Nothing is looked up through the
-        image's PATH: PATH is set to SAFE_PATH where the environment can be set, and a bare
-        argv[0] runs through `/bin/sh`, which sets SAFE_PATH before it looks the name up.
+        image's PATH: the environment is SAFE_ENV's where it can be set (PATH, and no BASH_ENV,
+        ENV or LD_* of the image's), and a bare argv[0] runs through `/bin/sh`, which sets
+        SAFE_PATH before it looks the name up.
         `image_path=True` leaves both as given (argv[0] must then be absolute): the
         verifier's command, the task's own, keeps the image's PATH.
         """
@@ -406,7 +432,7 @@ class Container:
     def _env(self, env: Mapping[str, str] | None, image_path: bool) -> Mapping[str, str] | None:
         if image_path or not self.sets_env:
             return env
-        return {**(env or {}), "PATH": SAFE_PATH}
+        return safe_env(env)
 
     def _exec(
         self,

@@ -814,8 +814,10 @@ class Container:
         directory is `/` is fixed: the file is a mount point (rename and unlink give EBUSY),
         `/` cannot be renamed, and mounting over it needs CAP_SYS_ADMIN, which the engines'
         default capability set lacks. Read from the engine's record (Docker, Compose, Podman):
-        nothing the container says is believed. InstallFailed otherwise; for kubectl and
-        from_exec sandboxes, whose mounts the kit cannot read, InstallFailed too.
+        nothing the container says is believed. A container run privileged, or given
+        SYS_ADMIN, SYS_PTRACE or SYS_MODULE (or ALL), is refused too: with those root in it
+        mounts over the path, traces PID 1 or loads a module. InstallFailed otherwise; for
+        kubectl and from_exec sandboxes, whose mounts the kit cannot read, InstallFailed too.
         """
         from pathlib import PurePosixPath
 
@@ -838,7 +840,8 @@ class Container:
                 "directory a root (or setuid) process in the container can rename and replace: "
                 + fix
             )
-        mounts = [m for m in self.inspect().get("Mounts") or [] if isinstance(m, dict)]
+        info = self.inspect()
+        mounts = [m for m in info.get("Mounts") or [] if isinstance(m, dict)]
         found = [m for m in mounts if m.get("Destination") == self.binary]
         if not found:
             raise InstallFailed(
@@ -850,6 +853,17 @@ class Container:
             raise InstallFailed(
                 f"{self.name}: {self.binary} is a {'writable ' if m.get('RW') else ''}"
                 f"{m.get('Type') or '?'} mount, not a read-only bind mount of the binary: {fix}"
+            )
+        host = info.get("HostConfig") or {}
+        added = {str(c).upper().removeprefix("CAP_") for c in host.get("CapAdd") or []}
+        given = sorted(added & _WAY_IN_CAPS)
+        if host.get("Privileged") or given:
+            raise InstallFailed(
+                f"{self.name}: the container runs "
+                + ("privileged" if host.get("Privileged") else "with " + ", ".join(given))
+                + f", with which root in it can mount over {self.binary} (SYS_ADMIN), trace PID "
+                "1 (SYS_PTRACE) or load a module (SYS_MODULE): drop --privileged and those "
+                "--cap-add (compose: privileged, cap_add)"
             )
 
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
@@ -916,6 +930,11 @@ class Container:
 
 
 ExecFn = Callable[[Sequence[str]], ExecResult]
+
+# Capabilities that let root in the container redirect or reach past a read-only bind mount in
+# /: a mount over it (SYS_ADMIN), a tracer of the init (SYS_PTRACE), the kernel itself
+# (SYS_MODULE); check_way_in refuses a container given any (or ALL, or --privileged).
+_WAY_IN_CAPS = frozenset({"ALL", "SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE"})
 
 # Run as root with a command name: print `path REAL` (its real path, the first executable of
 # that name in _BINARY_DIRS) when it and every directory above it are root's and writable by

@@ -15,7 +15,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 
-class DefaultUserAgent(BaseAgent):
+class DefaultUserAgent(BaseAgent):  # type: ignore[misc]
     @staticmethod
     def name() -> str:
         return "default-user-agent"

@@ -843,11 +843,11 @@ def test_a_sandbox_that_reaches_into_one_frozen_before_it_is_frozen_again(
         guards = []
         for name, ctr in zip(("a", "b"), ctrs, strict=True):
             c = Container.docker(str(ctr.id), binary="/quiesce", client=client)
-            support.until(
-                lambda c=c: c.exec(["test", "-s", "/run/quiesce/signing.pub"]).returncode == 0,
-                15,
-                "no key",
-            )
+
+            def keyed(c: Container = c) -> bool:
+                return c.exec(["test", "-s", "/run/quiesce/signing.pub"]).returncode == 0
+
+            support.until(keyed, 15, "the init published no key")
             key = c.read_file("/run/quiesce/signing.pub").decode()
             guards.append(
                 hook._Guard(name, c, users=["4242"], quiesce=hook._Quiesce(c, key, "init", False))

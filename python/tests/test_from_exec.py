@@ -92,7 +92,7 @@ def test_run_verifier_refuses_a_marker_without_its_nonce_before_any_exec() -> No
     from quiesce_harness.errors import MarkerInvalid
 
     s = Sandbox()
-    c = Container.from_exec(s.answer, binary="/sbin/quiesce")
+    c = Container.from_exec(s.sync, binary="/sbin/quiesce")
     for given in ({"marker": "m"}, {"public_key": "k", "marker": "m"}, {"public_key": "k"}):
         with pytest.raises(MarkerInvalid) as e:
             run_verifier(c, ["true"], **given)  # type: ignore[arg-type]

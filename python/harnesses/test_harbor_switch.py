@@ -700,14 +700,15 @@ def test_a_path_the_agent_owns_runs_nothing_of_its_as_root(
     assert (o.reward, o.exception) == (0.0, None), o
 
 
+@pytest.mark.parametrize("via", [[], SIDECAR])
 def test_a_startup_file_the_agent_owns_runs_nothing_of_its_as_root(
-    tmp_path: Path, images: dict[str, str]
+    tmp_path: Path, images: dict[str, str], via: list[str]
 ) -> None:
     # The image's BASH_ENV names the agent's file: no root exec of Harbor's or the kit's once
-    # the agent ran (Harbor's checks, the verifier dirs' reset, the gate's bash) sources it;
-    # each runs with the kit's SAFE_ENV. (The sidecar's, the kit's execs: test_way_in_docker.)
+    # the agent ran (Harbor's checks, the verifier dirs' reset, the sidecar's freeze client
+    # through Harbor's `bash -c`, the gate's bash) sources it; each runs with the kit's SAFE_ENV.
     task = make_task(tmp_path, "bash-env", images["bash_env"], BASH_ENV_PLANTER)
-    o = start_one(tmp_path, task, *SWITCH, *PIDS)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
     assert (o.reward, o.exception) == (0.0, None), (o.message, o.log[-1500:])
 
 

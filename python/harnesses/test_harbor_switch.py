@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import docker
 import docker.errors
@@ -122,6 +123,21 @@ PATH_PLANTER = (
     "cp /app/bin/.fake /app/bin/$n; done\n"
 )
 
+# An image whose environment names a startup file the agent can write (BASH_ENV, as PATH names
+# a venv in the workspace above): every exec inherits it, and every non-interactive bash
+# (Harbor wraps each command in `bash -c`) sources it first, as whoever runs.
+BASH_ENV_THE_AGENTS = (
+    "RUN touch /app/.bashenv && chown agent /app/.bashenv\nENV BASH_ENV=/app/.bashenv\n"
+)
+# Its agent solves nothing and writes there a root loop that copies the expected answer once
+# the tests arrive, started by any bash run as root.
+BASH_ENV_HOOK = (
+    'if [ "$(id -u)" = 0 ]; then setsid sh -c \'for i in $(seq 1200); do '
+    "[ -e /tests/expected.txt ] && cp /tests/expected.txt /app/.a$$ && mv -f /app/.a$$ "
+    "/app/answer.txt; sleep 0.05; done' </dev/null >/dev/null 2>&1 & fi\n"
+)
+BASH_ENV_PLANTER = f"#!/bin/sh\nprintf '%s' {shlex.quote(BASH_ENV_HOOK)} > /app/.bashenv\n"
+
 
 def _build(client: docker.DockerClient, tag: str, extra: str) -> None:
     with tempfile.TemporaryDirectory() as ctx:
@@ -140,6 +156,7 @@ def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
         "spawner": f"{support.PREFIX}hb-spawner-{run}",
         "tests": f"{support.PREFIX}hb-tests-{run}",
         "path": f"{support.PREFIX}hb-path-{run}",
+        "bash_env": f"{support.PREFIX}hb-bashenv-{run}",
     }
     _build(client, tags["plain"], "")
     _build(client, tags["shell"], SHELL_PID1)
@@ -147,6 +164,7 @@ def images(client: docker.DockerClient) -> Iterator[dict[str, str]]:
     _build(client, tags["spawner"], SPAWNER)
     _build(client, tags["tests"], TESTS_THE_AGENTS)
     _build(client, tags["path"], PATH_THE_AGENTS)
+    _build(client, tags["bash_env"], BASH_ENV_THE_AGENTS)
     yield tags
     for t in tags.values():
         with contextlib.suppress(docker.errors.DockerException):
@@ -323,6 +341,23 @@ BASH_REWRITER = (
     "#!/bin/sh\nset -e\nmv /bin/bash /bin/bash.real\n"
     f"printf '%s' {shlex.quote(WRAPPER)} > /bin/bash\nchmod 755 /bin/bash\n"
 )
+
+
+@pytest.mark.parametrize("user", ["root", None], ids=["named-root", "unnamed"])
+def test_a_root_agent_that_names_its_user_is_frozen(
+    tmp_path: Path, images: dict[str, str], user: str | None
+) -> None:
+    # Terminus-2 runs every command with user=environment.default_user, which Harbor sets to
+    # the task's `[agent] user`: "root" here, None where the task names none. Both are root
+    # agents, and both launches are tagged: the loop is killed by the freeze.
+    task = make_task(tmp_path, "named-root", images["plain"], "#!/bin/sh\ntrue\n", user=user)
+    out = tmp_path / "trials"
+    argv = ["trials", "start", "-p", str(task), "-a", "harbor_agents:DefaultUserAgent"]
+    with mock.patch.dict(os.environ, {"DEFAULT_USER_AGENT_CMD": HOSTILE}):
+        [o] = harbor([*argv, "--trials-dir", str(out), *SWITCH, *PIDS, *ROOT], out)
+    assert o.reward in (None, 0.0), (o.message, o.log[-1500:])
+    kills = re.findall(r"quiescent in [0-9.]+ s \(killed ([0-9]+)", o.log)
+    assert kills and int(kills[0]) >= 1, (o.exception, o.message, o.log[-1500:])
 
 
 def test_a_root_agent_s_rewritten_bash_runs_nothing_untagged_before_the_tests(
@@ -663,6 +698,18 @@ def test_a_path_the_agent_owns_runs_nothing_of_its_as_root(
     task = make_task(tmp_path, "path", images["path"], PATH_PLANTER)
     o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
     assert (o.reward, o.exception) == (0.0, None), o
+
+
+@pytest.mark.parametrize("via", [[], SIDECAR])
+def test_a_startup_file_the_agent_owns_runs_nothing_of_its_as_root(
+    tmp_path: Path, images: dict[str, str], via: list[str]
+) -> None:
+    # The image's BASH_ENV names the agent's file: no root exec of Harbor's or the kit's once
+    # the agent ran (Harbor's checks, the verifier dirs' reset, the sidecar's freeze client
+    # through Harbor's `bash -c`, the gate's bash) sources it; each runs with the kit's SAFE_ENV.
+    task = make_task(tmp_path, "bash-env", images["bash_env"], BASH_ENV_PLANTER)
+    o = start_one(tmp_path, task, *SWITCH, *PIDS, *via)
+    assert (o.reward, o.exception) == (0.0, None), (o.message, o.log[-1500:])
 
 
 # --- services the tests need: the agent's handed over to them (hand_over_services=true) --------

@@ -173,8 +173,8 @@ def test_quiesced_freezes_every_service_of_the_sample(
     log = accuracy_of(tmp_path, image, scorer, services=2, where="other")
     assert log.status == "success"
     assert log.results.scores[0].metrics["accuracy"].value == 0.0
-    assert len(res) == 2 and all(r.state == "quiescent" for r in res)
-    assert sum(r.killed for r in res) >= 1
+    # The last pass's results: one that killed nothing (the forger died in the first).
+    assert len(res) == 2 and all(r.state == "quiescent" and r.killed == 0 for r in res)
 
 
 def test_quiesced_checks_each_marker_against_the_kept_key(
@@ -326,7 +326,8 @@ def inspect_eval(
     full = {k: v for k, v in os.environ.items() if k != "INSPECT_REQUIRED_HOOKS"} | env
     p = subprocess.run(argv, cwd=tmp_path, env=full, capture_output=True, timeout=600, check=False)
     found = list_eval_logs(str(logs))
-    assert found, f"inspect eval wrote no log (exit {p.returncode}): {p.stderr.decode()[-2000:]}"
+    said = (p.stdout + p.stderr).decode(errors="replace")[-2000:]
+    assert found, f"inspect eval wrote no log (exit {p.returncode}): {said}"
     return read_eval_log(found[0])
 
 
@@ -456,8 +457,10 @@ def test_switch_on_freezes_every_service_of_the_sample(tmp_path: Path, task_imag
     assert score_of(s["hostile"]) == INCORRECT
     assert score_of(s["honest"]) == CORRECT
     infos = [e.data for e in s["hostile"].events if e.event == "info" and e.source == "quiesce"]
-    assert sorted(i["sandbox"] for i in infos) == ["default", "other"], infos
+    # Every sandbox in each pass, until a pass after the first killed nothing (two here).
+    assert [i["sandbox"] for i in infos] == ["default", "other"] * 2, infos
     assert all(i["state"] == "quiescent" for i in infos) and sum(i["killed"] for i in infos) >= 1
+    assert [i["killed"] for i in infos[2:]] == [0, 0], infos
 
 
 # --- A task whose compose service runs the agent as its `user:`: the container's PID 1 is the
@@ -795,3 +798,76 @@ def test_rewritten_file_is_the_kits_and_names_nothing_of_its_own(
     assert "name" not in doc["networks"]["default"]
     assert doc["networks"]["mine"]["name"] == "qhk-given"
     assert doc["services"]["default"]["entrypoint"][-2:] == ["sleep", "infinity"]
+
+
+# --- Two sandboxes frozen in turn: one reaches into the other after its freeze -----------------
+
+# A's root service (no sandbox process: the freeze leaves it; it forks nothing until it starts
+# a session): for each request on the pipe both share, once A's marker is signed, a session of
+# the sandbox user in A (at most 3).
+LOGIN_SERVICE = (
+    "n=0; exec 3<>/shared/requests; while read -r _ <&3; do "
+    '[ -e /run/quiesce/quiescence.jws ] && [ "$n" -lt 3 ] || continue; n=$((n+1)); '
+    "setpriv --reuid=4242 --regid=4242 --clear-groups setsid sh -c 'while :; do sleep 0.1; done' "
+    "</dev/null >/dev/null 2>&1 & done"
+)
+# The agent in B: a request every 5 ms while it lives.
+LOGGER_IN = "while :; do echo > /shared/requests; sleep 0.005; done"
+
+
+def test_a_sandbox_that_reaches_into_one_frozen_before_it_is_frozen_again(
+    client: docker.DockerClient, tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+
+    from quiesce_harness import Container
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.mkfifo(shared / "requests", 0o666)
+    (shared / "requests").chmod(0o666)
+    bin_ = str(support.need_binary())
+    ctrs = [
+        support.run_container(
+            client,
+            "debian:bookworm-slim",
+            ["--sandbox-user", "4242", "--", "sleep", "infinity"],
+            kind=f"seq-{name}-",
+            entrypoint=["/quiesce"],
+            volumes=[f"{bin_}:/quiesce:ro", f"{shared}:/shared:rw"],
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        guards = []
+        for name, ctr in zip(("a", "b"), ctrs, strict=True):
+            c = Container.docker(str(ctr.id), binary="/quiesce", client=client)
+
+            def keyed(c: Container = c) -> bool:
+                return c.exec(["test", "-s", "/run/quiesce/signing.pub"]).returncode == 0
+
+            support.until(keyed, 15, "the init published no key")
+            key = c.read_file("/run/quiesce/signing.pub").decode()
+            guards.append(
+                hook._Guard(name, c, users=["4242"], quiesce=hook._Quiesce(c, key, "init", False))
+            )
+        a, b = ctrs
+        a.exec_run(["/bin/sh", "-c", LOGIN_SERVICE], detach=True)
+        b.exec_run(["/bin/sh", "-c", LOGGER_IN], user="4242", detach=True)
+        support.until(lambda: sessions(client, b) >= 1, 10, "B's agent did not start")
+        results = asyncio.run(hook._freeze_all(guards))
+        assert [r.state for r in results] == ["quiescent", "quiescent"], results
+        time.sleep(0.3)
+        assert sessions(client, a) == 0, "a session B started in A after A's freeze lives"
+        # Every pass after the first killed what the one before it left; the last killed none.
+        assert [r.killed for r in results] == [0, 0], results
+    finally:
+        for ctr in ctrs:
+            ctr.remove(force=True)
+
+
+def sessions(client: docker.DockerClient, ctr: Any) -> int:
+    """Live processes of UID 4242 in the container, by `docker top` (no exec)."""
+    top = client.api.top(str(ctr.id), ps_args="-o pid,uid,stat")
+    return sum(1 for p in top["Processes"] or [] if p[1] == "4242" and not p[2].startswith("Z"))

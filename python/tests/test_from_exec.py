@@ -86,6 +86,20 @@ def test_every_method_through_the_callers_exec(kind: str) -> None:
     assert done.returncode == 0 and s.calls[-1][0][:2] == ["/usr/sbin/quiesce", "verify"]
 
 
+def test_run_verifier_refuses_a_marker_without_its_nonce_before_any_exec() -> None:
+    # Without the nonce the replay check is skipped: a genuine marker of an earlier freeze of
+    # this container would pass the kept key.
+    from quiesce_harness.errors import MarkerInvalid
+
+    s = Sandbox()
+    c = Container.from_exec(s.sync, binary="/sbin/quiesce")
+    for given in ({"marker": "m"}, {"public_key": "k", "marker": "m"}, {"public_key": "k"}):
+        with pytest.raises(MarkerInvalid) as e:
+            run_verifier(c, ["true"], **given)  # type: ignore[arg-type]
+        assert e.value.check == "nonce", e.value
+    assert s.calls == []
+
+
 def test_an_exec_function_that_takes_env_gets_run_verifiers() -> None:
     seen: list[Mapping[str, str] | None] = []
 

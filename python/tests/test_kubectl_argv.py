@@ -107,7 +107,7 @@ def test_run_verifier_puts_the_verifier_behind_quiesce_verify(kubectl: Path) -> 
     assert argv == [
         "exec", "-n", "evals", "task-0", "-c", "main", "--",
         "/sbin/quiesce", "verify", "--nonce", "n-k8s", "--sandbox-user", "agent",
-        "--", "sh", "-c", "pytest /tests",
+        "--", "/bin/sh", "-c", "pytest /tests",
     ]  # fmt: skip
 
 

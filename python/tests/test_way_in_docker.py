@@ -17,6 +17,7 @@ import shlex
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import docker
 import docker.errors
@@ -49,10 +50,13 @@ PLANT = (
 
 @contextlib.contextmanager
 def mounted(
-    client: docker.DockerClient, command: list[str], entrypoint: list[str] | None = None
+    client: docker.DockerClient,
+    command: list[str],
+    entrypoint: list[str] | None = None,
+    **run: Any,
 ) -> Iterator[DockerContainer]:
     """debian:bookworm-slim with the binary read-only at the old path and at /, and a file of
-    its own writable at /quiesce-rw; removed on exit."""
+    its own writable at /quiesce-rw; `run` to the engine; removed on exit."""
     bin_ = str(support.need_binary())
     rw = tempfile.NamedTemporaryFile(prefix="qhk-wayin-")  # noqa: SIM115 (closed below)
     ctr = support.run_container(
@@ -62,6 +66,7 @@ def mounted(
         kind="wayin-",
         volumes=[f"{bin_}:{OLD}:ro", f"{bin_}:{FIXED}:ro", f"{rw.name}:/quiesce-rw:rw"],
         entrypoint=entrypoint,
+        **run,
     )
     try:
         yield ctr
@@ -112,6 +117,25 @@ def test_a_root_exec_redirects_a_path_under_run_and_cannot_touch_a_mount_in_root
         ], out
         rc, out = run(ctr, [FIXED, "--version"])
         assert rc == 0 and out.startswith("quiesce"), out
+
+
+@pytest.mark.parametrize("cap", ["SYS_ADMIN", "CAP_SYS_PTRACE"])
+def test_a_container_whose_root_may_mount_over_the_path_or_trace_the_init_is_refused(
+    client: docker.DockerClient, cap: str
+) -> None:
+    # (--privileged is refused by the same check; this engine, itself in a container, cannot
+    # start a privileged one.)
+    with mounted(client, ["sleep", "infinity"], cap_add=[cap]) as ctr:
+        with pytest.raises(InstallFailed, match=f"with {cap.removeprefix('CAP_')}") as e:
+            Container.docker(str(ctr.id), binary=FIXED, client=client).check_way_in()
+        assert "--cap-add" in str(e.value)
+        if cap == "SYS_ADMIN":
+            # What it refuses: a root exec's mount over /quiesce; the next exec of the path
+            # runs its file.
+            plant = f"printf '%s' '{FORGED}' > /evil && chmod 755 /evil"
+            rc, out = sh(ctr, f"{plant} && mount --bind /evil {FIXED}")
+            assert rc == 0, out
+            assert run(ctr, [FIXED, "--version"])[1].strip() == "forged"
 
 
 def test_a_sandbox_user_who_may_write_run_redirects_a_path_under_run_not_one_in_root(
@@ -283,3 +307,41 @@ def test_an_injected_init_is_reached_through_the_second_mount_not_the_engines_pa
     finally:
         with contextlib.suppress(docker.errors.DockerException):
             ctr.remove(force=True)
+
+
+# An image's environment that leads every root exec to the agent's files, as a workspace venv
+# does (PATH) and as a shell startup file there would (BASH_ENV, which every non-interactive
+# bash sources first): each runs as root would leave /tmp/ran-ROOT-<what>.
+AGENTS_ENV = {
+    "PATH": "/workspace/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "BASH_ENV": "/workspace/.bashenv",
+}
+AGENTS_FILES = (
+    "mkdir -p /workspace/bin && "
+    "echo 'touch /tmp/ran-$(id -u)-bashenv' > /workspace/.bashenv && "
+    "printf '#!/bin/sh\\ntouch /tmp/ran-$(/usr/bin/id -u)-sh\\nexec /bin/sh \"$@\"\\n' "
+    "> /workspace/bin/sh && chmod 755 /workspace/bin/sh"
+)
+
+
+def test_the_kit_s_root_execs_run_nothing_the_image_s_environment_leads_to(
+    client: docker.DockerClient,
+) -> None:
+    from quiesce_harness import run_verifier
+
+    with support.box(client, environment=AGENTS_ENV) as b:
+        rc, out = sh(b.ctr, AGENTS_FILES, user="agent")
+        assert rc == 0, out
+        # The control: an exec that inherits the image's environment sources the agent's file.
+        rc, out = run(b.ctr, ["/bin/bash", "-c", "true"])
+        assert rc == 0 and run(b.ctr, ["ls", "/tmp"])[1].split() == ["ran-0-bashenv"], out
+        run(b.ctr, ["rm", "-f", "/tmp/ran-0-bashenv"])
+        c = Container.docker(b.id, client=client)
+        # The kit's execs: a bash of its own, a bare name, the freeze client and the gate.
+        assert c.exec(["/bin/bash", "-c", "true"]).returncode == 0
+        assert c.exec(["bash", "-c", "true"]).returncode == 0
+        r = freeze(c, "env-1", 30)
+        assert r.quiescent, r
+        done = run_verifier(c, "/bin/echo scored", r.nonce)
+        assert (done.returncode, done.stdout.strip()) == (0, b"scored"), done
+        assert run(b.ctr, ["ls", "/tmp"])[1].split() == [], "a root exec read the agent's file"

@@ -40,6 +40,31 @@ DEFAULT_STATE_DIR = "/run/quiesce"
 # those to the non-root user (so `pip install` works) often enough; only the quiesce binary is
 # looked up there (_RESOLVE), and used only when it and every directory above it are root's.
 SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# The environment every root exec of the kit's runs with, over the image's (which every exec
+# inherits): its PATH, and nothing a file the agent may write is read through before the
+# command runs. An image's ENV BASH_ENV=/app/.bashenv (ENV for a POSIX sh) makes every
+# non-interactive bash source that file first, as root; LD_PRELOAD, LD_AUDIT and
+# LD_LIBRARY_PATH load the libraries they name into every dynamic program. Empty values turn
+# each off (bash sources no empty BASH_ENV; ld.so loads nothing from an empty list).
+SAFE_ENV: Mapping[str, str] = {
+    "PATH": SAFE_PATH,
+    "BASH_ENV": "",
+    "ENV": "",
+    "LD_PRELOAD": "",
+    "LD_AUDIT": "",
+    "LD_LIBRARY_PATH": "",
+}
+
+
+def safe_env(env: Mapping[str, str] | None, *, keep_path: bool = False) -> dict[str, str]:
+    """`env` with SAFE_ENV over it; with keep_path, a PATH `env` names stays (the caller's
+    own, not the image's)."""
+    out = {**(env or {}), **SAFE_ENV}
+    if keep_path and env and "PATH" in env:
+        out["PATH"] = env["PATH"]
+    return out
+
+
 # Where a relative `binary` (the default "quiesce") is looked for: Docker's default PATH.
 _BINARY_DIRS = "/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin"
 _LOOKED_IN = ":".join(_BINARY_DIRS.split())
@@ -378,8 +403,9 @@ class Container:
 
         `env` is set in the exec's environment, over the container's (not with kubectl, nor
         with a from_exec function that takes no `env`). Nothing is looked up through the
-        image's PATH: PATH is set to SAFE_PATH where the environment can be set, and a bare
-        argv[0] runs through `/bin/sh`, which sets SAFE_PATH before it looks the name up.
+        image's PATH: the environment is SAFE_ENV's where it can be set (PATH, and no BASH_ENV,
+        ENV or LD_* of the image's), and a bare argv[0] runs through `/bin/sh`, which sets
+        SAFE_PATH before it looks the name up.
         `image_path=True` leaves both as given (argv[0] must then be absolute): the
         verifier's command, the task's own, keeps the image's PATH.
         """
@@ -406,7 +432,7 @@ class Container:
     def _env(self, env: Mapping[str, str] | None, image_path: bool) -> Mapping[str, str] | None:
         if image_path or not self.sets_env:
             return env
-        return {**(env or {}), "PATH": SAFE_PATH}
+        return safe_env(env)
 
     def _exec(
         self,
@@ -788,8 +814,10 @@ class Container:
         directory is `/` is fixed: the file is a mount point (rename and unlink give EBUSY),
         `/` cannot be renamed, and mounting over it needs CAP_SYS_ADMIN, which the engines'
         default capability set lacks. Read from the engine's record (Docker, Compose, Podman):
-        nothing the container says is believed. InstallFailed otherwise; for kubectl and
-        from_exec sandboxes, whose mounts the kit cannot read, InstallFailed too.
+        nothing the container says is believed. A container run privileged, or given
+        SYS_ADMIN, SYS_PTRACE or SYS_MODULE (or ALL), is refused too: with those root in it
+        mounts over the path, traces PID 1 or loads a module. InstallFailed otherwise; for
+        kubectl and from_exec sandboxes, whose mounts the kit cannot read, InstallFailed too.
         """
         from pathlib import PurePosixPath
 
@@ -812,7 +840,8 @@ class Container:
                 "directory a root (or setuid) process in the container can rename and replace: "
                 + fix
             )
-        mounts = [m for m in self.inspect().get("Mounts") or [] if isinstance(m, dict)]
+        info = self.inspect()
+        mounts = [m for m in info.get("Mounts") or [] if isinstance(m, dict)]
         found = [m for m in mounts if m.get("Destination") == self.binary]
         if not found:
             raise InstallFailed(
@@ -824,6 +853,17 @@ class Container:
             raise InstallFailed(
                 f"{self.name}: {self.binary} is a {'writable ' if m.get('RW') else ''}"
                 f"{m.get('Type') or '?'} mount, not a read-only bind mount of the binary: {fix}"
+            )
+        host = info.get("HostConfig") or {}
+        added = {str(c).upper().removeprefix("CAP_") for c in host.get("CapAdd") or []}
+        given = sorted(added & _WAY_IN_CAPS)
+        if host.get("Privileged") or given:
+            raise InstallFailed(
+                f"{self.name}: the container runs "
+                + ("privileged" if host.get("Privileged") else "with " + ", ".join(given))
+                + f", with which root in it can mount over {self.binary} (SYS_ADMIN), trace PID "
+                "1 (SYS_PTRACE) or load a module (SYS_MODULE): drop --privileged and those "
+                "--cap-add (compose: privileged, cap_add)"
             )
 
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
@@ -890,6 +930,11 @@ class Container:
 
 
 ExecFn = Callable[[Sequence[str]], ExecResult]
+
+# Capabilities that let root in the container redirect or reach past a read-only bind mount in
+# /: a mount over it (SYS_ADMIN), a tracer of the init (SYS_PTRACE), the kernel itself
+# (SYS_MODULE); check_way_in refuses a container given any (or ALL, or --privileged).
+_WAY_IN_CAPS = frozenset({"ALL", "SYS_ADMIN", "SYS_PTRACE", "SYS_MODULE"})
 
 # Run as root with a command name: print `path REAL` (its real path, the first executable of
 # that name in _BINARY_DIRS) when it and every directory above it are root's and writable by

@@ -99,7 +99,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.verifier.verifier import Verifier
 
 from .binary import binary_path
-from .container import SAFE_PATH, Container, sandbox_user_args
+from .container import SAFE_ENV, SAFE_PATH, Container, safe_env, sandbox_user_args
 from .errors import InstallFailed, MarkerInvalid, QuiesceError, Unreachable
 from .extras import need
 from .freeze import freeze
@@ -180,6 +180,8 @@ class _Guard:
     notes: list[str] = field(default_factory=list)
     # The PATH an exec of the image gets, read before the agent ran: the gated tests get it back.
     image_path: str | None = None
+    # The image's LD_LIBRARY_PATH as read at start (empty when unset): the tests get it back.
+    image_libs: str = ""
     # A command ran as a sandbox user: from then on the image's PATH may lead to its files.
     agent_ran: bool = False
     # hand_over_services=true: the services the agent left run again, as a user of their own,
@@ -550,9 +552,11 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         else:
             await self._check_init()
         # Before the agent's first command, so nothing of the agent's is on the way to bash.
-        r = await super().exec('printf %s "$PATH"', user="root")
-        if int(r.return_code) == 0 and (r.stdout or "").strip():
-            self._guard.image_path = (r.stdout or "").strip()
+        r = await super().exec('printf "%s\\n%s" "$PATH" "${LD_LIBRARY_PATH-}"', user="root")
+        path, _, libs = (r.stdout or "").partition("\n")
+        if int(r.return_code) == 0 and path.strip():
+            self._guard.image_path = path.strip()
+            self._guard.image_libs = libs.strip()
         else:
             self.logger.warning(
                 f"{self.session_id}: could not read the image's PATH (exit {r.return_code}): "
@@ -593,9 +597,11 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         g = self._guard
         who = self._resolve_user(user)
         instead: list[str] | None = None
-        if g.lineage and g.started and g.frozen is None and g.gate is None and user is None:
-            # A root agent's command (the phase's default user, which is the image's): a
-            # sandbox launch, tagged before it runs. Harbor's own commands name their user.
+        if g.lineage and g.started and g.frozen is None and g.gate is None and self._as_root(user):
+            # A root agent's command: a sandbox launch, tagged before it runs. Every root exec
+            # between the start and the freeze, whoever it names: an agent may name its user
+            # (Terminus-2 passes environment.default_user, "root" under `[agent] user =
+            # "root"`), and a root command of Harbor's tagged too is only killed at the freeze.
             g.agent_ran = True
             instead = self._launched(command)
         elif g.lineage and g.agent_ran and (g.gate is None or user is not None):
@@ -604,16 +610,16 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             # the sandbox's: the freeze kills it before the marker, and the gate's live probe
             # refuses one started after the freeze.
             instead = self._launched(command)
-            if "PATH" not in (env or {}):
-                env = {**(env or {}), "PATH": SAFE_PATH}
+            env = safe_env(env, keep_path=True)
         elif g.started and who is not None and str(who) not in ("root", "0"):
             g.agent_ran = True
-        elif g.agent_ran and "PATH" not in (env or {}):
+        elif g.agent_ran:
             # Once the agent ran, the image's PATH may lead to its files (ENV
-            # PATH=/app/.venv/bin:$PATH): a root command of Harbor's (its `bash -c` included)
-            # looks names up through the kit's fixed PATH, so that no root process of the
-            # agent's making outlives the freeze.
-            env = {**(env or {}), "PATH": SAFE_PATH}
+            # PATH=/app/.venv/bin:$PATH), and its BASH_ENV or LD_PRELOAD may name one: a root
+            # command of Harbor's (its `bash -c` included) runs with the kit's SAFE_ENV, so
+            # that no root process of the agent's making outlives the freeze. A PATH Harbor
+            # names is the task's, and stays.
+            env = safe_env(env, keep_path=True)
         if g.gate is None or user is not None:
             return await self._exec_argv(command, instead, cwd, env, timeout_sec, user)
         argv, env = self._gated(command, env)
@@ -630,6 +636,13 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if g.hand_over:
             await self._note_hand_over()
         return r
+
+    @staticmethod
+    def _as_root(user: str | int | None) -> bool:
+        """Whether an exec naming `user` runs as a lineage trial's root: none named (the
+        phase's default user, which is root there), or root by name or UID (the default
+        user named, as Terminus-2 does)."""
+        return user is None or str(user) in ("root", "0")
 
     async def _exec_argv(
         self,
@@ -776,7 +789,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
             f"{{ {step}\n}} || {{ echo {shlex.quote('failed: ' + step)} >&2; exit 1; }}"
             for step in steps
         )
-        r = await self.exec(script, user="root", env={"PATH": SAFE_PATH})
+        r = await self.exec(script, user="root", env=dict(SAFE_ENV))
         if int(r.return_code) != 0:
             said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
             raise QuiesceNotOn(
@@ -803,7 +816,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def _read_workdir(self) -> None:
         """The directory the agent's commands run in (Harbor's exec cwd: the task's workdir,
         else the image's WORKDIR), read before the agent's first command."""
-        r = await super().exec("pwd -P", user="root", env={"PATH": SAFE_PATH})
+        r = await super().exec("pwd -P", user="root", env=dict(SAFE_ENV))
         found = (r.stdout or "").strip()
         if int(r.return_code) == 0 and found.startswith("/") and "\n" not in found:
             self._guard.workdir = found
@@ -823,7 +836,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         # Every file too, not the directory alone: verify --hide judges each file by its own
         # mode (a hard link elsewhere would reach it whatever the directory's).
         r = await self.exec(
-            f"chown -R 0:0 {t} && chmod -R go-rwx {t}", user="root", env={"PATH": SAFE_PATH}
+            f"chown -R 0:0 {t} && chmod -R go-rwx {t}", user="root", env=dict(SAFE_ENV)
         )
         if int(r.return_code) != 0:
             said = ((r.stdout or "") + (r.stderr or "")).strip()[-300:]
@@ -839,7 +852,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if box is None:
             return ""
         path = shlex.quote(f"{box.state_dir.rstrip('/')}/{HAND_OVER_LOG}")
-        r = await self.exec(f"tail -n 5 -- {path}", user="root", env={"PATH": SAFE_PATH})
+        r = await self.exec(f"tail -n 5 -- {path}", user="root", env=dict(SAFE_ENV))
         if int(r.return_code) != 0:
             return ""
         return " | ".join(x.strip() for x in (r.stdout or "").splitlines() if x.strip())[-400:]
@@ -851,7 +864,7 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         if box is None:
             return
         path = shlex.quote(f"{box.state_dir.rstrip('/')}/{HAND_OVER_RECORD}")
-        r = await self.exec(f"cat -- {path}", user="root", env={"PATH": SAFE_PATH})
+        r = await self.exec(f"cat -- {path}", user="root", env=dict(SAFE_ENV))
         try:
             record = json.loads(r.stdout or "") if int(r.return_code) == 0 else None
         except ValueError:
@@ -911,11 +924,18 @@ class QuiescedEnvironment(BaseEnvironment):  # type: ignore[misc]
         # PATH (the image's may lead to the agent's files); the tests then get back the PATH
         # they would have had: Harbor's env's, else the image's as read at start. What that
         # PATH finds is the task's.
+        # So does the image's LD_LIBRARY_PATH (a CUDA image's libraries): like PATH, what it
+        # leads to is the task's, and the tests run it anyway; BASH_ENV, ENV, LD_PRELOAD and
+        # LD_AUDIT stay off (the tests' own bash would source the file first).
         task_path = (env or {}).get("PATH") or g.image_path or SAFE_PATH
-        inner = f"PATH={shlex.quote(task_path)}; export PATH\n(\n{command}\n); exit 0"
+        libs = (env or {}).get("LD_LIBRARY_PATH") or g.image_libs
+        back = f"PATH={shlex.quote(task_path)}; export PATH\n"
+        if libs:
+            back += f"LD_LIBRARY_PATH={shlex.quote(libs)}; export LD_LIBRARY_PATH\n"
+        inner = f"{back}(\n{command}\n); exit 0"
         argv = box.quiesce("verify", *opts, "--", "/bin/bash", "-c", inner)
         accept = "1" if g.accept_setuid else "0"
-        return argv, {**(env or {}), ACCEPT_ENV: accept, "PATH": SAFE_PATH}
+        return argv, {**safe_env(env), ACCEPT_ENV: accept}
 
     # --- the sidecar path ---------------------------------------------------------------------
 
@@ -1130,7 +1150,7 @@ class _ComposeInit:
                 # image's cat then, as root, before the agent's first command, so nothing of
                 # the agent's is on its way.
                 r = await self.exec(  # type: ignore[attr-defined]
-                    f"cat -- {shlex.quote(path)}", user="root", env={"PATH": SAFE_PATH}
+                    f"cat -- {shlex.quote(path)}", user="root", env=dict(SAFE_ENV)
                 )
                 if int(r.return_code) == 0 and (r.stdout or "").startswith("-----BEGIN"):
                     have = r.stdout

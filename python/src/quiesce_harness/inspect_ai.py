@@ -142,11 +142,16 @@ SETUID_SETTING = "QUIESCE_ACCEPT_PRIVILEGE_ESCALATION"
 ARCH_SETTING = "QUIESCE_SANDBOX_ARCH"
 ROOT_SETTING = "QUIESCE_ALLOW_ROOT_EXECS"
 FREEZE_TIMEOUT_S = 30.0
+# Passes over a sample's sandboxes (_freeze_all): the first, then until one kills nothing.
+FREEZE_PASSES = 3
 START_TIMEOUT_S = 60.0
 _ROOT_NAMES = ("", "0", "root")
-# Where the init path mounts the kit's binary (read-only) in a rewritten service; its name is
-# what /proc/1/comm says when it is PID 1.
-INIT_PATH = "/run/quiesce-init/quiesce"
+# Where the init path mounts the kit's binary (read-only) in a rewritten service: a file in /,
+# which no process in the container can rename, unlink or redirect (Container.check_way_in);
+# under a directory (/run/...) one that may write that directory, or a setuid helper, could
+# rename it and put its own file in its place. Its name is what /proc/1/comm says when it is
+# PID 1.
+INIT_PATH = "/quiesce"
 INIT_KEY_TIMEOUT_S = 10.0
 DOCKER_TIMEOUT_S = 120
 
@@ -531,9 +536,28 @@ async def _guard_sandboxes(sample: _Sample) -> None:
 
 
 async def _freeze_all(guards: list[_Guard]) -> list[FreezeResult]:
-    """Freeze every sandbox of a sample, each marker checked against its kept key; the
-    results in order, or QuiesceRefused at the first that does not hold."""
-    return [await _freeze_sandbox(g) for g in guards]
+    """Freeze every sandbox of a sample, each marker checked against its kept key; the last
+    pass's results in order, or QuiesceRefused at the first that does not hold.
+
+    The sandboxes are frozen one after another: a process alive in B when A's freeze signed
+    can make A start a sandbox process after A's marker (a root login service of A's that B
+    reaches). So with more than one sandbox every one is frozen again until a pass after the
+    first kills nothing anywhere (what one pass killed was alive after the pass before it):
+    at most FREEZE_PASSES passes, else refused."""
+    results = [await _freeze_sandbox(g) for g in guards]
+    if len(guards) < 2:
+        return results
+    for _ in range(FREEZE_PASSES - 1):
+        results = [await _freeze_sandbox(g) for g in guards]
+        if all(r.killed == 0 for r in results):
+            return results
+    killed = ", ".join(f"{g.name!r} {r.killed}" for g, r in zip(guards, results, strict=True))
+    raise QuiesceRefused(
+        f"the sample's sandboxes were frozen {FREEZE_PASSES} times in turn and the last pass "
+        f"still killed sandbox processes ({killed}): a process in one starts processes in "
+        "another after its freeze; give the sample's services no way into each other (a "
+        "login service, a shared socket) before scoring it"
+    )
 
 
 async def freeze_sample(
@@ -827,6 +851,7 @@ async def _guard_init(guard: _Guard, user: str) -> None:
     state = os.environ.get(STATE_SETTING) or DEFAULT_STATE_DIR
     c = dataclasses.replace(guard.container, binary=INIT_PATH, state_dir=state)
     try:
+        await asyncio.to_thread(c.check_way_in)
         key = await asyncio.to_thread(_init_key, c)
         await asyncio.to_thread(_check_state_dir, c)
     except Exception as e:

@@ -107,7 +107,7 @@ def run_verifier(
 ) -> subprocess.CompletedProcess[bytes]:
     """Run `quiesce verify [--nonce N] -- cmd` in the container and return what it did.
 
-    A string cmd runs through `sh -c`. The verifier runs only when every check passes;
+    A string cmd runs through `/bin/sh -c`. The verifier runs only when every check passes;
     otherwise the exit code is one of GATE_EXIT_CODES and nothing was scored. Raises
     Unreachable when no exec could start.
 
@@ -137,9 +137,16 @@ def run_verifier(
     a root process of the container (a root agent, a setuid helper) could rewrite; checked
     outside first, a replaced gate gains nothing: it can only refuse what was proven.
     """
-    argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    # The kit's own shell by its path: the image's PATH (which the task's cmd keeps) may lead
+    # to a `sh` the sandbox user wrote.
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
     if not argv:
         raise ValueError("run_verifier: empty command")
+    if (public_key is not None or marker is not None) and nonce is None:
+        # Without a nonce a marker of an earlier freeze (this container's, genuine) passes.
+        raise MarkerInvalid(
+            "nonce", "run_verifier was given a marker or key but no nonce: pass freeze()'s"
+        )
     if public_key is not None:
         if not marker:
             raise MarkerInvalid(

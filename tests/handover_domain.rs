@@ -112,7 +112,42 @@ fn d08_the_tests_port_bound_through_an_mptcp_socket() {
         log.contains(&format!("mptcp-refused {}", libc::EPROTONOSUPPORT)),
         "the service never tried: {log}"
     );
-    assert_eq!(record(&c)["domain"]["seccomp_refuses"][0], "socket(IPPROTO_MPTCP)");
+    let refuses = &record(&c)["domain"]["seccomp_refuses"];
+    assert!(refuses[0].as_str().unwrap_or("").starts_with("socket(AF_INET/AF_INET6) but TCP"), "{refuses}");
+}
+
+/// The filter allows, not refuses: a protocol of the inet families this kernel has and no
+/// deny-list named (UDP-Lite, checked here without the filter first) is refused as well, so is
+/// protocol 0 of a SOCK_SEQPACKET (SCTP's, where loaded), and a family not named; plain UDP
+/// still works.
+#[test]
+fn d09_an_inet_protocol_no_deny_list_named() {
+    let _serial = serial();
+    let udplite = libc::IPPROTO_UDPLITE;
+    // SAFETY: a plain socket call; the descriptor is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, udplite) };
+    assert!(fd >= 0, "this kernel has no UDP-Lite: the test shows nothing here");
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    let hostile = indent(&format!(
+        "tries=[('udplite', (socket.AF_INET, socket.SOCK_DGRAM, {udplite})),\n\
+         \x20      ('seqpacket', (socket.AF_INET, socket.SOCK_SEQPACKET, 0)),\n\
+         \x20      ('vsock', (40, socket.SOCK_STREAM, 0)), ('udp', (socket.AF_INET, socket.SOCK_DGRAM, 0))]\n\
+         for name, args in tries:\n\
+         \x20   try: socket.socket(*args).close(); print(name, 'made', flush=True)\n\
+         \x20   except OSError as e: print(name, 'refused', e.errno, flush=True)"
+    ));
+    let (c, work, reward, _port, _svc) = frozen("d09", &hostile);
+    let out = hand_over(&c, &work, &reward, &[], "sleep 0.5; echo tests-ran");
+    let log = services_log(&c);
+    assert!(out.status.success() && said(&out).contains("tests-ran"), "verify: {}", said(&out));
+    assert!(log.contains("udp made"), "the service never tried: {log}");
+    assert!(
+        log.contains(&format!("udplite refused {}", libc::EPROTONOSUPPORT))
+            && log.contains(&format!("seqpacket refused {}", libc::EPROTONOSUPPORT))
+            && log.contains(&format!("vsock refused {}", libc::EAFNOSUPPORT)),
+        "ATTACK WORKED: a socket past the allow-list: {log}"
+    );
 }
 
 /// A port no service names, listened on for a few milliseconds at a time, between any two looks

@@ -11,8 +11,9 @@
 //!   directories and to the harmless devices: a world-writable file elsewhere (a reward the
 //!   harness left writable) is not the services' to change.
 //!
-//! - a seccomp filter after it (`kernel::seccomp`): no MPTCP socket (it binds a TCP port, and
-//!   Landlock's port rules look at TCP sockets only), no io_uring, no syscall of another ABI.
+//! - a seccomp filter after it (`kernel::seccomp`), an allow-list: an inet socket only as plain
+//!   TCP or UDP (an MPTCP or SMC socket binds a TCP port, and Landlock's port rules look at TCP
+//!   sockets only), other families only Unix and netlink, no io_uring, no syscall of another ABI.
 //!
 //! Where the kernel lacks any of it the hand-over is refused, never run with less.
 

@@ -19,9 +19,21 @@ fn py_service(c: &Container, dir: &Path, port: u16, hostile: &str) -> Guard {
 }
 
 fn hand_over(c: &Container, work: &Path, reward: &Path, extra: &[&str], cmd: &str) -> std::process::Output {
+    hand_over_with(c, work, reward, (extra, &[]), cmd)
+}
+
+/// With `before` ahead of the binary (a wrapper) and `opts` among verify's options.
+fn hand_over_with(
+    c: &Container,
+    work: &Path,
+    reward: &Path,
+    (before, opts): (&[&str], &[&str]),
+    cmd: &str,
+) -> std::process::Output {
     let (st, q) = (c.state.to_str().unwrap().to_string(), quiesce());
-    let mut full: Vec<&str> = extra.to_vec();
+    let mut full: Vec<&str> = before.to_vec();
     full.extend_from_slice(&[q.to_str().unwrap(), "verify", "--state-dir", &st, "--hand-over"]);
+    full.extend_from_slice(opts);
     full.extend_from_slice(&["--service-user", SVC, "--protect", work.to_str().unwrap()]);
     full.extend_from_slice(&["--protect", reward.to_str().unwrap(), "--", "sh", "-c", cmd]);
     output(&mut c.exec_cmd(&full))
@@ -75,7 +87,7 @@ fn d01_the_tests_port_bound_without_listen() {
     );
     assert!(log.contains(&format!("bind-refused {}", libc::EACCES)), "the service never tried: {log}");
     let d = &record(&c)["domain"];
-    assert_eq!(d["bind_tcp"], serde_json::json!([port]), "{d}");
+    assert_eq!(d["bind_tcp"], serde_json::json!([[port]]), "{d}");
     assert_eq!(d["connect_tcp"], serde_json::json!([port]), "{d}");
     assert!(d["abi"].as_u64().unwrap_or(0) >= 6, "{d}");
     assert_eq!(d["scopes"], serde_json::json!(["signal", "abstract_unix_socket"]), "{d}");
@@ -148,6 +160,57 @@ fn d09_an_inet_protocol_no_deny_list_named() {
             && log.contains(&format!("vsock refused {}", libc::EAFNOSUPPORT)),
         "ATTACK WORKED: a socket past the allow-list: {log}"
     );
+}
+
+/// The task declares a service of its own (`--service B=COMMAND`, its reference, slow to
+/// start as a database is) beside the agent's recorded one on A. The agent's service binds B
+/// first, and where the kernel refuses that, takes B as an ephemeral port by listen() without
+/// bind, which no bind rule sees; a hand-over that counts B as up when any service listens on it
+/// starts the tests, whose queries to B reach the agent's code.
+#[test]
+fn d10_the_agents_service_takes_the_declared_services_port() {
+    let _serial = serial();
+    let b = free_port();
+    let hostile = indent(&format!(
+        "m=socket.socket(); m.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         try: m.bind(('127.0.0.1',{b})); print('bound-the-declared-port', flush=True)\n\
+         except OSError as e: print('bind-refused', e.errno, flush=True); m.close(); m=None\n\
+         for i in range(400000):\n\
+         \x20   if m is not None: break\n\
+         \x20   t=socket.socket(); t.listen(8)\n\
+         \x20   if t.getsockname()[1]=={b}: m=t; print('listened-on-the-declared-port', i, flush=True); break\n\
+         \x20   t.close()\n\
+         if m is None: print('never-got-it', flush=True); return\n\
+         m.listen(8)\n\
+         while True:\n\
+         \x20   a,_=m.accept(); a.sendall(b'AGENT\\n'); a.close()"
+    ));
+    let (c, work, reward, _port, _svc) = frozen("d10", &hostile);
+    let task = c.dir.join("task_service.py");
+    let serve = format!(
+        "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('127.0.0.1',{b})); s.listen(8)\nwhile True:\n    a,_=s.accept(); a.sendall(b'TASK\\n'); a.close()\n"
+    );
+    std::fs::write(&task, serve).unwrap();
+    std::fs::set_permissions(&task, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let decl = format!("{b}=sleep 4; exec {PY} {}", task.display());
+    let tests = format!(
+        "{PY} -c \"import socket; c=socket.create_connection(('127.0.0.1',{b}),timeout=2); print('tests-read', c.recv(64))\""
+    );
+    let out = hand_over_with(&c, &work, &reward, (&[], &["--service", &decl]), &tests);
+    let log = services_log(&c);
+    assert!(log.contains(&format!("bind-refused {}", libc::EACCES)), "the bind rule: {log}");
+    assert!(log.contains("listened-on-the-declared-port"), "the service never took the port: {log}");
+    assert!(
+        !said(&out).contains("AGENT"),
+        "ATTACK WORKED: verify exit {:?}; the tests reached the agent's code on the declared port {b}: {}; services: {log}",
+        out.status.code(),
+        said(&out)
+    );
+    eprintln!("d10: verify {:?}: {}; services: {log}", out.status.code(), said(&out));
+    let d = &record(&c)["domain"];
+    assert_eq!(d["bind_tcp"].as_array().map(Vec::len), Some(2), "{d}");
+    assert!(d["bind_tcp"][1] == serde_json::json!([b]), "the declared service binds its port alone: {d}");
 }
 
 /// A port no service names, listened on for a few milliseconds at a time, between any two looks

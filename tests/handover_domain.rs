@@ -213,6 +213,51 @@ fn d10_the_agents_service_takes_the_declared_services_port() {
     assert!(d["bind_tcp"][1] == serde_json::json!([b]), "the declared service binds its port alone: {d}");
 }
 
+/// d05 through a second name: the agent hard-links the reward the harness left world-writable
+/// (outside every place the services may write, on /tmp's filesystem) into /tmp before the
+/// freeze, as fs.protected_hardlinks lets it; Landlock allows writes by path, and that path is
+/// beneath /tmp. The hand-over is refused, naming the link, and the reward stays as it was.
+#[test]
+fn d11_a_hard_link_in_tmp_to_a_reward_left_writable() {
+    let _serial = serial();
+    let logs = PathBuf::from(format!("/var/lib/quiesce-test-d11-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let r = logs.join("reward.txt");
+    std::fs::write(&r, "0\n").unwrap();
+    std::fs::set_permissions(&r, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let link = format!("/tmp/quiesce-d11-link-{}", std::process::id());
+    let _ = std::fs::remove_file(&link);
+    let always = format!("if os.getuid() == {AGENT}:\n    os.link('{r}', '{link}')", r = r.display());
+    let hostile = indent(&format!(
+        "for i in range(100):\n\
+         \x20   try: open('{link}','r+').write('1\\n'); print('wrote-through-link', flush=True)\n\
+         \x20   except OSError as e: print('link-write-refused', e.errno, flush=True); break\n\
+         \x20   time.sleep(0.02)"
+    ));
+    let c = sandbox(AGENT, &[]);
+    let (work, reward) = workspace(&c, AGENT);
+    let port = free_port();
+    let _svc = hostile_py(&c, (AGENT, SERVICE), &work, "serve.py", port, &always, &hostile);
+    let (code, st) = c.freeze("d11");
+    assert_eq!(code, 0, "freeze: {st}");
+    let tests = format!("echo 0 > {r}; sleep 1.5; cat {r}", r = r.display());
+    let out = hand_over(&c, &work, &reward, &[], &tests);
+    let log = services_log(&c);
+    let now = std::fs::read_to_string(&r).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&logs);
+    let _ = std::fs::remove_file(&link);
+    assert!(
+        now == "0\n" && !log.contains("wrote-through-link"),
+        "ATTACK WORKED: verify exit {:?}; the service wrote the reward through {link}: {now:?}; {}; services: {log}",
+        out.status.code(),
+        said(&out)
+    );
+    assert_eq!(out.status.code(), Some(20), "{}", said(&out));
+    assert!(said(&out).contains(&format!("{link} has 2 names")), "{}", said(&out));
+}
+
 /// A port no service names, listened on for a few milliseconds at a time, between any two looks
 /// a sampler could take: the kernel refuses the bind itself.
 #[test]

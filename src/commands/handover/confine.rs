@@ -27,7 +27,7 @@ use std::os::fd::OwnedFd;
 pub const NEEDED_ABI: u32 = 6;
 /// Where a service may write: what services write as any user may (their temporary files), and
 /// which the tests must not read from anyway (any user may plant there).
-const WRITE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+pub const WRITE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 /// Devices a service may open for writing (a daemon's output sent nowhere).
 const WRITE_FILES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 

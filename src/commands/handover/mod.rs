@@ -16,10 +16,12 @@
 //! What ran, and the domain, are written beside the marker (`handover.json`), and after the
 //! command every process of the service user is killed.
 //! Its rooms: `services` (which to start, from what), `confine` (their Landlock domain),
-//! `protect` (the protected-path check), `killer` (the forked killer); here, the conductor.
+//! `protect` (the protected-path check), `links` (no hard link where they may write), `killer`
+//! (the forked killer); here, the conductor.
 
 pub mod confine;
 pub mod killer;
+pub mod links;
 pub mod protect;
 pub mod services;
 
@@ -165,7 +167,8 @@ fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), 
             ))
         }
     }
-    protect::protected_safe(uid, uid, &args.protect, &args.hide)
+    protect::protected_safe(uid, uid, &args.protect, &args.hide)?;
+    links::single_names(uid, uid, crate::commands::handover::confine::WRITE_DIRS)
 }
 
 /// The lowest port a user that is not root may bind in this network namespace.

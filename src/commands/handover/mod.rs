@@ -9,10 +9,12 @@
 //! anything under the paths the verifier protects (its tests, the reward, the workspace), nor
 //! rename one through a parent; none of its processes may be alive. Each service must listen
 //! again, as that user, within the wait; otherwise none runs and the command does not either.
-//! Each runs in a Landlock domain made before its exec (`commands::handover::confine`): TCP bind and
-//! connect to the services' ports only, no signal or abstract socket outside it, writes only to
-//! the temporary directories; a kernel without it refuses the hand-over. The kernel holds that
-//! for the services' whole life, so nothing is sampled while the tests run.
+//! Each runs in a Landlock domain of its own made before its exec (`commands::handover::confine`):
+//! TCP bind to its own ports only and connect to the services' ports only, no signal or abstract
+//! socket outside it, writes of contents and names only to the temporary directories (which must
+//! hold no second name of a file its user may write: `links`); a kernel without it refuses the
+//! hand-over. The kernel holds that for the services' whole life, so nothing is sampled while the
+//! tests run; a port counts as listened on at the start only when its own service holds it.
 //! What ran, and the domain, are written beside the marker (`handover.json`), and after the
 //! command every process of the service user is killed.
 //! Its rooms: `services` (which to start, from what), `confine` (their Landlock domain),

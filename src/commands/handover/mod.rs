@@ -224,8 +224,13 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         })?;
         s.pid = Some(pid);
         run.children.push(pid);
-        if several {
-            // Read while the child is unreaped: its pid is still its own.
+    }
+    // After every start, not between two: the gap between one service's exec and the next's
+    // stays as short as it was, since a service started first could rewrite the next one's
+    // executable in it (its digest was taken before: attack_handover_2 y08). Read while each
+    // child is unreaped: its pid is still its own.
+    for s in run.record.services.iter_mut() {
+        if let (true, Some(pid)) = (several, s.pid) {
             s.audit_session = Some(crate::observe::sockets::audit_session(pid).ok_or_else(|| {
                 format!(
                     "cannot read the audit session of the service on port {:?} (/proc/{pid}/sessionid), \

@@ -19,9 +19,21 @@ fn py_service(c: &Container, dir: &Path, port: u16, hostile: &str) -> Guard {
 }
 
 fn hand_over(c: &Container, work: &Path, reward: &Path, extra: &[&str], cmd: &str) -> std::process::Output {
+    hand_over_with(c, work, reward, (extra, &[]), cmd)
+}
+
+/// With `before` ahead of the binary (a wrapper) and `opts` among verify's options.
+fn hand_over_with(
+    c: &Container,
+    work: &Path,
+    reward: &Path,
+    (before, opts): (&[&str], &[&str]),
+    cmd: &str,
+) -> std::process::Output {
     let (st, q) = (c.state.to_str().unwrap().to_string(), quiesce());
-    let mut full: Vec<&str> = extra.to_vec();
+    let mut full: Vec<&str> = before.to_vec();
     full.extend_from_slice(&[q.to_str().unwrap(), "verify", "--state-dir", &st, "--hand-over"]);
+    full.extend_from_slice(opts);
     full.extend_from_slice(&["--service-user", SVC, "--protect", work.to_str().unwrap()]);
     full.extend_from_slice(&["--protect", reward.to_str().unwrap(), "--", "sh", "-c", cmd]);
     output(&mut c.exec_cmd(&full))
@@ -75,7 +87,7 @@ fn d01_the_tests_port_bound_without_listen() {
     );
     assert!(log.contains(&format!("bind-refused {}", libc::EACCES)), "the service never tried: {log}");
     let d = &record(&c)["domain"];
-    assert_eq!(d["bind_tcp"], serde_json::json!([port]), "{d}");
+    assert_eq!(d["bind_tcp"], serde_json::json!([[port]]), "{d}");
     assert_eq!(d["connect_tcp"], serde_json::json!([port]), "{d}");
     assert!(d["abi"].as_u64().unwrap_or(0) >= 6, "{d}");
     assert_eq!(d["scopes"], serde_json::json!(["signal", "abstract_unix_socket"]), "{d}");
@@ -112,7 +124,138 @@ fn d08_the_tests_port_bound_through_an_mptcp_socket() {
         log.contains(&format!("mptcp-refused {}", libc::EPROTONOSUPPORT)),
         "the service never tried: {log}"
     );
-    assert_eq!(record(&c)["domain"]["seccomp_refuses"][0], "socket(IPPROTO_MPTCP)");
+    let refuses = &record(&c)["domain"]["seccomp_refuses"];
+    assert!(refuses[0].as_str().unwrap_or("").starts_with("socket(AF_INET/AF_INET6) but TCP"), "{refuses}");
+}
+
+/// The filter allows, not refuses: a protocol of the inet families this kernel has and no
+/// deny-list named (UDP-Lite, checked here without the filter first) is refused as well, so is
+/// protocol 0 of a SOCK_SEQPACKET (SCTP's, where loaded), and a family not named; plain UDP
+/// still works.
+#[test]
+fn d09_an_inet_protocol_no_deny_list_named() {
+    let _serial = serial();
+    let udplite = libc::IPPROTO_UDPLITE;
+    // SAFETY: a plain socket call; the descriptor is closed at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, udplite) };
+    assert!(fd >= 0, "this kernel has no UDP-Lite: the test shows nothing here");
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
+    let hostile = indent(&format!(
+        "tries=[('udplite', (socket.AF_INET, socket.SOCK_DGRAM, {udplite})),\n\
+         \x20      ('seqpacket', (socket.AF_INET, socket.SOCK_SEQPACKET, 0)),\n\
+         \x20      ('vsock', (40, socket.SOCK_STREAM, 0)), ('udp', (socket.AF_INET, socket.SOCK_DGRAM, 0))]\n\
+         for name, args in tries:\n\
+         \x20   try: socket.socket(*args).close(); print(name, 'made', flush=True)\n\
+         \x20   except OSError as e: print(name, 'refused', e.errno, flush=True)"
+    ));
+    let (c, work, reward, _port, _svc) = frozen("d09", &hostile);
+    let out = hand_over(&c, &work, &reward, &[], "sleep 0.5; echo tests-ran");
+    let log = services_log(&c);
+    assert!(out.status.success() && said(&out).contains("tests-ran"), "verify: {}", said(&out));
+    assert!(log.contains("udp made"), "the service never tried: {log}");
+    assert!(
+        log.contains(&format!("udplite refused {}", libc::EPROTONOSUPPORT))
+            && log.contains(&format!("seqpacket refused {}", libc::EPROTONOSUPPORT))
+            && log.contains(&format!("vsock refused {}", libc::EAFNOSUPPORT)),
+        "ATTACK WORKED: a socket past the allow-list: {log}"
+    );
+}
+
+/// The task declares a service of its own (`--service B=COMMAND`, its reference, slow to
+/// start as a database is) beside the agent's recorded one on A. The agent's service binds B
+/// first, and where the kernel refuses that, takes B as an ephemeral port by listen() without
+/// bind, which no bind rule sees; a hand-over that counts B as up when any service listens on it
+/// starts the tests, whose queries to B reach the agent's code.
+#[test]
+fn d10_the_agents_service_takes_the_declared_services_port() {
+    let _serial = serial();
+    let b = free_port();
+    let hostile = indent(&format!(
+        "m=socket.socket(); m.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         try: m.bind(('127.0.0.1',{b})); print('bound-the-declared-port', flush=True)\n\
+         except OSError as e: print('bind-refused', e.errno, flush=True); m.close(); m=None\n\
+         for i in range(400000):\n\
+         \x20   if m is not None: break\n\
+         \x20   t=socket.socket(); t.listen(8)\n\
+         \x20   if t.getsockname()[1]=={b}: m=t; print('listened-on-the-declared-port', i, flush=True); break\n\
+         \x20   t.close()\n\
+         if m is None: print('never-got-it', flush=True); return\n\
+         m.listen(8)\n\
+         while True:\n\
+         \x20   a,_=m.accept(); a.sendall(b'AGENT\\n'); a.close()"
+    ));
+    let (c, work, reward, _port, _svc) = frozen("d10", &hostile);
+    let task = c.dir.join("task_service.py");
+    let serve = format!(
+        "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('127.0.0.1',{b})); s.listen(8)\nwhile True:\n    a,_=s.accept(); a.sendall(b'TASK\\n'); a.close()\n"
+    );
+    std::fs::write(&task, serve).unwrap();
+    std::fs::set_permissions(&task, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let decl = format!("{b}=sleep 4; exec {PY} {}", task.display());
+    let tests = format!(
+        "{PY} -c \"import socket; c=socket.create_connection(('127.0.0.1',{b}),timeout=2); print('tests-read', c.recv(64))\""
+    );
+    let out = hand_over_with(&c, &work, &reward, (&[], &["--service", &decl]), &tests);
+    let log = services_log(&c);
+    assert!(log.contains(&format!("bind-refused {}", libc::EACCES)), "the bind rule: {log}");
+    assert!(log.contains("listened-on-the-declared-port"), "the service never took the port: {log}");
+    assert!(
+        !said(&out).contains("AGENT"),
+        "ATTACK WORKED: verify exit {:?}; the tests reached the agent's code on the declared port {b}: {}; services: {log}",
+        out.status.code(),
+        said(&out)
+    );
+    eprintln!("d10: verify {:?}: {}; services: {log}", out.status.code(), said(&out));
+    let d = &record(&c)["domain"];
+    assert_eq!(d["bind_tcp"].as_array().map(Vec::len), Some(2), "{d}");
+    assert!(d["bind_tcp"][1] == serde_json::json!([b]), "the declared service binds its port alone: {d}");
+}
+
+/// d05 through a second name: the agent hard-links the reward the harness left world-writable
+/// (outside every place the services may write, on /tmp's filesystem) into /tmp before the
+/// freeze, as fs.protected_hardlinks lets it; Landlock allows writes by path, and that path is
+/// beneath /tmp. The hand-over is refused, naming the link, and the reward stays as it was.
+#[test]
+fn d11_a_hard_link_in_tmp_to_a_reward_left_writable() {
+    let _serial = serial();
+    let logs = PathBuf::from(format!("/var/lib/quiesce-test-d11-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::set_permissions(&logs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let r = logs.join("reward.txt");
+    std::fs::write(&r, "0\n").unwrap();
+    std::fs::set_permissions(&r, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let link = format!("/tmp/quiesce-d11-link-{}", std::process::id());
+    let _ = std::fs::remove_file(&link);
+    let always = format!("if os.getuid() == {AGENT}:\n    os.link('{r}', '{link}')", r = r.display());
+    let hostile = indent(&format!(
+        "for i in range(100):\n\
+         \x20   try: open('{link}','r+').write('1\\n'); print('wrote-through-link', flush=True)\n\
+         \x20   except OSError as e: print('link-write-refused', e.errno, flush=True); break\n\
+         \x20   time.sleep(0.02)"
+    ));
+    let c = sandbox(AGENT, &[]);
+    let (work, reward) = workspace(&c, AGENT);
+    let port = free_port();
+    let _svc = hostile_py(&c, (AGENT, SERVICE), &work, "serve.py", port, &always, &hostile);
+    let (code, st) = c.freeze("d11");
+    assert_eq!(code, 0, "freeze: {st}");
+    let tests = format!("echo 0 > {r}; sleep 1.5; cat {r}", r = r.display());
+    let out = hand_over(&c, &work, &reward, &[], &tests);
+    let log = services_log(&c);
+    let now = std::fs::read_to_string(&r).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&logs);
+    let _ = std::fs::remove_file(&link);
+    assert!(
+        now == "0\n" && !log.contains("wrote-through-link"),
+        "ATTACK WORKED: verify exit {:?}; the service wrote the reward through {link}: {now:?}; {}; services: {log}",
+        out.status.code(),
+        said(&out)
+    );
+    assert_eq!(out.status.code(), Some(20), "{}", said(&out));
+    assert!(said(&out).contains(&format!("{link} has 2 names")), "{}", said(&out));
 }
 
 /// A port no service names, listened on for a few milliseconds at a time, between any two looks

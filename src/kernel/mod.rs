@@ -16,7 +16,8 @@
 //! - `random`: random bytes.
 //! - `sockdiag`: the listening TCP sockets, from the kernel's socket-diagnostics netlink.
 //! - `landlock`: a ruleset made, its ports and paths allowed, enforced on a child before its exec.
-//! - `seccomp`: the services' filter for what Landlock leaves open (MPTCP sockets, io_uring).
+//! - `seccomp`: the services' filter for what Landlock leaves open, an allow-list (an inet socket
+//!   only as plain TCP or UDP; no io_uring).
 //! - `users`: the container's passwd and group; `capcheck`: the capabilities a freeze needs.
 //!
 //! May use: libc, nix, caps, getrandom and std only. Never imports another folder of the crate;

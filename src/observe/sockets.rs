@@ -116,6 +116,15 @@ pub fn socket_inodes(pid: i32, limit: usize) -> io::Result<Vec<u64>> {
     Ok(found)
 }
 
+/// The audit session of process `pid` (/proc/PID/sessionid): the kernel gives a new one to each
+/// write of an unset loginuid, and only CAP_AUDIT_CONTROL changes it after, so it tells apart
+/// services started each with a loginuid write of its own, whatever they fork or setsid. None:
+/// unreadable, or no session (the kernel's "unset").
+pub fn audit_session(pid: i32) -> Option<u32> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/sessionid")).ok()?;
+    t.trim().parse::<u32>().ok().filter(|&s| s != u32::MAX)
+}
+
 /// The listening sockets of one table's text; a line that does not parse is skipped (the
 /// kernel writes these lines; a cut last line is expected).
 pub fn parse(text: &[u8], v6: bool) -> Vec<Listening> {

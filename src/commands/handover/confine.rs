@@ -1,9 +1,10 @@
 //! The Landlock domain each handed-over service is started in (`commands::handover`), and what
 //! it is recorded as. The kernel holds it for the service's whole life and everything it
 //! starts, so nothing needs to be sampled while the tests run:
-//! - TCP `bind` only to the services' own ports (recorded or declared): a port of the tests' can
-//!   be neither taken before them nor listened on for an instant;
-//! - TCP `connect` only to those ports as well: a service may reach another service, never a
+//! - TCP `bind` only to the service's own ports (recorded or declared; a port is the first
+//!   service's that names it): a port of the tests', or of another service (a declared one), can
+//!   be neither taken before its owner nor listened on for an instant;
+//! - TCP `connect` only to the services' ports (every service's): a service may reach another, never a
 //!   server of the tests' (their reference, a database they fill) nor the outside over TCP;
 //! - no signal, and no connect to an abstract Unix socket, outside the service's own domain (the
 //!   tests, verify, the killer, another service);
@@ -11,8 +12,9 @@
 //!   directories and to the harmless devices: a world-writable file elsewhere (a reward the
 //!   harness left writable) is not the services' to change.
 //!
-//! - a seccomp filter after it (`kernel::seccomp`): no MPTCP socket (it binds a TCP port, and
-//!   Landlock's port rules look at TCP sockets only), no io_uring, no syscall of another ABI.
+//! - a seccomp filter after it (`kernel::seccomp`), an allow-list: an inet socket only as plain
+//!   TCP or UDP (an MPTCP or SMC socket binds a TCP port, and Landlock's port rules look at TCP
+//!   sockets only), other families only Unix and netlink, no io_uring, no syscall of another ABI.
 //!
 //! Where the kernel lacks any of it the hand-over is refused, never run with less.
 
@@ -25,7 +27,7 @@ use std::os::fd::OwnedFd;
 pub const NEEDED_ABI: u32 = 6;
 /// Where a service may write: what services write as any user may (their temporary files), and
 /// which the tests must not read from anyway (any user may plant there).
-const WRITE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+pub const WRITE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 /// Devices a service may open for writing (a daemon's output sent nowhere).
 const WRITE_FILES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
@@ -34,8 +36,10 @@ const WRITE_FILES: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 pub struct Domain {
     /// The Landlock ABI of this kernel.
     pub abi: u32,
-    /// The TCP ports a service may bind, and connect to; no other.
-    pub bind_tcp: Vec<u16>,
+    /// The TCP ports each service may bind, one list per service in the order of `services`:
+    /// its own, no other service's.
+    pub bind_tcp: Vec<Vec<u16>>,
+    /// The TCP ports every service may connect to: all the services' ports, no other.
     pub connect_tcp: Vec<u16>,
     /// Signals and abstract Unix sockets stay inside each service's own domain.
     pub scopes: Vec<&'static str>,
@@ -48,9 +52,10 @@ pub struct Domain {
     pub seccomp_refuses: Vec<&'static str>,
 }
 
-/// The ruleset every service restricts itself with before its exec, allowing `ports`; Err: the
-/// line that names what this kernel lacks, or what failed.
-pub fn make(ports: &[u16]) -> Result<(Ruleset, Filter, Domain), String> {
+/// The rulesets the services restrict themselves with before their exec, one per service: each
+/// may bind its own `owned` ports only, and connect to every service's; Err: the line that names
+/// what this kernel lacks, or what failed.
+pub fn make(owned: &[Vec<u16>]) -> Result<(Vec<Ruleset>, Filter, Domain), String> {
     let abi = landlock::abi().map_err(|e| missing(&e))?;
     if abi < NEEDED_ABI {
         return Err(format!(
@@ -58,6 +63,38 @@ pub fn make(ports: &[u16]) -> Result<(Ruleset, Filter, Domain), String> {
              TCP ports from 4, signal and abstract-socket scopes from 6): hand over on a newer kernel"
         ));
     }
+    let mut all: Vec<u16> = owned.iter().flatten().copied().collect();
+    all.sort_unstable();
+    all.dedup();
+    let mut rulesets = Vec::new();
+    let mut fs_write = Vec::new();
+    for own in owned {
+        let (rs, written) = ruleset(own, &all)?;
+        rulesets.push(rs);
+        fs_write = written;
+    }
+    seccomp::available().map_err(|e| {
+        format!(
+            "the kernel takes no seccomp filter ({e}), and the services' filter keeps them from \
+             MPTCP sockets, which Landlock's port rules do not cover: hand over on a kernel built with \
+             CONFIG_SECCOMP_FILTER"
+        )
+    })?;
+    let domain = Domain {
+        abi,
+        bind_tcp: owned.to_vec(),
+        connect_tcp: all,
+        scopes: vec!["signal", "abstract_unix_socket"],
+        fs_write,
+        per_service: true,
+        seccomp_refuses: seccomp::REFUSED.to_vec(),
+    };
+    Ok((rulesets, Filter::services(), domain))
+}
+
+/// One service's ruleset: bind on `own`, connect on `all`, the scopes, the writable places (and
+/// which of them exist here).
+fn ruleset(own: &[u16], all: &[u16]) -> Result<(Ruleset, Vec<String>), String> {
     let fail =
         |what: &str, e: std::io::Error| format!("cannot make the services' Landlock domain: {what}: {e}");
     let rs = Ruleset::new(
@@ -66,12 +103,12 @@ pub fn make(ports: &[u16]) -> Result<(Ruleset, Filter, Domain), String> {
         landlock::SCOPE_SIGNAL | landlock::SCOPE_ABSTRACT_UNIX_SOCKET,
     )
     .map_err(|e| fail("landlock_create_ruleset", e))?;
-    let mut allowed: Vec<u16> = ports.to_vec();
-    allowed.sort_unstable();
-    allowed.dedup();
-    for &p in &allowed {
-        rs.allow_port(landlock::NET_BIND_TCP | landlock::NET_CONNECT_TCP, p)
-            .map_err(|e| fail(&format!("port {p}"), e))?;
+    for &p in all {
+        let access = match own.contains(&p) {
+            true => landlock::NET_BIND_TCP | landlock::NET_CONNECT_TCP,
+            false => landlock::NET_CONNECT_TCP,
+        };
+        rs.allow_port(access, p).map_err(|e| fail(&format!("port {p}"), e))?;
     }
     let mut fs_write = Vec::new();
     for (paths, access, dir) in
@@ -83,23 +120,7 @@ pub fn make(ports: &[u16]) -> Result<(Ruleset, Filter, Domain), String> {
             fs_write.push(p.to_string());
         }
     }
-    seccomp::available().map_err(|e| {
-        format!(
-            "the kernel takes no seccomp filter ({e}), and the services' filter keeps them from \
-             MPTCP sockets, which Landlock's port rules do not cover: hand over on a kernel built with \
-             CONFIG_SECCOMP_FILTER"
-        )
-    })?;
-    let domain = Domain {
-        abi,
-        bind_tcp: allowed.clone(),
-        connect_tcp: allowed,
-        scopes: vec!["signal", "abstract_unix_socket"],
-        fs_write,
-        per_service: true,
-        seccomp_refuses: seccomp::REFUSED.to_vec(),
-    };
-    Ok((rs, Filter::services(), domain))
+    Ok((rs, fs_write))
 }
 
 /// The line for a kernel that cannot make a domain at all.

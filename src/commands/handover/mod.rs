@@ -9,17 +9,21 @@
 //! anything under the paths the verifier protects (its tests, the reward, the workspace), nor
 //! rename one through a parent; none of its processes may be alive. Each service must listen
 //! again, as that user, within the wait; otherwise none runs and the command does not either.
-//! Each runs in a Landlock domain made before its exec (`commands::handover::confine`): TCP bind and
-//! connect to the services' ports only, no signal or abstract socket outside it, writes only to
-//! the temporary directories; a kernel without it refuses the hand-over. The kernel holds that
-//! for the services' whole life, so nothing is sampled while the tests run.
+//! Each runs in a Landlock domain of its own made before its exec (`commands::handover::confine`):
+//! TCP bind to its own ports only and connect to the services' ports only, no signal or abstract
+//! socket outside it, writes of contents and names only to the temporary directories (which must
+//! hold no second name of a file its user may write: `links`); a kernel without it refuses the
+//! hand-over. The kernel holds that for the services' whole life, so nothing is sampled while the
+//! tests run; a port counts as listened on at the start only when its own service holds it.
 //! What ran, and the domain, are written beside the marker (`handover.json`), and after the
 //! command every process of the service user is killed.
 //! Its rooms: `services` (which to start, from what), `confine` (their Landlock domain),
-//! `protect` (the protected-path check), `killer` (the forked killer); here, the conductor.
+//! `protect` (the protected-path check), `links` (no hard link where they may write), `killer`
+//! (the forked killer); here, the conductor.
 
 pub mod confine;
 pub mod killer;
+pub mod links;
 pub mod protect;
 pub mod services;
 
@@ -68,8 +72,9 @@ pub struct Running {
     children: Vec<Pid>,
     /// Started before any service: it stops them however verify ends.
     killer: Option<Killer>,
-    /// The domain's ruleset and seccomp filter, kept until every service has enforced them.
-    ruleset: Option<(crate::kernel::landlock::Ruleset, crate::kernel::seccomp::Filter)>,
+    /// The domain's rulesets (one per service) and seccomp filter, kept until every service has
+    /// enforced them.
+    ruleset: Option<(Vec<crate::kernel::landlock::Ruleset>, crate::kernel::seccomp::Filter)>,
 }
 
 /// Start every service and wait until each listens; Err: the line that says why none runs
@@ -142,9 +147,9 @@ fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), 
     let uid = args.service_user;
     run.record.services = services::services(claims, &args.service, &args.port)?;
     // Before anything else: a kernel that cannot hold the services refuses the hand-over.
-    let ports: Vec<u16> = run.record.services.iter().flat_map(|s| s.ports.iter().copied()).collect();
-    let (ruleset, filter, domain) = crate::commands::handover::confine::make(&ports)?;
-    run.ruleset = Some((ruleset, filter));
+    let owned: Vec<Vec<u16>> = run.record.services.iter().map(|s| s.ports.clone()).collect();
+    let (rulesets, filter, domain) = crate::commands::handover::confine::make(&owned)?;
+    run.ruleset = Some((rulesets, filter));
     run.record.domain = Some(domain);
     let low = unprivileged_port_start();
     if let Some(p) = run.record.services.iter().flat_map(|s| s.ports.iter()).find(|&&p| u32::from(p) < low) {
@@ -164,7 +169,8 @@ fn prepare(args: &VerifyArgs, claims: &Claims, run: &mut Running) -> Result<(), 
             ))
         }
     }
-    protect::protected_safe(uid, uid, &args.protect, &args.hide)
+    protect::protected_safe(uid, uid, &args.protect, &args.hide)?;
+    links::single_names(uid, uid, crate::commands::handover::confine::WRITE_DIRS)
 }
 
 /// The lowest port a user that is not root may bind in this network namespace.
@@ -179,11 +185,15 @@ fn unprivileged_port_start() -> u32 {
 fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
     let uid = args.service_user;
     let user = crate::kernel::users::User { name: "service".into(), uid, gid: uid, home: "/".into() };
+    // Of several services, each must listen on its own ports itself (another could take one
+    // unbound by listen() alone, as an ephemeral port): each starts with a loginuid write of its
+    // own, which gives it an audit session the kernel keeps for all it starts.
+    let several = run.record.services.len() > 1;
     let drop = crate::spawn::plan::Drop {
         user,
         groups: vec![],
         allow_setuid: false,
-        tag: crate::spawn::plan::Tag::None,
+        tag: if several { crate::spawn::plan::Tag::Required(uid) } else { crate::spawn::plan::Tag::None },
     };
     // Hashed first: the wait is the services' own.
     for s in run.record.services.iter_mut() {
@@ -200,18 +210,35 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         None => return Err("no state dir to keep the services' output in (--state-dir)".into()),
     };
     let (stdin, log) = (std::os::fd::OwnedFd::from(stdin), std::os::fd::OwnedFd::from(log));
-    let (ruleset, filter) = run.ruleset.take().ok_or("the services' Landlock domain was not made")?;
+    let (rulesets, filter) = run.ruleset.take().ok_or("the services' Landlock domain was not made")?;
     run.killer = Some(Killer::start(uid)?);
-    for s in run.record.services.iter_mut() {
+    for (s, ruleset) in run.record.services.iter_mut().zip(&rulesets) {
         let plan = crate::spawn::plan::Plan::new(&s.argv, Some(drop.clone()))
             .and_then(|p| p.recorded(&s.exe, &s.cwd, &s.env, &stdin, &log))
-            .map(|p| p.confined(&ruleset, &filter))
+            .map(|p| p.confined(ruleset, &filter))
             .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
-        let pid = plan
-            .spawn_forked(START_TIME)
-            .map_err(|e| format!("cannot start the service on port {:?}: {e}", s.ports))?;
+        let pid = plan.spawn_forked(START_TIME).map_err(|e| {
+            let why =
+                if several { " (each of several services needs a loginuid write of its own)" } else { "" };
+            format!("cannot start the service on port {:?}: {e}{why}", s.ports)
+        })?;
         s.pid = Some(pid);
         run.children.push(pid);
+    }
+    // After every start, not between two: the gap between one service's exec and the next's
+    // stays as short as it was, since a service started first could rewrite the next one's
+    // executable in it (its digest was taken before: attack_handover_2 y08). Read while each
+    // child is unreaped: its pid is still its own.
+    for s in run.record.services.iter_mut() {
+        if let (true, Some(pid)) = (several, s.pid) {
+            s.audit_session = Some(crate::observe::sockets::audit_session(pid).ok_or_else(|| {
+                format!(
+                    "cannot read the audit session of the service on port {:?} (/proc/{pid}/sessionid), \
+                     which tells it from the other services: hand over on a kernel built with CONFIG_AUDIT",
+                    s.ports
+                )
+            })?);
+        }
     }
     let until = began + Duration::from_secs(args.service_wait);
     let mut exited: Vec<(usize, i32)> = Vec::new();
@@ -219,9 +246,22 @@ fn launch(args: &VerifyArgs, run: &mut Running) -> Result<(), String> {
         let (listening, _) = crate::observe::sockets::listening()
             .map_err(|e| format!("cannot read the socket tables: {e}"))?;
         let held = held_by(uid)?;
-        let up = |p: u16| listening.iter().any(|l| l.at.port == p && theirs(l, uid, &held));
-        let waiting: Vec<u16> =
-            run.record.services.iter().flat_map(|s| s.ports.iter().copied()).filter(|&p| !up(p)).collect();
+        // A port counts only as its owner's: of several services, held by a process of its session.
+        let up = |p: u16, session: Option<u32>| {
+            listening.iter().any(|l| {
+                l.at.port == p
+                    && match session {
+                        None => theirs(l, uid, &held),
+                        Some(s) => held.iter().any(|&(i, h)| i == l.inode && h == Some(s)),
+                    }
+            })
+        };
+        let waiting: Vec<u16> = run
+            .record
+            .services
+            .iter()
+            .flat_map(|s| s.ports.iter().copied().filter(move |&p| !up(p, s.audit_session)))
+            .collect();
         if waiting.is_empty() {
             return Ok(());
         }
@@ -321,19 +361,21 @@ fn stop_all(run: &mut Running) -> Result<usize, String> {
     out
 }
 
-/// A socket is the services' when a process of theirs holds it, or when their user made it
-/// (one in flight in a message, or held by a process that hides its descriptors).
-fn theirs(l: &crate::observe::sockets::Listening, uid: u32, held: &std::collections::HashSet<u64>) -> bool {
-    l.uid == uid || held.contains(&l.inode)
+/// A socket is the one service's when a process of its holds it, or when its user made it (one
+/// in flight in a message, or held by a process that hides its descriptors).
+fn theirs(l: &crate::observe::sockets::Listening, uid: u32, held: &[(u64, Option<u32>)]) -> bool {
+    l.uid == uid || held.iter().any(|&(i, _)| i == l.inode)
 }
 
 /// The sockets the processes of `uid` in this PID namespace hold (their descriptors, read with
 /// that user's filesystem IDs where root may not): a socket is the services' by who holds it,
-/// not by the UID that made it, which another namespace sharing the network may share.
-fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
+/// not by the UID that made it, which another namespace sharing the network may share. Each with
+/// the audit session of the process holding it.
+fn held_by(uid: u32) -> Result<Vec<(u64, Option<u32>)>, String> {
     let snap = Reader::default().snapshot(Detail::Light).map_err(|e| format!("cannot read /proc: {e}"))?;
-    let mut out = std::collections::HashSet::new();
+    let mut out = Vec::new();
     for p in snap.values().filter(|p| p.alive() && p.all_uids().any(|u| u == uid)) {
+        let session = crate::observe::sockets::audit_session(p.pid);
         let scan = || crate::observe::sockets::socket_inodes(p.pid, HELD_SCAN);
         let found = match scan() {
             Ok(f) => f,
@@ -342,7 +384,7 @@ fn held_by(uid: u32) -> Result<std::collections::HashSet<u64>, String> {
                 .and_then(Result::ok)
                 .unwrap_or_default(),
         };
-        out.extend(found);
+        out.extend(found.into_iter().map(|i| (i, session)));
     }
     Ok(out)
 }

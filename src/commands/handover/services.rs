@@ -23,10 +23,13 @@ pub struct Started {
     pub cwd: String,
     /// The names of its environment's variables (their values may be secrets).
     pub env_names: Vec<String>,
+    /// The ports it alone may bind (the first service naming a port owns it), and must listen on.
     pub ports: Vec<u16>,
     /// Started from `--service PORT=COMMAND`, not from its record.
     pub declared: bool,
     pub pid: Option<i32>,
+    /// The audit session its processes carry (of several services, each is told by its own).
+    pub audit_session: Option<u32>,
     /// The environment it is started with (not recorded: values may be secrets).
     #[serde(skip)]
     pub env: Vec<String>,
@@ -70,8 +73,9 @@ pub fn services(claims: &Claims, declared: &[String], named: &[u16]) -> Result<V
             None => recorded_start(s, evidence)?,
         };
         started.was_pid = Some(s.pid);
+        // A port is the first service's that names it: only that one may bind it.
         for p in ports {
-            if !started.ports.contains(&p) {
+            if !started.ports.contains(&p) && !out.iter().any(|o| o.ports.contains(&p)) {
                 started.ports.push(p);
             }
         }
@@ -101,6 +105,7 @@ fn declared_start(cmd: &str) -> Started {
         ports: Vec::new(),
         declared: true,
         pid: None,
+        audit_session: None,
         env,
     }
 }
@@ -143,6 +148,7 @@ fn recorded_start(s: &Service, e: Option<&Evidence>) -> Result<Started, String> 
         ports: Vec::new(),
         declared: false,
         pid: None,
+        audit_session: None,
         env,
     })
 }

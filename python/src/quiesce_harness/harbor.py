@@ -1326,7 +1326,8 @@ def _hand_over_summary(record: dict[str, Any]) -> str:
         head += f", {record['stopped']} process(es) stopped after the tests"
     domain = record.get("domain")
     if isinstance(domain, dict):
-        head += f", confined (Landlock ABI {domain.get('abi')}: TCP ports {domain.get('connect_tcp')})"
+        abi, ports = domain.get("abi"), domain.get("connect_tcp")
+        head += f", confined (Landlock ABI {abi}: TCP ports {ports})"
     if record.get("reason"):
         head += f" ({record['reason']})"
     return head + ("; " + "; ".join(parts) if parts else "")

@@ -62,6 +62,17 @@ fn frozen(tag: &str, hostile: &str) -> (Container, PathBuf, PathBuf, u16, Guard)
 
 /// The hijack: the service binds the tests' own port WITHOUT listen() (no listening
 /// socket for any look to find); the tests' reference server would get EADDRINUSE.
+/// The hand-over's output shows the guard `held` (the tests' own word); otherwise the `attack`
+/// worked, said with verify's exit, its output and the services' log.
+fn assert_held(out: &std::process::Output, log: &str, held: &str, attack: &str) {
+    assert!(
+        said(out).contains(held),
+        "ATTACK WORKED: verify exit {:?}; {attack}: {}; services: {log}",
+        out.status.code(),
+        said(out)
+    );
+}
+
 #[test]
 fn d01_the_tests_port_bound_without_listen() {
     let _serial = serial();
@@ -311,12 +322,7 @@ fn d03_the_service_signals_a_process_of_the_tests() {
     );
     let out = hand_over(&c, &work, &reward, &[], &tests);
     let log = services_log(&c);
-    assert!(
-        said(&out).contains("tests-process-alive"),
-        "ATTACK WORKED: verify exit {:?}; the tests' process was killed by the service: {}; services: {log}",
-        out.status.code(),
-        said(&out)
-    );
+    assert_held(&out, &log, "tests-process-alive", "the tests' process was killed by the service");
     assert!(log.contains(&format!("signal-refused {}", libc::EPERM)), "the service never tried: {log}");
 }
 
@@ -341,12 +347,7 @@ fn d04_the_service_connects_to_the_tests_abstract_socket() {
     );
     let out = hand_over(&c, &work, &reward, &[], &format!("{PY} -c \"{server}\""));
     let log = services_log(&c);
-    assert!(
-        said(&out).contains("tests-socket-alone"),
-        "ATTACK WORKED: verify exit {:?}; the service reached the tests' abstract socket: {}; services: {log}",
-        out.status.code(),
-        said(&out)
-    );
+    assert_held(&out, &log, "tests-socket-alone", "the service reached the tests' abstract socket");
     assert!(log.contains(&format!("connect-refused {}", libc::EPERM)), "the service never tried: {log}");
 }
 
@@ -375,12 +376,7 @@ fn d05_the_service_writes_a_reward_left_writable() {
     let out = hand_over(&c, &work, &reward, &[], &tests);
     let log = services_log(&c);
     let _ = std::fs::remove_dir_all(&logs);
-    assert!(
-        said(&out).contains("reward-intact"),
-        "ATTACK WORKED: verify exit {:?}; the service rewrote the reward: {}; services: {log}",
-        out.status.code(),
-        said(&out)
-    );
+    assert_held(&out, &log, "reward-intact", "the service rewrote the reward");
     assert!(log.contains(&format!("write-refused {}", libc::EACCES)), "the service never tried: {log}");
 }
 

@@ -21,6 +21,26 @@ fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// kill(-1, SIGSTOP) as each sandbox UID, first of all: until it, every step of the init waits
+/// for a CPU behind whatever the sandbox runs (under a fork bomb of 2,000 the marker's removal
+/// and the status write took seconds, nearly all of it waiting on the run queue), and after it
+/// nothing of those UIDs runs. It decides nothing: the freeze's stop sweeps again, finds what
+/// this missed (other UIDs by ancestry, a lineage sandbox by pidfd) and waits for every one.
+/// A freeze that then fails before its kill leaves them stopped, as a failed stop does.
+fn stop_first(sb: &mut Sandbox) {
+    let uids = sb.tracking.policy.uids.clone();
+    if uids.is_empty() {
+        return;
+    }
+    if let Err(e) = sb.settings.freeze.cred.kill_all_as(&uids, libc::SIGSTOP) {
+        log::warn!("freeze: the first stop of the sandbox UIDs failed ({e}); the stop sweeps again");
+    }
+}
+
 /// The freeze reaps through the init's own reaper: a reaped command's status is recorded as always.
 impl freeze::run::Reap for Reaper {
     fn reap_batch(&mut self) -> bool {
@@ -35,6 +55,10 @@ pub(super) fn do_freeze(
     pending_request: Option<Request>,
     born_since: Since,
 ) {
+    let taken = Instant::now();
+    let started_unix_ms = unix_ms();
+    stop_first(sb);
+    let stopped = taken.elapsed();
     let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let reader = Reader::default();
     // The last freeze's attestation ends here: what it would sign is no longer the tree's state.
@@ -60,14 +84,20 @@ pub(super) fn do_freeze(
         phases_ms: Default::default(),
         history: sb.tracking.policy.history.len(),
         unreaped_zombies: 0,
-        started_unix_ms: 0,
+        started_unix_ms,
         attestation: None,
     };
     if !announce(sb, &mut status) {
         return;
     }
+    let announced = taken.elapsed();
     log::info!("freeze {id}: starting");
     look_again(sb, &id);
+    log::debug!(
+        "freeze {id}: sandbox UIDs stopped {stopped:?} after the request was taken, the old marker gone and \
+         the status written by {announced:?}, the fresh look done by {:?}",
+        taken.elapsed()
+    );
     let ctx = freeze::run::Context {
         since: born_since,
         launchers: &sb.tracking.launchers,
@@ -78,8 +108,6 @@ pub(super) fn do_freeze(
     };
     // The freeze reads its observations into a table of its own: `sb.tracking.seen` stays the
     // last tracking refresh, which the next freeze within the interval starts from.
-    status.started_unix_ms =
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     let mut out = freeze::run::run(
         &mut sb.settings.freeze,
         &mut sb.tracking.policy,
@@ -177,8 +205,8 @@ fn own_client(
     (client, client_refused)
 }
 
-/// The old marker and attestation go before any signal is sent: a failed freeze must not leave
-/// one behind. Then "freezing" in status.json. False: the freeze failed, its status published.
+/// The old marker and attestation go before any process is killed or looked at (only the first
+/// stop comes before): a failed freeze must not leave one behind. Then "freezing" in status.json. False: the freeze failed, its status published.
 fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
     let id = status.id.clone();
     for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {

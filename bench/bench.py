@@ -531,7 +531,9 @@ def shapes_table(res, runs):
     L += [f"- {k}: {v}." for k, v in SHAPES.items()]
     L += ["- kernel floor: one `kill(-1, SIGKILL)` from a thread switched to the UID, then polling /proc until "
           "none is alive (see below).",
-          "- Phases: stop = `kill(-1, SIGSTOP)` as the UID, a wait on the stat lines of a sample of the signalled "
+          "- Phases: stop = from the init's first `kill(-1, SIGSTOP)` as the UID, sent as soon as it takes the request "
+          "(the old marker's removal, the `freezing` status and, when the last tracking refresh is stale, a fresh look "
+          "come after it, inside this phase), a wait on the stat lines of a sample of the signalled "
           "processes, then one full observation (stat and status of every process; of every other thread of a "
           "multi-threaded one its stat, or its status where the leader holds no sandbox UID; two threads read it), repeated while some sandbox process still runs; walk = command "
           "line and executable of each on the evidence readers (two from 64 processes); kill = `kill(-1, SIGKILL)`, "

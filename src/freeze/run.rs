@@ -37,6 +37,9 @@ pub struct Context<'a> {
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
+    /// When the init acted on the request (its first stop of the sandbox UIDs, before the old
+    /// marker's removal and the fresh look): the freeze's clock and its stop phase start there.
+    pub began: Instant,
 }
 
 /// The freeze's start point (`newcomers::Since::take`: what orders the starting tick's processes,
@@ -84,7 +87,7 @@ pub fn run(
     ctx: Context,
     reap: &mut dyn Reap,
 ) -> Outcome {
-    let start = Instant::now();
+    let start = ctx.began;
     let mut ancestry = newcomers::Ancestry::from_launchers(ctx.launchers);
     if ctx.outside_unseen {
         ancestry.suspect_outside();

@@ -85,7 +85,8 @@ impl Run<'_> {
             waiting = running.iter().map(|p| (p.pid, Some(p.start_time))).collect();
             first = false;
         };
-        self.phases.stop = ms(t.elapsed());
+        // From the first stop the init sent, before this function (`run::Context::began`).
+        self.phases.stop = ms(self.start.elapsed());
         Ok(last)
     }
 

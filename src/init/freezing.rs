@@ -105,6 +105,7 @@ pub(super) fn do_freeze(
         client,
         client_refused,
         outside_unseen: !sb.tracking.policy.lineage && !sb.settings.no_new_privs,
+        began: taken,
     };
     // The freeze reads its observations into a table of its own: `sb.tracking.seen` stays the
     // last tracking refresh, which the next freeze within the interval starts from.

@@ -16,5 +16,6 @@ mod init;
 mod kernel;
 mod marker;
 mod observe;
+mod record;
 mod spawn;
 mod state;

@@ -10,6 +10,7 @@ mod init;
 mod kernel;
 mod marker;
 mod observe;
+mod record;
 mod spawn;
 mod state;
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! `scripts/layers` fails on an upward use in each form it can take, on a short name at the
-//! crate root (which keeps none: every path names its folder), on a re-export, and on a fuzz
-//! targets' root (src/lib.rs) that is built outside fuzz builds or makes a folder public, or a
-//! binary's root that declares the fuzz facade; the tree as it is passes.
+//! `scripts/layers` fails on an upward use in each form it can take (and from the records' floor,
+//! the lowest but the kernel's), on a short name at the crate root (which keeps none: every path
+//! names its folder), on a re-export, and on a fuzz targets' root (src/lib.rs) that is built
+//! outside fuzz builds or makes a folder public, or a binary's root that declares the fuzz
+//! facade; the tree as it is passes.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -54,6 +55,19 @@ fn layers_refuses_every_form_of_an_upward_use() {
         assert!(said.contains("src/kernel/users.rs") && said.contains(named), "{planted:?}: {said}");
     }
     std::fs::write(&victim, original).unwrap();
+    // The records sit below every floor that fills them in, stores or signs them.
+    let record = scratch.join("record/freeze.rs");
+    let original = std::fs::read_to_string(&record).unwrap();
+    for (planted, named) in [
+        ("use crate::state::dir::Status;", "uses state/"),
+        ("use crate::observe::sockets::Listening;", "uses observe/"),
+    ] {
+        std::fs::write(&record, format!("{original}\n{planted}\n")).unwrap();
+        let (code, said) = layers(&scratch);
+        assert_eq!(code, 1, "{planted:?} passed: {said}");
+        assert!(said.contains("src/record/freeze.rs") && said.contains(named), "{planted:?}: {said}");
+    }
+    std::fs::write(&record, original).unwrap();
     // The fuzz targets' crate root is empty outside fuzz builds and keeps the folders private.
     let lib = scratch.join("lib.rs");
     let root = std::fs::read_to_string(&lib).unwrap();

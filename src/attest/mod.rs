@@ -3,8 +3,8 @@
 //! hash of one file (digest), both on threads (tree), names as text (name), the statement, the
 //! envelope (dsse), what the init hands the worker (job), the worker process (worker), what
 //! verify finds changed since (compare), and verify's re-check process (recheck).
-//! May use: kernel, state, and the records of observe, freeze and marker. Never runs on PID 1's
-//! thread: the init starts `worker` as a process of its own, and verify starts `recheck`.
+//! May use: kernel, record, state, and marker's key id. Never runs on PID 1's thread: the init
+//! starts `worker` as a process of its own, and verify starts `recheck`.
 
 pub mod compare;
 mod digest;

@@ -4,8 +4,8 @@
 
 use super::name;
 use super::walk::{Bounds, Entries};
-use crate::observe::container::Container;
-use crate::state::dir::Phases;
+use crate::record::container::Container;
+use crate::record::freeze::Phases;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

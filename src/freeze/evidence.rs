@@ -1,6 +1,7 @@
 //! The walk's evidence: what a person needs to recognise each killed process (its command line
 //! and executable), read with a bound on size and a bound on time. Evidence never decides
-//! anything: the stop, the kills and the proof read stat, status and loginuid only.
+//! anything: the stop, the kills and the proof read stat, status and loginuid only. The records
+//! it fills in are `record::evidence`'s; the walk, its bounds and its readers are here.
 //!
 //! Size. The sandbox chooses its command lines: at most `CMDLINE_READ` bytes of each are read,
 //! and at most `CMDLINE_KEEP` bytes of JSON kept (marked `truncated`); the whole list is at most
@@ -31,8 +32,8 @@ use crate::freeze::readers::{pool, spawn, Job, Pool, Reply, Worker, LANES, LANES
 use crate::kernel::process::Pid;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::reader::Reader;
-use crate::observe::sockets::Endpoint;
-use serde::{Deserialize, Serialize};
+use crate::record::evidence::{Endpoint, Evidence, Service};
+use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::mpsc::RecvTimeoutError;
@@ -44,41 +45,6 @@ pub const CMDLINE_KEEP: usize = 4096;
 pub const EXE_KEEP: usize = 1024;
 /// Bytes of JSON of the whole `processes` list of a marker.
 pub const MARKER_BUDGET: usize = 1 << 20;
-
-/// One killed process as the walk recorded it (within the bounds above).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Evidence {
-    pub pid: i32,
-    pub ppid: i32,
-    pub uids: Vec<u32>,
-    pub comm: String,
-    /// None: not read (`unreadable`).
-    pub cmdline: Option<Vec<String>>,
-    pub exe: Option<String>,
-    pub start_time: u64,
-    pub reason: Vec<String>,
-    /// The command line or the exe path was cut to its cap.
-    #[serde(default)]
-    pub truncated: bool,
-    /// The command line could not be read in time (or at all).
-    #[serde(default)]
-    pub unreadable: bool,
-}
-/// A killed process that listened on TCP: what a hand-over needs to start it again (its command
-/// line and executable are in its `Evidence`, found by pid and start time).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Service {
-    pub pid: i32,
-    pub start_time: u64,
-    pub listen: Vec<Endpoint>,
-    /// None: not shown to the reader.
-    pub cwd: Option<String>,
-    /// `NAME=value` entries; None: not shown to the reader.
-    pub env: Option<Vec<String>>,
-    /// The working directory or the environment was cut to its cap.
-    #[serde(default)]
-    pub truncated: bool,
-}
 
 /// Services recorded per freeze, and bytes of JSON kept of one environment (what is read of
 /// each: `observe::evidence`).

@@ -11,7 +11,7 @@ use crate::kernel::process::{self, Pid};
 use crate::observe::consistency;
 use crate::observe::procs::model::Proc;
 use crate::observe::procs::table::Table;
-use crate::state::dir::Survivor;
+use crate::record::freeze::Survivor;
 use std::time::{Duration, Instant};
 
 /// How long the proof keeps looking while newcomers no parent vouches for are alive.

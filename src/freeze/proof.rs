@@ -10,7 +10,7 @@ use crate::freeze::run::{Context, Outcome, Reap};
 use crate::kernel::process::{self, Pid};
 use crate::observe::consistency::{self, Observed};
 use crate::observe::procs::table::Table;
-use crate::state::dir::Survivor;
+use crate::record::freeze::Survivor;
 use std::io;
 use std::time::{Duration, Instant};
 

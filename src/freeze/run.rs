@@ -15,7 +15,7 @@ use crate::kernel::process::Pid;
 use crate::observe::procs;
 use crate::observe::procs::reader::Reader;
 use crate::observe::procs::table::Table;
-use crate::state::{dir::Phases, dir::Survivor};
+use crate::record::freeze::{Phases, Survivor};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 

@@ -221,7 +221,7 @@ mod tests {
             id: "i".into(),
             jti: "i".into(),
             nonce: None,
-            container: crate::observe::container::Container {
+            container: crate::record::container::Container {
                 boot_id: "b".into(),
                 pid_ns: 1,
                 hostname: "h".into(),

@@ -1,7 +1,8 @@
 //! The signed quiescence marker: a compact JWS (RFC 7515) with EdDSA over Ed25519 (RFC 8037).
 
-use crate::freeze::evidence::Evidence;
-use crate::observe::container::Container;
+use crate::record::container::Container;
+use crate::record::evidence::{Evidence, Service};
+use crate::record::freeze::Phases;
 use crate::state::files;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
@@ -25,7 +26,7 @@ pub struct Claims {
     /// Processes killed but left out of `processes`, which is capped in size.
     #[serde(default)]
     pub processes_omitted: u64,
-    pub phases_ms: crate::state::dir::Phases,
+    pub phases_ms: Phases,
     pub version: String,
     /// Whether a loginuid marked sandbox launches (lineage followed them); absent in markers of
     /// versions before it was carried, which a policy that asks for it refuses.
@@ -52,7 +53,7 @@ pub struct Claims {
     /// The killed processes that listened on TCP, for `verify --hand-over` (where, their cwd
     /// and environment). Absent when none did, and in markers of earlier versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub services: Vec<crate::freeze::evidence::Service>,
+    pub services: Vec<Service>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -1,17 +1,9 @@
-//! The container this process runs in, as a marker names it: read here, where /proc is read,
-//! so that the marker only signs and checks what it is given.
+//! The container this process runs in, as a marker names it (`record::container`): read here,
+//! where /proc is read, so that the marker only signs and checks what it is given.
 
-use serde::{Deserialize, Serialize};
+use crate::record::container::Container;
 use std::fs;
 use std::io;
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Container {
-    pub boot_id: String,
-    pub pid_ns: u64,
-    pub hostname: String,
-    pub init_start: u64,
-}
 
 /// The container this process runs in, as a marker names it.
 pub fn this_container() -> io::Result<Container> {

@@ -6,7 +6,7 @@
 //! kernel, observe.
 
 use crate::kernel::{creds, process::Pid};
-use crate::observe::sockets::Endpoint;
+use crate::record::evidence::Endpoint;
 use std::collections::HashMap;
 use std::io::{self, Read};
 

@@ -3,19 +3,11 @@
 //! `verify --hand-over` waits until the restarted service holds one again. The sandbox shapes
 //! how many sockets there are, so each table is read to a bound, and a table cut there says so.
 
-use serde::{Deserialize, Serialize};
+use crate::record::evidence::Endpoint;
 use std::io::{self, Read};
 
 /// Bytes read of each table: about 50,000 sockets.
 pub const TABLE_READ: u64 = 8 << 20;
-
-/// Where a socket listens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Endpoint {
-    /// As the kernel's address text reads: "127.0.0.1", "::".
-    pub addr: String,
-    pub port: u16,
-}
 
 /// One listening socket: where, whose (the UID that made it) and its inode (what a process's
 /// descriptor links to, `socket:[inode]`).

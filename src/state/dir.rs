@@ -1,6 +1,7 @@
 //! The state directory: status, marker, public key, freeze requests and their results.
 //! Every write is atomic and cannot follow a planted link; every read is checked on its descriptor.
 
+use crate::record::freeze::{Phases, Survivor};
 use crate::state::files::{self, FileError};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -15,23 +16,6 @@ pub const STATUS: &str = "status.json";
 pub const PUBKEY: &str = "signing.pub";
 /// The DSSE envelope of the attestation (one JSON line), next to the marker.
 pub const ATTESTATION: &str = "quiescence.intoto.jsonl";
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Survivor {
-    pub pid: i32,
-    pub uid: u32,
-    pub state: char,
-    pub comm: String,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Phases {
-    pub stop: u64,
-    pub walk: u64,
-    pub kill: u64,
-    pub probe: u64,
-    pub total: u64,
-}
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Status {

@@ -8,8 +8,9 @@
 use crate::kernel::users;
 use crate::marker::{self, jws::Claims};
 use crate::observe::procs;
+use crate::record::freeze::{Phases, Survivor};
 use crate::state::requests::{self, Request};
-use crate::state::{self, dir::FreezeState, dir::Phases, dir::Status, dir::Survivor};
+use crate::state::{self, dir::FreezeState, dir::Status};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -3,8 +3,8 @@
 //! with the task's declared starts (`--service PORT=COMMAND`) in place of those on their ports;
 //! a record too incomplete to start again from is a refusal naming the start to declare.
 
-use crate::freeze::evidence::{Evidence, Service};
 use crate::marker::jws::Claims;
+use crate::record::evidence::{Evidence, Service};
 use serde::Serialize;
 
 /// The environment a declared service gets.

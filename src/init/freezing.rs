@@ -30,15 +30,20 @@ fn unix_ms() -> u64 {
 /// and the status write took seconds, nearly all of it waiting on the run queue), and after it
 /// nothing of those UIDs runs. It decides nothing: the freeze's stop sweeps again, finds what
 /// this missed (other UIDs by ancestry, a lineage sandbox by pidfd) and waits for every one.
-/// A freeze that then fails before its kill leaves them stopped, as a failed stop does.
-fn stop_first(sb: &mut Sandbox) {
+/// A freeze that then fails before its kill leaves them stopped, as a failed stop does. A
+/// switch that fails here fails the freeze, as it would in the stop: a credential helper that
+/// does not answer may have been stopped by a sandbox process in its switched instant, and the
+/// freeze ends there (its old marker removed first) rather than go on with a new one.
+fn stop_first(sb: &mut Sandbox) -> Result<(), String> {
     let uids = sb.tracking.policy.uids.clone();
     if uids.is_empty() {
-        return;
+        return Ok(());
     }
-    if let Err(e) = sb.settings.freeze.cred.kill_all_as(&uids, libc::SIGSTOP) {
-        log::warn!("freeze: the first stop of the sandbox UIDs failed ({e}); the stop sweeps again");
-    }
+    sb.settings
+        .freeze
+        .cred
+        .kill_all_as(&uids, libc::SIGSTOP)
+        .map_err(|e| format!("credential switch failed: {e}"))
 }
 
 /// The freeze reaps through the init's own reaper: a reaped command's status is recorded as always.
@@ -57,7 +62,7 @@ pub(super) fn do_freeze(
 ) {
     let taken = Instant::now();
     let started_unix_ms = unix_ms();
-    stop_first(sb);
+    let first_stop = stop_first(sb);
     let stopped = taken.elapsed();
     let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let reader = Reader::default();
@@ -88,6 +93,13 @@ pub(super) fn do_freeze(
         attestation: None,
     };
     if !announce(sb, &mut status) {
+        return;
+    }
+    if let Err(e) = first_stop {
+        log::error!("freeze {id} failed: {e}");
+        status.state = FreezeState::Failed;
+        status.reason = Some(e);
+        publish(sb, &status);
         return;
     }
     let announced = taken.elapsed();

@@ -240,7 +240,9 @@ def init_goal_lines(ic, sr, sc):
     mib = q["size"] / 1048576
     qs = sr.get("quiesce", {"rss_kib": float("nan")})["rss_kib"]
     return [
-        f"- binary ≤ 1.5 MiB: {q['size']} bytes = {mib:.2f} MiB — " + ("met" if mib <= 1.5 else "missed"),
+        f"- binary ≤ 1.5 MiB: {q['size']} bytes = {mib:.2f} MiB — " + ("met" if mib <= 1.5 else
+            "missed (the sidecar and the hand-over took it past 1.5 MiB; the release's bound is 1,800 KiB: "
+            "[release.md](release.md#size))"),
         f"- own peak RSS ≤ 2× tini-static: {q['rss_kib']} KiB = {q['rss_kib']/t['rss_kib']:.2f}×, "
         f"with a sandbox user {qs:.0f} KiB = {qs/t['rss_kib']:.2f}× — "
         + ("met" if max(q["rss_kib"], qs) <= 2 * t["rss_kib"] else "missed"),

@@ -70,8 +70,9 @@ pub fn exec(args: ExecArgs) -> i32 {
     if !args.no_idle {
         // The launch and all it starts run at SCHED_IDLE, which they cannot leave: under a fork
         // bomb of 2,000 at the normal policy, the init and a freeze client each waited seconds
-        // for the CPU behind the forkers (a freeze asked for came back after 17.5 s). Idle
-        // threads still take every cycle nothing else in the container wants.
+        // for the CPU behind the forkers (`freeze --wait` came back 17.5 to 38.9 s after it was
+        // asked, in runs of the bench's `bomb`). Idle threads still take every cycle nothing else
+        // in the container wants. (A nice value of 19 instead did worse under the same bomb.)
         if let Err(e) = process::idle_for_good() {
             log::warn!("cannot run this launch at SCHED_IDLE ({e}): under a fork bomb of it the init and a freeze wait for the CPU");
         }

@@ -97,7 +97,7 @@ fn a_full_state_dir_fails_the_freeze_unsigned_and_the_next_one_works() {
     let said = wait_log(&c, "cannot write the marker", Duration::from_secs(60));
     assert!(said.contains("No space left on device"), "{said}");
     assert!(c.live_of_uid(uid).is_empty(), "the freeze killed nothing");
-    // The first freeze's marker went before the kill; the second's could not be written.
+    // The first freeze's marker went before any signal; the second's could not be written.
     assert!(state_file(&c, "quiescence.jws").is_none(), "a marker is readable after a failed freeze");
     // Nor is a status that could not be written left to say an earlier state (this freeze's
     // "freezing", or the first one's "quiescent"): it says "failed", or there is none. Which
@@ -113,7 +113,7 @@ fn a_full_state_dir_fails_the_freeze_unsigned_and_the_next_one_works() {
 }
 
 #[test]
-fn a_read_only_state_dir_fails_the_freeze_before_the_kill_and_the_next_one_works() {
+fn a_read_only_state_dir_fails_the_freeze_before_a_signal_and_the_next_one_works() {
     let uid = 4612;
     let mut c = container(uid, 2048);
     let _w = c.launch(uid, &["sleepers", "5"]);
@@ -123,8 +123,8 @@ fn a_read_only_state_dir_fails_the_freeze_before_the_kill_and_the_next_one_works
     c.signal(libc::SIGUSR1);
     let said = wait_log(&c, "cannot remove the old marker", Duration::from_secs(30));
     assert!(said.contains("Read-only file system"), "{said}");
-    // The freeze failed after its first stop and before its kill: the sandbox lives (stopped),
-    // and the old marker, which a read-only file system keeps, does not let the verifier through.
+    // The freeze stopped before it sent a signal: the sandbox lives, and the old marker, which
+    // a read-only file system keeps, does not let the verifier through.
     assert!(c.live_of_uid(uid).contains(&w.pid), "the sandbox was killed by a freeze that could not sign");
     let out = c.verify(&["--", "echo", "scored"]);
     assert_eq!(

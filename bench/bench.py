@@ -527,14 +527,14 @@ def shapes_table(res, runs):
           "The freeze's time is its own phase total (signal to `quiescent`); in brackets the least and the most "
           "of the runs; phases in ms. Wall from outside is `quiesce freeze --wait --json` entered with nsenter, "
           "from its start to its answer; request → stop from the client's start to the first stop (`kill(-1, SIGSTOP)` "
-          "as the sandbox UIDs, the init's first act once it has taken the request), as the init's status says it "
+          "as the sandbox UIDs, sent right after the old marker's unlink once the init has taken the request), as the init's status says it "
           "(`started_unix_ms`). Every shape but fresh stands "
           f"{SETTLE} s before the request (one tracking interval: the init has looked at it).", ""]
     L += [f"- {k}: {v}." for k, v in SHAPES.items()]
     L += ["- kernel floor: one `kill(-1, SIGKILL)` from a thread switched to the UID, then polling /proc until "
           "none is alive (see below).",
           "- Phases: stop = from the init's first `kill(-1, SIGSTOP)` as the UID, sent as soon as it takes the request "
-          "(the old marker's removal, the `freezing` status and, when the last tracking refresh is stale, a fresh look "
+          "(the old attestation's removal, the `freezing` status and, when the last tracking refresh is stale, a fresh look "
           "come after it, inside this phase), a wait on the stat lines of a sample of the signalled "
           "processes, then one full observation (stat and status of every process; of every other thread of a "
           "multi-threaded one its stat, or its status where the leader holds no sandbox UID; two threads read it), repeated while some sandbox process still runs; walk = command "

@@ -775,7 +775,7 @@ fn an_entry_the_worker_may_not_read_is_skipped_and_verify_agrees() {
 }
 
 /// The old envelope cannot be removed at the start of a freeze (a directory with something in
-/// it where the envelope was): the freeze fails before any signal, and leaves no marker that
+/// it where the envelope was): the freeze fails before its kill, and leaves no marker that
 /// the stale name could be taken with.
 #[test]
 fn an_old_envelope_that_cannot_be_removed_fails_the_freeze_and_leaves_no_marker() {

@@ -242,6 +242,44 @@ fn a_credential_helper_killed_or_stopped_fails_one_freeze_at_most_and_the_next_w
     }
 }
 
+/// A credential helper that does not answer (stopped, as a sandbox process can stop it in the
+/// instant it holds the sandbox UID) holds the freeze's first stop back for its 2 s bound. The old
+/// marker goes before that stop, by a bare unlink: it is not readable meanwhile, once the client
+/// that asked (without --wait) has returned. Before, it stayed readable until the bound ran out.
+#[test]
+fn the_old_marker_is_gone_while_a_stopped_credential_helper_holds_the_first_stop_back() {
+    let uid = 4616;
+    let mut c = container_with(uid, 2048, true);
+    let _w = c.launch(uid, &["sleepers", "5"]);
+    quiescent(&c, uid, "m-1");
+    assert!(state_file(&c, "quiescence.jws").is_some(), "the first freeze left no marker");
+    let helper = credential_helper(&c);
+    assert_eq!(unsafe { libc::kill(helper, libc::SIGSTOP) }, 0, "stop the credential helper {helper}");
+    let _w = c.launch(uid, &["sleepers", "5"]);
+    let st = c.state.to_str().unwrap().to_string();
+    let q = quiesce();
+    let out = output(&mut c.exec_cmd(&[q.to_str().unwrap(), "freeze", "--state-dir", &st, "--nonce", "m-2"]));
+    assert_eq!(out.status.code(), Some(0), "the request: {}", String::from_utf8_lossy(&out.stderr));
+    // The init takes the request (the client's return) and unlinks the marker in one turn of its
+    // loop; the helper's bound is 2 s. Looked for until 1 s has passed.
+    let asked = Instant::now();
+    while state_file(&c, "quiescence.jws").is_some() && asked.elapsed() < Duration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        state_file(&c, "quiescence.jws").is_none(),
+        "the old marker was still readable {:?} after the request was taken, while the first stop waited \
+         for the stopped helper\n{}",
+        asked.elapsed(),
+        log(&c)
+    );
+    let said = wait_log(&c, "credential helper", Duration::from_secs(30));
+    assert!(said.contains("did not answer"), "{said}");
+    assert!(c.alive(), "the init died of its stopped helper");
+    let _w = c.launch(uid, &["sleepers", "5"]);
+    quiescent(&c, uid, "m-3");
+}
+
 /// The host pid of the init's credential helper: its child that runs the init's own binary.
 fn credential_helper(c: &Container) -> i32 {
     let kids = std::fs::read_dir(format!("/proc/{}/task", c.init))

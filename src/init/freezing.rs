@@ -25,15 +25,16 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// kill(-1, SIGSTOP) as each sandbox UID, first of all: until it, every step of the init waits
-/// for a CPU behind whatever the sandbox runs (under a fork bomb of 2,000 the marker's removal
-/// and the status write took seconds, nearly all of it waiting on the run queue), and after it
-/// nothing of those UIDs runs. It decides nothing: the freeze's stop sweeps again, finds what
-/// this missed (other UIDs by ancestry, a lineage sandbox by pidfd) and waits for every one.
-/// A freeze that then fails before its kill leaves them stopped, as a failed stop does. A
-/// switch that fails here fails the freeze, as it would in the stop: a credential helper that
-/// does not answer may have been stopped by a sandbox process in its switched instant, and the
-/// freeze ends there (its old marker removed first) rather than go on with a new one.
+/// kill(-1, SIGSTOP) as each sandbox UID, right after the old marker's unlink: until it, every
+/// step of the init waits for a CPU behind whatever the sandbox runs (under a fork bomb of 2,000
+/// the marker's removal and the status write took seconds, nearly all of it waiting on the run
+/// queue); after it, what those UIDs run is only what a process of theirs that was woken (a
+/// timer's SIGCONT) runs until the stop's sweeps stop it again. It decides nothing: the freeze's
+/// stop sweeps again, finds what this missed (other UIDs by ancestry, a lineage sandbox by
+/// pidfd) and waits for every one. A freeze that then fails before its kill leaves them stopped,
+/// as a failed stop does. A switch that fails here fails the freeze, as it would in the stop: a
+/// credential helper that does not answer may have been stopped by a sandbox process in its
+/// switched instant, and the freeze ends there rather than go on with a new one.
 fn stop_first(sb: &mut Sandbox) -> Result<(), String> {
     let uids = sb.tracking.policy.uids.clone();
     if uids.is_empty() {
@@ -62,7 +63,15 @@ pub(super) fn do_freeze(
 ) {
     let taken = Instant::now();
     let started_unix_ms = unix_ms();
-    let first_stop = stop_first(sb);
+    // The old marker goes before any signal, by a bare unlink (a sync would be one more sleep
+    // before the stop): a sandbox that holds the stop back (a credential helper it stopped waits
+    // out its bound) must not hold a readable marker with it. The attestation goes in
+    // `announce`, once its worker is gone; without the marker it answers for nothing.
+    let before = sb
+        .state
+        .remove(state::dir::MARKER)
+        .map_err(|e| format!("cannot remove the old marker: {e}"))
+        .and_then(|()| stop_first(sb));
     let stopped = taken.elapsed();
     let id = state::dir::new_id().unwrap_or_else(|_| format!("{}", now_unix()));
     let reader = Reader::default();
@@ -92,14 +101,7 @@ pub(super) fn do_freeze(
         started_unix_ms,
         attestation: None,
     };
-    if !announce(sb, &mut status) {
-        return;
-    }
-    if let Err(e) = first_stop {
-        log::error!("freeze {id} failed: {e}");
-        status.state = FreezeState::Failed;
-        status.reason = Some(e);
-        publish(sb, &status);
+    if !announce(sb, &mut status, before) {
         return;
     }
     let announced = taken.elapsed();
@@ -218,18 +220,22 @@ fn own_client(
     (client, client_refused)
 }
 
-/// The old marker and attestation go before any process is killed or looked at (only the first
-/// stop comes before): a failed freeze must not leave one behind. Then "freezing" in status.json. False: the freeze failed, its status published.
-fn announce(sb: &mut Sandbox, status: &mut Status) -> bool {
+/// What came `before` (the old marker's removal, the first stop) failed, or the old attestation
+/// cannot go: the freeze fails, its status published (false). A failed freeze must leave neither
+/// behind. Else "freezing" in status.json.
+fn announce(sb: &mut Sandbox, status: &mut Status, before: Result<(), String>) -> bool {
     let id = status.id.clone();
-    for (file, what) in [(state::dir::MARKER, "marker"), (state::dir::ATTESTATION, "attestation")] {
-        if let Err(e) = sb.state.remove(file) {
-            log::error!("freeze {id} failed: cannot remove the old {what}: {e}");
-            status.state = FreezeState::Failed;
-            status.reason = Some(format!("cannot remove the old {what}: {e}"));
-            publish(sb, status);
-            return false;
-        }
+    let gone = before.and_then(|()| {
+        sb.state
+            .remove(state::dir::ATTESTATION)
+            .map_err(|e| format!("cannot remove the old attestation: {e}"))
+    });
+    if let Err(why) = gone {
+        log::error!("freeze {id} failed: {why}");
+        status.state = FreezeState::Failed;
+        status.reason = Some(why);
+        publish(sb, status);
+        return false;
     }
     write_status(sb, status);
     true

@@ -108,8 +108,8 @@ pub(super) fn do_freeze(
     log::info!("freeze {id}: starting");
     look_again(sb, &id);
     log::debug!(
-        "freeze {id}: sandbox UIDs stopped {stopped:?} after the request was taken, the old marker gone and \
-         the status written by {announced:?}, the fresh look done by {:?}",
+        "freeze {id}: sandbox UIDs stopped {stopped:?} after the request was taken, the old attestation gone \
+         and the status written by {announced:?}, the fresh look done by {:?}",
         taken.elapsed()
     );
     let ctx = freeze::run::Context {

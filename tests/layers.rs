@@ -29,6 +29,20 @@ fn layers(src: &Path) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// Each line `planted` at the end of `file` (a path under `scratch`) alone makes scripts/layers
+/// exit 1 naming that file and what it `named`; the file is left as it was.
+fn each_refused(scratch: &Path, file: &str, plants: &[(&str, &str)]) {
+    let path = scratch.join(file);
+    let original = std::fs::read_to_string(&path).unwrap();
+    for (planted, named) in plants {
+        std::fs::write(&path, format!("{original}\n{planted}\n")).unwrap();
+        let (code, said) = layers(scratch);
+        assert_eq!(code, 1, "{planted:?} passed: {said}");
+        assert!(said.contains(&format!("src/{file}")) && said.contains(named), "{planted:?}: {said}");
+    }
+    std::fs::write(&path, original).unwrap();
+}
+
 #[test]
 fn layers_refuses_every_form_of_an_upward_use() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -36,38 +50,30 @@ fn layers_refuses_every_form_of_an_upward_use() {
     let _ = std::fs::remove_dir_all(&scratch);
     copy_tree(&root.join("src"), &scratch);
     assert_eq!(layers(&scratch), (0, String::new()), "the tree as it is");
-    let victim = scratch.join("kernel/users.rs");
-    let original = std::fs::read_to_string(&victim).unwrap();
-    for (planted, named) in [
-        ("use crate::init::run::Config;", "uses init/"),
-        ("use crate::{init::run::Config};", "uses init/"),
-        ("use crate::{kernel::sys, init::{run::{self, Config}}};", "uses init/"),
-        ("fn f() { let _ = crate::init::run::run; }", "uses init/"),
-        ("use crate::spawn::plan::Plan;", "uses spawn/"),
-        ("use crate::{\n    state,\n    commands::verify,\n};", "uses commands/"),
-        ("use crate::sys;", "crate::sys, which is no folder"),
-        ("pub use crate::kernel::caps;", "re-exports"),
-        ("pub(crate) use super::caps::*;", "re-exports"),
-    ] {
-        std::fs::write(&victim, format!("{original}\n{planted}\n")).unwrap();
-        let (code, said) = layers(&scratch);
-        assert_eq!(code, 1, "{planted:?} passed: {said}");
-        assert!(said.contains("src/kernel/users.rs") && said.contains(named), "{planted:?}: {said}");
-    }
-    std::fs::write(&victim, original).unwrap();
+    each_refused(
+        &scratch,
+        "kernel/users.rs",
+        &[
+            ("use crate::init::run::Config;", "uses init/"),
+            ("use crate::{init::run::Config};", "uses init/"),
+            ("use crate::{kernel::sys, init::{run::{self, Config}}};", "uses init/"),
+            ("fn f() { let _ = crate::init::run::run; }", "uses init/"),
+            ("use crate::spawn::plan::Plan;", "uses spawn/"),
+            ("use crate::{\n    state,\n    commands::verify,\n};", "uses commands/"),
+            ("use crate::sys;", "crate::sys, which is no folder"),
+            ("pub use crate::kernel::caps;", "re-exports"),
+            ("pub(crate) use super::caps::*;", "re-exports"),
+        ],
+    );
     // The records sit below every floor that fills them in, stores or signs them.
-    let record = scratch.join("record/freeze.rs");
-    let original = std::fs::read_to_string(&record).unwrap();
-    for (planted, named) in [
-        ("use crate::state::dir::Status;", "uses state/"),
-        ("use crate::observe::sockets::Listening;", "uses observe/"),
-    ] {
-        std::fs::write(&record, format!("{original}\n{planted}\n")).unwrap();
-        let (code, said) = layers(&scratch);
-        assert_eq!(code, 1, "{planted:?} passed: {said}");
-        assert!(said.contains("src/record/freeze.rs") && said.contains(named), "{planted:?}: {said}");
-    }
-    std::fs::write(&record, original).unwrap();
+    each_refused(
+        &scratch,
+        "record/freeze.rs",
+        &[
+            ("use crate::state::dir::Status;", "uses state/"),
+            ("use crate::observe::sockets::Listening;", "uses observe/"),
+        ],
+    );
     // The fuzz targets' crate root is empty outside fuzz builds and keeps the folders private.
     let lib = scratch.join("lib.rs");
     let root = std::fs::read_to_string(&lib).unwrap();

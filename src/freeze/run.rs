@@ -37,8 +37,9 @@ pub struct Context<'a> {
     /// Lineage is off and setuid binaries work: a process entered with `docker exec -u` may have
     /// become root before any observation saw it, so the outside vouches for no newcomer.
     pub outside_unseen: bool,
-    /// When the init acted on the request (its first stop of the sandbox UIDs, before the old
-    /// marker's removal and the fresh look): the freeze's clock and its stop phase start there.
+    /// When the init took the freeze (the old marker's unlink, then its first stop of the sandbox
+    /// UIDs, before the status write and the fresh look): the freeze's clock and its stop phase
+    /// start there.
     pub began: Instant,
 }
 

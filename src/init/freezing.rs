@@ -18,7 +18,7 @@ use crate::state::requests::Request;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    unix_ms() / 1000
 }
 
 fn unix_ms() -> u64 {

@@ -637,6 +637,37 @@ fn t16_sandbox_attacks_pid_1_during_the_freeze() {
     }
 }
 
+/// What a sandbox process can send PID 1 while a freeze's switch has the init's thread hold its
+/// UID, sent here outside any freeze so that it arrives every time: a kill from a process whose
+/// real UID is the sandbox's (root's capabilities let it through), and signals whose sender the
+/// kernel does not name (a queued SIGTERM claiming to come from outside, SIGIO, a poll signal
+/// chosen to be SIGTERM). The init acts on none of them: the command is not signalled and no
+/// freeze runs. The same signals from root reach the command and freeze.
+#[test]
+fn t16b_signals_the_sandbox_may_have_sent_pid_1_are_dropped() {
+    let _l = light();
+    let uid = 4336;
+    let mut c = sandbox(uid, &[]);
+    let u = uid.to_string();
+    let a = adv();
+    let kills = ["TERM", "HUP", "INT", "USR1"].map(|s| format!("setpriv --ruid {u} kill -{s} 1"));
+    let unnamed = [("queue", "15"), ("queue", "10"), ("sigio", "29"), ("setsig", "15")]
+        .map(|(kind, sig)| format!("{a} signal-init {kind} {sig}"));
+    for what in kills.iter().chain(unnamed.iter()) {
+        let out = c.exec(&["sh", "-c", what]);
+        assert!(out.status.success(), "{what}: {out:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(c.alive(), "the init ended on `{what}`");
+    }
+    assert!(c.status_file().is_null(), "a freeze ran on such a signal: {}", c.status_file());
+    // The controls: the orchestrator's freeze signal and SIGTERM, from root.
+    let (st, _) = c.freeze_by_signal(Duration::from_secs(30));
+    assert_eq!(st["state"], "quiescent", "{st}");
+    let out = c.exec(&["kill", "-TERM", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(c.wait(Duration::from_secs(10)).is_some(), "root's SIGTERM did not end the container");
+}
+
 #[test]
 fn t17_unreaped_zombie_does_not_block_success() {
     let _l = light();

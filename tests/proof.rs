@@ -763,7 +763,7 @@ impl Drop for SuidDumpable {
 }
 
 /// Every switch to a sandbox UID (the command's privilege drop, which shares the init's memory
-/// until its exec, and the credential thread's kill as the UID) resets the dumpable flag of the
+/// until its exec, and the init's switch to the UID for its kill) resets the dumpable flag of the
 /// init's memory to the host's fs.suid_dumpable; with 1, root without CAP_SYS_PTRACE (and the
 /// sandbox UID, for as long as a switch lasts) could trace the init and read its signing key. The
 /// init sets the flag back at once. Only fs.suid_dumpable = 1 tells the two apart from outside,

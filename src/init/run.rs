@@ -16,7 +16,7 @@ use crate::init::shutdown::{remap, Shutdown};
 use crate::init::tracking::{take_launch, track, Oom, Schedule, Tracking};
 use crate::kernel::{
     process::Pid,
-    signal::{self, SignalFd},
+    signal::{self, Sender, SignalFd},
 };
 use crate::observe::procs::reader::Reader;
 use crate::spawn::plan::Plan;
@@ -69,12 +69,12 @@ pub struct Config {
 enum Event {
     /// SIGCHLD: children exited.
     Child,
-    /// The freeze signal, from the pid that sent it.
-    Freeze(Pid),
-    /// Any other signal, from the pid that sent it (0: from outside the namespace; None: a
-    /// sender the kernel does not vouch for): the command's, forwarded to it (with no command:
-    /// SIGTERM and SIGINT end the loop, the rest are dropped).
-    Forward(i32, Option<Pid>),
+    /// The freeze signal, from its sender (None: a sender the kernel does not name).
+    Freeze(Option<Sender>),
+    /// Any other signal, from its sender (pid 0: from outside the namespace; None: a sender the
+    /// kernel does not name): the command's, forwarded to it (with no command: SIGTERM and SIGINT
+    /// end the loop, the rest are dropped).
+    Forward(i32, Option<Sender>),
     /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
     Tick,
 }
@@ -128,18 +128,22 @@ pub fn run(mut cfg: Config) -> i32 {
         for event in events(&sfd, cfg.sandbox.as_ref().map(|sb| sb.settings.freeze_signal)) {
             match event {
                 Event::Child => turn.child = true,
+                Event::Freeze(sender) if by_uid_from_the_sandbox(&cfg, sender) => {
+                    dropped(cfg.sandbox.as_ref().map_or(0, |sb| sb.settings.freeze_signal), sender, BY_UID)
+                }
                 Event::Freeze(sender) => {
-                    log::info!("freeze requested by pid {sender}");
+                    let pid = sender.map_or(0, |s| s.pid);
+                    log::info!("freeze requested by pid {pid}");
                     if turn.freeze_senders.len() < SENDERS {
-                        turn.freeze_senders.push(sender);
+                        turn.freeze_senders.push(pid);
                     }
                 }
-                Event::Forward(sig, sender) if from_the_sandbox(&cfg, sender) => log::warn!(
-                    "{} from {} dropped: with a root agent, only a process that carries no lineage tag \
-                     (the orchestrator's, or one from outside) may signal the command",
-                    signal::signal_name(sig),
-                    sender.map_or("a sender the kernel does not name".to_string(), |p| format!("pid {p}"))
-                ),
+                Event::Forward(sig, sender) if by_uid_from_the_sandbox(&cfg, sender) => {
+                    dropped(sig, sender, BY_UID)
+                }
+                Event::Forward(sig, sender) if from_the_sandbox(&cfg, sender) => {
+                    dropped(sig, sender, BY_LINEAGE)
+                }
                 Event::Forward(sig, _) => pid1.forward(&cfg, sig),
                 Event::Tick => {
                     if let Some(code) = pid1.tick(&mut cfg, &turn) {
@@ -166,10 +170,40 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
             libc::SIGCHLD => Event::Child,
             // A freeze signal whose sender the kernel does not name is a bare one: it takes no
             // request (a request is taken only on its own client's signal).
-            s if Some(s) == freeze_signal => Event::Freeze(sender.unwrap_or(0)),
+            s if Some(s) == freeze_signal => Event::Freeze(sender),
             s => Event::Forward(s, sender),
         })
         .chain(std::iter::once(Event::Tick))
+}
+
+const BY_UID: &str = "with a sandbox user, a signal whose sender holds a sandbox UID or is not named by the \
+    kernel may be the sandbox's (it can reach PID 1 while a freeze's credential switch holds that UID), \
+    and the init acts on none";
+const BY_LINEAGE: &str =
+    "with a root agent, only a process that carries no lineage tag (the orchestrator's, or one from outside) \
+     may signal the command";
+
+fn dropped(sig: i32, sender: Option<Sender>, why: &str) {
+    log::warn!(
+        "{} from {} dropped: {why}",
+        signal::signal_name(sig),
+        sender.map_or("a sender the kernel does not name".to_string(), |s| format!(
+            "pid {} (uid {})",
+            s.pid, s.uid
+        ))
+    );
+}
+
+/// With sandbox UIDs, a sandbox process can send PID 1 any signal while a freeze's credential
+/// switch has the init's thread hold its UID (`freeze::cred`): SIGKILL and SIGSTOP the kernel
+/// drops, every other signal is queued. So a signal whose sender's real UID (the kernel's) is a
+/// sandbox UID, or whose sender the kernel does not name (rt_sigqueueinfo writes any pid and
+/// UID, a file's owner signal names none), is dropped: the orchestrator signals with kill or a
+/// pidfd, from outside or as root. SIGCHLD is not asked: it only makes the init reap.
+fn by_uid_from_the_sandbox(cfg: &Config, sender: Option<Sender>) -> bool {
+    let Some(sb) = cfg.sandbox.as_ref() else { return false };
+    let uids = &sb.tracking.policy.uids;
+    !uids.is_empty() && sender.is_none_or(|s| uids.contains(&s.uid))
 }
 
 /// In a sandbox of lineage alone the agent is root, and root may signal PID 1: a signal from a
@@ -178,10 +212,10 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
 /// signal whose sender the kernel does not name (queued with a pid of its sender's choosing,
 /// SIGIO, a poll signal) is the agent's too. Signals from outside (sender 0, sent by kill or a
 /// pidfd: the engine's `docker stop`) are the orchestrator's.
-fn from_the_sandbox(cfg: &Config, sender: Option<Pid>) -> bool {
+fn from_the_sandbox(cfg: &Config, sender: Option<Sender>) -> bool {
     let by_lineage = cfg.sandbox.as_ref().is_some_and(|sb| sb.tracking.policy.by_lineage());
     by_lineage
-        && match sender {
+        && match sender.map(|s| s.pid) {
             None => true,
             Some(0) => false,
             Some(p) => !matches!(crate::observe::procs::reader::loginuid_of(p), Ok(None)),

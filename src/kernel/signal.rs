@@ -136,11 +136,11 @@ impl SignalFd {
         poll_in(self.0.as_raw_fd(), timeout)
     }
 
-    /// The next pending signal with its sender's pid, or None when none is pending. The pid is
+    /// The next pending signal with its sender, or None when none is pending. The sender is
     /// the kernel's only for a signal sent by kill, tgkill or a pidfd (SI_USER, SI_TKILL): a
-    /// queued signal (rt_sigqueueinfo) carries whatever pid its sender wrote, and SIGIO or a
-    /// poll signal (F_SETSIG) none at all. Those come with no sender (None).
-    pub fn read(&self) -> io::Result<Option<(i32, Option<Pid>)>> {
+    /// queued signal (rt_sigqueueinfo) carries whatever pid and UID its sender wrote, and SIGIO
+    /// or a poll signal (F_SETSIG) none at all. Those come with no sender (None).
+    pub fn read(&self) -> io::Result<Option<(i32, Option<Sender>)>> {
         // SAFETY: signalfd_siginfo is plain data; read fills at most its size.
         unsafe {
             let mut info: libc::signalfd_siginfo = std::mem::zeroed();
@@ -158,9 +158,18 @@ impl SignalFd {
                 };
             }
             let by_the_kernel = matches!(info.ssi_code, libc::SI_USER | libc::SI_TKILL);
-            Ok(Some((info.ssi_signo as i32, by_the_kernel.then_some(info.ssi_pid as Pid))))
+            let sender = Sender { pid: info.ssi_pid as Pid, uid: info.ssi_uid };
+            Ok(Some((info.ssi_signo as i32, by_the_kernel.then_some(sender))))
         }
     }
+}
+
+/// Who sent a signal, as the kernel wrote it: its pid in the receiver's PID namespace (0 for a
+/// sender outside it) and its real UID in the receiver's user namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sender {
+    pub pid: Pid,
+    pub uid: u32,
 }
 
 /// Signal a process or a process group (negative) with kill(2).

@@ -218,9 +218,9 @@ def init_cost_lines(ic, sr, sc, spawn_runs):
           "| part | size | what was done |", "| --- | --- | --- |"]
     L += [f"| {a} | {b} | {c} |" for a, b, c in SIZE_BREAKDOWN]
     L += ["", "Peak RSS is mostly the binary's own text: the kernel maps file pages around every fault "
-          "(fault-around), so nearly all of the text that is touched at start becomes resident. The two threads "
-          "a sandbox user starts add their touched stack pages only (a few KiB; a smaller `stack_size` would not "
-          "change that).", ""]
+          "(fault-around), so nearly all of the text that is touched at start becomes resident. The thread "
+          "a sandbox user starts (the evidence reader) adds its touched stack pages only (a few KiB; a smaller "
+          "`stack_size` would not change that).", ""]
     return L
 
 

@@ -1081,6 +1081,73 @@ fn main() {
         // Attacks PID 1 in a loop: SIGSTOP, SIGKILL and SIGTERM to it and to each of its threads
         // (one that switches to our UID for a moment is in reach), and SIGCONT to every process
         // of ours, which undoes a freeze's stop. Ready after the first full round.
+        // Races a freeze's switched instant: N sleepers first (the stop's kill(-1) reaches them
+        // before the racers, which widens the instant), then R racers that probe PID 1 with
+        // kill(1, 0) and, each time it is let through, try everything at once: a burst of
+        // real-time signals, SIGTERM, the freeze signal, SIGHUP, SIGTSTP, a thread-directed
+        // SIGINT, and every call that asks for the same owner (nice, policy, affinity, I/O
+        // priority, limits). Each call the kernel lets through is appended to FILE as a line.
+        // The racers SIGCONT every process of ours after each round. Ready once all run.
+        "race-init" => {
+            let n = arg(2, 100);
+            let racers = arg(3, 2);
+            let file = std::env::args().nth(4).unwrap_or_else(|| fail("race-init N R FILE"));
+            spawn_sleepers(n);
+            for _ in 0..racers {
+                if fork_checked() == 0 {
+                    let log = |what: &str| {
+                        use std::io::Write;
+                        if let Ok(mut f) = std::fs::OpenOptions::new().append(true).create(true).open(&file) {
+                            let _ = writeln!(f, "{} {what}", std::process::id());
+                        }
+                    };
+                    let rt = libc::SIGRTMIN();
+                    loop {
+                        if unsafe { libc::kill(1, 0) } == 0 {
+                            let mut sent = 0;
+                            for k in 0..256 {
+                                if unsafe { libc::kill(1, rt + 1 + (k % 20)) } == 0 {
+                                    sent += 1;
+                                }
+                            }
+                            for sig in [libc::SIGTERM, libc::SIGUSR1, libc::SIGHUP, libc::SIGTSTP, libc::SIGQUIT] {
+                                if unsafe { libc::kill(1, sig) } == 0 {
+                                    sent += 1;
+                                }
+                            }
+                            if unsafe { libc::syscall(libc::SYS_tgkill, 1, 1, libc::SIGINT) } == 0 {
+                                sent += 1;
+                            }
+                            unsafe {
+                                if libc::setpriority(libc::PRIO_PROCESS, 1, 19) == 0 {
+                                    log("setpriority");
+                                }
+                                let sp: libc::sched_param = std::mem::zeroed();
+                                if libc::sched_setscheduler(1, libc::SCHED_IDLE, &sp) == 0 {
+                                    log("sched_setscheduler");
+                                }
+                                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                                libc::CPU_SET(0, &mut set);
+                                if libc::sched_setaffinity(1, std::mem::size_of_val(&set), &set) == 0 {
+                                    log("sched_setaffinity");
+                                }
+                                if libc::syscall(libc::SYS_ioprio_set, 1, 1, 3 << 13) == 0 {
+                                    log("ioprio_set");
+                                }
+                                let rl = libc::rlimit { rlim_cur: 8, rlim_max: 8 };
+                                if libc::prlimit(1, libc::RLIMIT_NOFILE, &rl, std::ptr::null_mut()) == 0 {
+                                    log("prlimit");
+                                }
+                            }
+                            log(&format!("hit sent={sent}"));
+                        }
+                        unsafe { libc::kill(-1, libc::SIGCONT) };
+                    }
+                }
+            }
+            ready();
+            forever();
+        }
         "attack-init" => {
             let mut first = true;
             loop {

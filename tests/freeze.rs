@@ -668,6 +668,45 @@ fn t16b_signals_the_sandbox_may_have_sent_pid_1_are_dropped() {
     assert!(c.wait(Duration::from_secs(10)).is_some(), "root's SIGTERM did not end the container");
 }
 
+/// A sandbox process that races each switched instant of a freeze (300 sleepers ahead of two
+/// racers in the stop's order) and, whenever kill(1, 0) is let through, sends a burst of signals
+/// and tries every call that asks for the same owner. The freeze is clean, the init lives with its
+/// command, and its scheduling, affinity, I/O priority and limits are what they were: only
+/// signals opened, and the init acted on none.
+#[test]
+fn t16c_racing_the_switched_instant_opens_only_signals() {
+    let _l = light();
+    let uid = 4337;
+    let mut c = sandbox(uid, &[]);
+    let log = std::path::PathBuf::from(format!("/tmp/race-init-{}.log", std::process::id()));
+    std::fs::write(&log, "").unwrap();
+    chmod(&log, 0o666);
+    let host = c.init;
+    let sched = |pid: i32| unsafe { libc::sched_getscheduler(pid) };
+    let nice = |pid: i32| unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as u32) };
+    let limits = || read(std::path::Path::new(&format!("/proc/{host}/limits")));
+    let affinity = || read(std::path::Path::new(&format!("/proc/{host}/status")))
+        .lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap_or_default().to_string();
+    let ioprio = || unsafe { libc::syscall(libc::SYS_ioprio_get, 1, host) };
+    let was = (sched(host), nice(host), limits(), affinity(), ioprio());
+    let n = std::env::var("RACE_N").unwrap_or_else(|_| "300".into());
+    let r = std::env::var("RACE_R").unwrap_or_else(|_| "2".into());
+    let _r = c.launch(uid, &["race-init", &n, &r, log.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(300));
+    freeze_clean(&c, uid);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.alive(), "the init ended");
+    let now = (sched(host), nice(host), limits(), affinity(), ioprio());
+    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    let hits = lines.lines().filter(|l| l.contains(" hit ")).count();
+    let other: Vec<&str> = lines.lines().filter(|l| !l.contains(" hit ")).collect();
+    eprintln!("race-init: {hits} hits: {:?}", lines.lines().filter(|l| l.contains(" hit ")).collect::<Vec<_>>());
+    assert!(other.is_empty(), "calls let through: {other:?}");
+    assert_eq!(was, now, "the init's scheduling, limits, affinity or I/O priority changed");
+    assert!(c.status_file()["state"] == "quiescent", "{}", c.status_file());
+}
+
 #[test]
 fn t17_unreaped_zombie_does_not_block_success() {
     let _l = light();

@@ -1110,7 +1110,9 @@ fn main() {
                                     sent += 1;
                                 }
                             }
-                            for sig in [libc::SIGTERM, libc::SIGUSR1, libc::SIGHUP, libc::SIGTSTP, libc::SIGQUIT] {
+                            for sig in
+                                [libc::SIGTERM, libc::SIGUSR1, libc::SIGHUP, libc::SIGTSTP, libc::SIGQUIT]
+                            {
                                 if unsafe { libc::kill(1, sig) } == 0 {
                                     sent += 1;
                                 }

@@ -685,8 +685,13 @@ fn t16c_racing_the_switched_instant_opens_only_signals() {
     let sched = |pid: i32| unsafe { libc::sched_getscheduler(pid) };
     let nice = |pid: i32| unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as u32) };
     let limits = || read(std::path::Path::new(&format!("/proc/{host}/limits")));
-    let affinity = || read(std::path::Path::new(&format!("/proc/{host}/status")))
-        .lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap_or_default().to_string();
+    let affinity = || {
+        read(std::path::Path::new(&format!("/proc/{host}/status")))
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list"))
+            .unwrap_or_default()
+            .to_string()
+    };
     let ioprio = || unsafe { libc::syscall(libc::SYS_ioprio_get, 1, host) };
     let was = (sched(host), nice(host), limits(), affinity(), ioprio());
     let n = std::env::var("RACE_N").unwrap_or_else(|_| "300".into());
@@ -701,10 +706,45 @@ fn t16c_racing_the_switched_instant_opens_only_signals() {
     let _ = std::fs::remove_file(&log);
     let hits = lines.lines().filter(|l| l.contains(" hit ")).count();
     let other: Vec<&str> = lines.lines().filter(|l| !l.contains(" hit ")).collect();
-    eprintln!("race-init: {hits} hits: {:?}", lines.lines().filter(|l| l.contains(" hit ")).collect::<Vec<_>>());
+    eprintln!(
+        "race-init: {hits} hits: {:?}",
+        lines.lines().filter(|l| l.contains(" hit ")).collect::<Vec<_>>()
+    );
     assert!(other.is_empty(), "calls let through: {other:?}");
     assert_eq!(was, now, "the init's scheduling, limits, affinity or I/O priority changed");
     assert!(c.status_file()["state"] == "quiescent", "{}", c.status_file());
+}
+
+/// In a user namespace, a sender whose UID the namespace does not map is named with the overflow
+/// UID (65534, "nobody"): the engine's signals under dockerd --userns-remap or a Kubernetes pod
+/// with hostUsers: false (host root unmapped). With 65534 as the sandbox user, the init takes such
+/// a SIGTERM from outside the namespace (sender pid 0, which no sandbox process can be) for the
+/// sandbox's and drops it. The unmapped sender here is host UID 70000 with CAP_KILL.
+#[test]
+fn t16d_a_signal_from_outside_with_an_unmapped_uid_is_not_the_sandboxs() {
+    let _l = light();
+    // T16D_UID=4293: the control, where the same signal ends the container.
+    let uid = std::env::var("T16D_UID").unwrap_or_else(|_| "65534".into());
+    let mut c = Container::start_with(
+        Opts { init_args: vec!["--sandbox-user", &uid], userns: Some(65536), ..Default::default() },
+        &["sleep", "1000000"],
+    );
+    let map = c.proc_read(1, "uid_map").unwrap_or_default();
+    assert_eq!(map.split_whitespace().collect::<Vec<_>>(), ["0", "0", "65536"], "not in the user namespace");
+    wait_for("sandbox.json", Duration::from_secs(10), || c.state.join("sandbox.json").exists());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.alive(), "the container ended before the signal");
+    let pid = c.init.to_string();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", "70000", "--regid", "70000", "--clear-groups", "--inh-caps", "+kill"])
+        .args(["--ambient-caps", "+kill", "kill", "-TERM", &pid])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        c.wait(Duration::from_secs(10)).is_some(),
+        "SIGTERM from outside (pid 0, unmapped UID) did not end the container"
+    );
 }
 
 #[test]

@@ -678,7 +678,8 @@ fn t16c_racing_the_switched_instant_opens_only_signals() {
     let _l = light();
     let uid = 4337;
     let mut c = sandbox(uid, &[]);
-    let log = std::path::PathBuf::from(format!("/tmp/race-init-{}.log", std::process::id()));
+    // In the container's scratch dir, which goes with it.
+    let log = c.dir.join("race-init.log");
     std::fs::write(&log, "").unwrap();
     chmod(&log, 0o666);
     let host = c.init;

@@ -461,3 +461,43 @@ fn harness_refuses_to_signal_an_ended_init() {
     assert_eq!(c.wait_code(T), 0);
     c.signal(libc::SIGTERM);
 }
+
+/// A terminal's hangup: the kernel sends SIGHUP to the session leader that holds the terminal,
+/// here the init (`setsid -c`), with no sender (SI_KERNEL). With a sandbox user the init drops
+/// the signals a sandbox process may have sent it, and a file owner's SIGIO or SIGURG is the only
+/// kernel signal such a process can aim at PID 1; a hangup stays the command's, and is forwarded.
+#[test]
+fn a_terminal_hangup_reaches_the_command_with_a_sandbox_user() {
+    let dir = scratch("hangup");
+    let d = dir.to_str().unwrap();
+    let q = quiesce();
+    let inner = format!(
+        "unshare --pid --fork --mount-proc --kill-child setsid -c {} --state-dir {d}/state --sandbox-user 4338 -- \
+         sh -c 'trap \"echo HUP > {d}/hup; exit 0\" HUP; echo $$ > {d}/ready; while :; do sleep 0.1; done'",
+        q.display()
+    );
+    let mut script = Command::new("script")
+        .args(["-qfec", &inner, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script (util-linux) runs the init on a terminal of its own");
+    let ready = dir.join("ready");
+    wait_for("the command under a terminal", Duration::from_secs(10), || ready.exists());
+    // The unshare below script, found before script goes: it ends the namespace if the test fails.
+    let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", script.id(), script.id()))
+        .unwrap_or_default();
+    let unshare: Vec<i32> = kids.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    unsafe { libc::kill(script.id() as i32, libc::SIGKILL) };
+    let _ = script.wait();
+    let hup = dir.join("hup");
+    let until = Instant::now() + Duration::from_secs(5);
+    while !hup.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in &unshare {
+        unsafe { libc::kill(*p, libc::SIGKILL) };
+    }
+    assert!(hup.exists(), "the terminal's hangup did not reach the command");
+}

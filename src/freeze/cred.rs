@@ -86,7 +86,11 @@ impl Switcher {
     pub fn kill_all_as_repeated(&mut self, uids: &[u32], sig: i32, sweeps: u32) -> io::Result<()> {
         match self {
             Switcher::InPlace => {
-                uids.iter().try_for_each(|&u| result_of(creds::kill_all_as_uid(u, sig, sweeps), u))
+                let r = uids.iter().try_for_each(|&u| result_of(creds::kill_all_as_uid(u, sig, sweeps), u));
+                if r.is_err() {
+                    still_root();
+                }
+                r
             }
             Switcher::Helper(slot) => {
                 // One that has exited since the last freeze (killed from outside, say) is
@@ -116,6 +120,22 @@ impl Switcher {
                     }
                 }
             }
+        }
+    }
+}
+
+/// After a failed switch in place: is the init's thread root again? If not, one more try, and
+/// an error that says so, every time: the freeze has failed, and every signal from the sandbox
+/// UID is dropped anyway (`init::run`), but the init cannot freeze or write as root until it is.
+fn still_root() {
+    match creds::thread_getresuid() {
+        Ok((0, 0, 0)) => {}
+        held => {
+            let back = creds::switch_back_to_root();
+            log::error!(
+                "the init's thread held {held:?} after a failed switch to a sandbox UID; switched back to root: {back} \
+                 (if false, no freeze can succeed: restart the container)"
+            );
         }
     }
 }

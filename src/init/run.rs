@@ -16,7 +16,7 @@ use crate::init::shutdown::{remap, Shutdown};
 use crate::init::tracking::{take_launch, track, Oom, Schedule, Tracking};
 use crate::kernel::{
     process::Pid,
-    signal::{self, Sender, SignalFd},
+    signal::{self, Origin, SignalFd},
 };
 use crate::observe::procs::reader::Reader;
 use crate::spawn::plan::Plan;
@@ -69,12 +69,11 @@ pub struct Config {
 enum Event {
     /// SIGCHLD: children exited.
     Child,
-    /// The freeze signal, from its sender (None: a sender the kernel does not name).
-    Freeze(Option<Sender>),
-    /// Any other signal, from its sender (pid 0: from outside the namespace; None: a sender the
-    /// kernel does not name): the command's, forwarded to it (with no command: SIGTERM and SIGINT
-    /// end the loop, the rest are dropped).
-    Forward(i32, Option<Sender>),
+    /// The freeze signal, and where it came from.
+    Freeze(Origin),
+    /// Any other signal, and where it came from: the command's, forwarded to it (with no command:
+    /// SIGTERM and SIGINT end the loop, the rest are dropped).
+    Forward(i32, Origin),
     /// The signals are read (or the wait timed out): reap, freeze, track, shut down.
     Tick,
 }
@@ -125,24 +124,31 @@ pub fn run(mut cfg: Config) -> i32 {
     loop {
         pid1.wait(&sfd, &cfg);
         let mut turn = Turn::default();
-        for event in events(&sfd, cfg.sandbox.as_ref().map(|sb| sb.settings.freeze_signal)) {
+        let freeze_signal = cfg.sandbox.as_ref().map(|sb| sb.settings.freeze_signal);
+        let fsig = freeze_signal.unwrap_or(0);
+        for event in events(&sfd, freeze_signal) {
             match event {
                 Event::Child => turn.child = true,
-                Event::Freeze(sender) if by_uid_from_the_sandbox(&cfg, sender) => {
-                    dropped(cfg.sandbox.as_ref().map_or(0, |sb| sb.settings.freeze_signal), sender, BY_UID)
+                Event::Freeze(origin) if may_be_the_sandboxs(&cfg, fsig, origin) => {
+                    dropped(fsig, origin, BY_UID)
                 }
-                Event::Freeze(sender) => {
-                    let pid = sender.map_or(0, |s| s.pid);
+                Event::Freeze(origin) => {
+                    // One whose sender the kernel does not name (a root agent's kind) is a bare
+                    // one: it takes no request (a request is taken only on its own client's signal).
+                    let pid = match origin {
+                        Origin::Sent(s) => s.pid,
+                        _ => 0,
+                    };
                     log::info!("freeze requested by pid {pid}");
                     if turn.freeze_senders.len() < SENDERS {
                         turn.freeze_senders.push(pid);
                     }
                 }
-                Event::Forward(sig, sender) if by_uid_from_the_sandbox(&cfg, sender) => {
-                    dropped(sig, sender, BY_UID)
+                Event::Forward(sig, origin) if may_be_the_sandboxs(&cfg, sig, origin) => {
+                    dropped(sig, origin, BY_UID)
                 }
-                Event::Forward(sig, sender) if from_the_sandbox(&cfg, sender) => {
-                    dropped(sig, sender, BY_LINEAGE)
+                Event::Forward(sig, origin) if from_the_sandbox(&cfg, origin) => {
+                    dropped(sig, origin, BY_LINEAGE)
                 }
                 Event::Forward(sig, _) => pid1.forward(&cfg, sig),
                 Event::Tick => {
@@ -166,44 +172,49 @@ fn events(sfd: &SignalFd, freeze_signal: Option<i32>) -> impl Iterator<Item = Ev
         }
     });
     signals
-        .map(move |(sig, sender)| match sig {
+        .map(move |(sig, origin)| match sig {
             libc::SIGCHLD => Event::Child,
-            // A freeze signal whose sender the kernel does not name is a bare one: it takes no
-            // request (a request is taken only on its own client's signal).
-            s if Some(s) == freeze_signal => Event::Freeze(sender),
-            s => Event::Forward(s, sender),
+            s if Some(s) == freeze_signal => Event::Freeze(origin),
+            s => Event::Forward(s, origin),
         })
         .chain(std::iter::once(Event::Tick))
 }
 
-const BY_UID: &str = "with a sandbox user, a signal whose sender holds a sandbox UID or is not named by the \
-    kernel may be the sandbox's (it can reach PID 1 while a freeze's credential switch holds that UID), \
-    and the init acts on none";
+const BY_UID: &str = "with a sandbox user, a signal that a sandbox process may have sent (its real UID a sandbox \
+    UID, a sender the kernel does not name, a file owner's SIGIO or SIGURG) is not acted on: it can reach PID 1 \
+    while a freeze's credential switch holds that UID";
 const BY_LINEAGE: &str =
     "with a root agent, only a process that carries no lineage tag (the orchestrator's, or one from outside) \
      may signal the command";
 
-fn dropped(sig: i32, sender: Option<Sender>, why: &str) {
-    log::warn!(
-        "{} from {} dropped: {why}",
-        signal::signal_name(sig),
-        sender.map_or("a sender the kernel does not name".to_string(), |s| format!(
-            "pid {} (uid {})",
-            s.pid, s.uid
-        ))
-    );
+fn dropped(sig: i32, origin: Origin, why: &str) {
+    let from = match origin {
+        Origin::Sent(s) => format!("pid {} (uid {})", s.pid, s.uid),
+        Origin::Kernel => "the kernel".to_string(),
+        Origin::Unnamed => "a sender the kernel does not name".to_string(),
+    };
+    log::warn!("{} from {from} dropped: {why}", signal::signal_name(sig));
 }
 
 /// With sandbox UIDs, a sandbox process can send PID 1 any signal while a freeze's credential
 /// switch has the init's thread hold its UID (`freeze::cred`): SIGKILL and SIGSTOP the kernel
-/// drops, every other signal is queued. So a signal whose sender's real UID (the kernel's) is a
-/// sandbox UID, or whose sender the kernel does not name (rt_sigqueueinfo writes any pid and
-/// UID, a file's owner signal names none), is dropped: the orchestrator signals with kill or a
-/// pidfd, from outside or as root. SIGCHLD is not asked: it only makes the init reap.
-fn by_uid_from_the_sandbox(cfg: &Config, sender: Option<Sender>) -> bool {
+/// drops, every other signal is queued. So the init acts on no signal a sandbox process may have
+/// sent: one whose sender's real UID (the kernel's) is a sandbox UID, unless it comes from outside
+/// the namespace (pid 0, which no sandbox process is: an engine whose UID the user namespace does
+/// not map is named 65534, which may be the sandbox user's); one whose sender the kernel does not
+/// name (a queued signal writes any pid and UID; a poll signal chosen with F_SETSIG); and a file
+/// owner's SIGIO or SIGURG, which the kernel sends only where that owner could signal PID 1. The
+/// kernel's other signals (a terminal's hangup) pass no such check and stay the command's.
+/// SIGCHLD is not asked: it only makes the init reap.
+fn may_be_the_sandboxs(cfg: &Config, sig: i32, origin: Origin) -> bool {
     let Some(sb) = cfg.sandbox.as_ref() else { return false };
     let uids = &sb.tracking.policy.uids;
-    !uids.is_empty() && sender.is_none_or(|s| uids.contains(&s.uid))
+    !uids.is_empty()
+        && match origin {
+            Origin::Sent(s) => s.pid != 0 && uids.contains(&s.uid),
+            Origin::Kernel => matches!(sig, libc::SIGIO | libc::SIGURG),
+            Origin::Unnamed => true,
+        }
 }
 
 /// In a sandbox of lineage alone the agent is root, and root may signal PID 1: a signal from a
@@ -212,13 +223,13 @@ fn by_uid_from_the_sandbox(cfg: &Config, sender: Option<Sender>) -> bool {
 /// signal whose sender the kernel does not name (queued with a pid of its sender's choosing,
 /// SIGIO, a poll signal) is the agent's too. Signals from outside (sender 0, sent by kill or a
 /// pidfd: the engine's `docker stop`) are the orchestrator's.
-fn from_the_sandbox(cfg: &Config, sender: Option<Sender>) -> bool {
+fn from_the_sandbox(cfg: &Config, origin: Origin) -> bool {
     let by_lineage = cfg.sandbox.as_ref().is_some_and(|sb| sb.tracking.policy.by_lineage());
     by_lineage
-        && match sender.map(|s| s.pid) {
-            None => true,
-            Some(0) => false,
-            Some(p) => !matches!(crate::observe::procs::reader::loginuid_of(p), Ok(None)),
+        && match origin {
+            Origin::Sent(s) if s.pid == 0 => false,
+            Origin::Sent(s) => !matches!(crate::observe::procs::reader::loginuid_of(s.pid), Ok(None)),
+            Origin::Kernel | Origin::Unnamed => true,
         }
 }
 

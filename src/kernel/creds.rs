@@ -44,7 +44,9 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
             break;
         }
     }
-    if thread_setresuid(0, 0, 0).is_err() {
+    // The way back is always allowed (the saved UID is 0); only the kernel's allocation of the
+    // new credentials can fail it, so it is tried again a few times before it is reported.
+    if !switch_back_to_root() {
         return errno_now();
     }
     if let Err(e) = set_not_dumpable() {
@@ -52,7 +54,7 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     }
     match thread_getresuid() {
         Ok((0, 0, 0)) => {}
-        // EPERM: "not root again" is the closest errno, and the caller treats it as fatal.
+        // EPERM: "not root again" is the closest errno; the caller fails the freeze.
         _ => return libc::EPERM,
     }
     if sent_err == libc::ESRCH {
@@ -60,6 +62,11 @@ pub fn kill_all_as_uid(uid: u32, sig: i32, sweeps: u32) -> i32 {
     } else {
         sent_err
     }
+}
+
+/// setresuid(0, 0, 0) for this thread, tried up to 3 times; true once it took.
+pub fn switch_back_to_root() -> bool {
+    (0..3).any(|_| thread_setresuid(0, 0, 0).is_ok())
 }
 
 /// Is `gid` this process's effective group or one of its supplementary groups?

@@ -136,11 +136,8 @@ impl SignalFd {
         poll_in(self.0.as_raw_fd(), timeout)
     }
 
-    /// The next pending signal with its sender, or None when none is pending. The sender is
-    /// the kernel's only for a signal sent by kill, tgkill or a pidfd (SI_USER, SI_TKILL): a
-    /// queued signal (rt_sigqueueinfo) carries whatever pid and UID its sender wrote, and SIGIO
-    /// or a poll signal (F_SETSIG) none at all. Those come with no sender (None).
-    pub fn read(&self) -> io::Result<Option<(i32, Option<Sender>)>> {
+    /// The next pending signal with where it came from, or None when none is pending.
+    pub fn read(&self) -> io::Result<Option<(i32, Origin)>> {
         // SAFETY: signalfd_siginfo is plain data; read fills at most its size.
         unsafe {
             let mut info: libc::signalfd_siginfo = std::mem::zeroed();
@@ -157,15 +154,34 @@ impl SignalFd {
                     _ => Err(e),
                 };
             }
-            let by_the_kernel = matches!(info.ssi_code, libc::SI_USER | libc::SI_TKILL);
-            let sender = Sender { pid: info.ssi_pid as Pid, uid: info.ssi_uid };
-            Ok(Some((info.ssi_signo as i32, by_the_kernel.then_some(sender))))
+            let origin = match info.ssi_code {
+                libc::SI_USER | libc::SI_TKILL => {
+                    Origin::Sent(Sender { pid: info.ssi_pid as Pid, uid: info.ssi_uid })
+                }
+                libc::SI_KERNEL => Origin::Kernel,
+                _ => Origin::Unnamed,
+            };
+            Ok(Some((info.ssi_signo as i32, origin)))
         }
     }
 }
 
+/// Where a signal came from, as far as the kernel vouches for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Sent by kill, tgkill or a pidfd (SI_USER, SI_TKILL): the kernel wrote the sender.
+    Sent(Sender),
+    /// Sent by the kernel itself (SI_KERNEL): a terminal's hangup or its keys, a file owner's
+    /// SIGIO or SIGURG.
+    Kernel,
+    /// Anything else, which names no sender the kernel vouches for: a queued signal (its pid and
+    /// UID are whatever its sender wrote), a poll signal chosen with F_SETSIG.
+    Unnamed,
+}
+
 /// Who sent a signal, as the kernel wrote it: its pid in the receiver's PID namespace (0 for a
-/// sender outside it) and its real UID in the receiver's user namespace.
+/// sender outside it) and its real UID in the receiver's user namespace (the overflow UID,
+/// 65534, for one the namespace does not map).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sender {
     pub pid: Pid,

@@ -100,7 +100,7 @@ fn the_needed_set_alone_starts_and_freezes_with_full_evidence() {
     // A setuid copy of setpriv owned by another UID: the agent's child becomes that UID for good,
     // which kill(-1) as the sandbox UID cannot reach; only root with CAP_KILL can.
     let sp = c.path("setpriv-other");
-    std::fs::copy("/usr/bin/setpriv", &sp).unwrap();
+    copy_executable(std::path::Path::new("/usr/bin/setpriv"), &sp);
     std::os::unix::fs::chown(&sp, Some(other), Some(other)).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&sp, std::fs::Permissions::from_mode(0o4755)).unwrap();

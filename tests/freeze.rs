@@ -1111,7 +1111,7 @@ fn t28_a_client_of_the_starting_tick_that_runs_another_binary_is_not_the_inits_o
     };
     let c = client_tick_container(&cg, uid);
     let copy = c.dir.join("quiesce-copy");
-    std::fs::copy(quiesce(), &copy).expect("copy the binary");
+    copy_executable(&quiesce(), &copy);
     let refused = client_tick_rounds(&c, &cg, uid, copy.to_str().unwrap(), |st, born| {
         assert!(!born, "a client that does not run this binary was taken for the init's own: {st}");
         let reason = st["reason"].as_str().unwrap_or("");

@@ -26,7 +26,7 @@ fn subcommands_work_under_the_path_the_engine_mounts_the_init_at() {
     for (name, uid) in [("docker-init", 4291), ("podman-init", 4292)] {
         let dir = scratch("inject");
         let bin = dir.join(name);
-        std::fs::copy(quiesce(), &bin).unwrap();
+        copy_executable(&quiesce(), &bin);
         let env = vec![("QUIESCE_SANDBOX_USER", uid.to_string())];
         let c = Container::start_with(
             Opts { init_bin: Some(bin.clone()), env: env.clone(), ..Default::default() },

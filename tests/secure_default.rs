@@ -21,7 +21,7 @@ fn still_written(file: &Path) -> bool {
 fn suid_binary(c: &Container) -> String {
     use std::os::unix::fs::PermissionsExt;
     let p = c.path("adversary-suid");
-    std::fs::copy(adversary(), &p).unwrap();
+    copy_executable(&adversary(), &p);
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
     p.to_str().unwrap().to_string()
 }

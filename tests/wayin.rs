@@ -115,7 +115,7 @@ fn a_client_run_from_a_second_bind_mount_of_the_init_binary_is_this_binary() {
     let second = dir.join("second");
     let copy = dir.join("copy");
     std::fs::write(&second, b"").unwrap();
-    std::fs::copy(quiesce(), &copy).unwrap();
+    copy_executable(&quiesce(), &copy);
     let bind = format!(
         "mount --bind {q} {s} && mount -o remount,bind,ro {s} && exec \"$@\" 2>>{d}/init.log",
         q = quiesce().display(),

@@ -104,9 +104,18 @@ pub fn setuid_copy(c: &Container) -> String {
         "a setuid binary does nothing in a container with no-new-privileges: start it with setuid"
     );
     let p = c.path("adversary-suid");
-    std::fs::copy(adversary(), &p).unwrap();
+    copy_executable(&adversary(), &p);
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o4755)).unwrap();
     p.to_str().unwrap().to_string()
+}
+
+/// Copy an executable that is exec'd next by a separate `cp`: a copy written by this test
+/// process holds a write descriptor for a moment, and a fork by another test thread in that
+/// moment keeps it open until that child's exec, which makes the next exec of the copy fail
+/// with ETXTBSY (seen once in CI: `setpriv: failed to execute ...: Text file busy`).
+pub fn copy_executable(from: &Path, to: &Path) {
+    let out = Command::new("cp").arg(from).arg(to).output().expect("cp runs");
+    assert!(out.status.success(), "cp {} {}: {out:?}", from.display(), to.display());
 }
 
 pub fn adversary() -> PathBuf {

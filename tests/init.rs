@@ -485,10 +485,9 @@ fn a_terminal_hangup_reaches_the_command_with_a_sandbox_user() {
         .expect("script (util-linux) runs the init on a terminal of its own");
     let ready = dir.join("ready");
     wait_for("the command under a terminal", Duration::from_secs(10), || ready.exists());
-    // The unshare below script, found before script goes: it ends the namespace if the test fails.
-    let kids = std::fs::read_to_string(format!("/proc/{}/task/{}/children", script.id(), script.id()))
-        .unwrap_or_default();
-    let unshare: Vec<i32> = kids.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    // Everything below script, found before script goes: killed at the end, which ends the
+    // namespace if the test fails (the shell script runs may stand between it and unshare).
+    let below = descendants(script.id() as i32);
     unsafe { libc::kill(script.id() as i32, libc::SIGKILL) };
     let _ = script.wait();
     let hup = dir.join("hup");
@@ -496,8 +495,27 @@ fn a_terminal_hangup_reaches_the_command_with_a_sandbox_user() {
     while !hup.exists() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for p in &unshare {
+    for p in &below {
         unsafe { libc::kill(*p, libc::SIGKILL) };
     }
     assert!(hup.exists(), "the terminal's hangup did not reach the command");
+}
+
+/// The processes below `pid` (children of each thread, depth first), bounded to 64.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).map(|d| d.flatten().collect::<Vec<_>>());
+        for t in tasks.unwrap_or_default() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()) {
+                if out.len() < 64 {
+                    out.push(k);
+                    todo.push(k);
+                }
+            }
+        }
+    }
+    out
 }
